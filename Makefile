@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine: `make run` and `make test`.
+# Both bootstrap .venv first. torch==2.13.0 is installed on its own before anything else
+# so that pip takes the CPU wheel and never resolves a multi-GB CUDA build.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test bench clean-venv
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+# Train the embedded default (llama3 debug model, PP=2, 1F1B, CPU) through a full
+# TimelyFreeze cycle and print the summary (phases, predicted vs measured batch time, ...).
+run: $(STAMP)
+	$(PY) scripts/run_default.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) scripts/bench_planner.py
+	$(PY) scripts/bench_runtime.py
+
+clean-venv:
+	rm -rf $(VENV)
