@@ -1,0 +1,111 @@
+"""What every freezing method implements, and what the runtime hands it.
+
+The runtime owns one freezing hook per pipeline stage. Before the forward of microbatch ``m`` on
+stage ``s`` at step ``t`` the hook asks the method ``frozen_tensors(t, s, m)`` and leaves those
+parameter tensors out of that microbatch's autograd graph, so their weight-gradient compute is
+skipped in B (or W). Step-level methods (APF, AutoFreeze, Egeria, SmartPipe) return the same set for
+every microbatch of a step; TimelyFreeze and its hybrids return a fresh set per (stage, microbatch).
+
+Call order on every rank, every step ``t`` (all ranks of the pipeline group call the same hooks at the
+same step, so a method may use ``ctx.all_gather`` inside them):
+
+    begin_step(t)
+    frozen_tensors(t, s, m)      # once per (local stage, microbatch), in schedule order
+    after_backward(t)            # every microbatch done: gradients are in .grad, optimizer not stepped
+    after_optimizer_step(t)      # parameters updated
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import torch
+
+
+@dataclass
+class StageView:
+    """One pipeline stage held by this rank, as a freezing method sees it."""
+
+    stage: int
+    """Global stage index (0 = first)."""
+    module: torch.nn.Module
+    """The stage's model part (what ``PipelineStage.submod`` runs)."""
+    params: dict[str, torch.nn.Parameter]
+    """Trainable parameter tensors of the stage by name, in registration order."""
+    layer_of: dict[str, int]
+    """Global layer index of every parameter, ordered front to back across *all* stages: the
+    embedding is layer 0, transformer block ``k`` is layer ``k + 1``, the final norm and output
+    projection share the last index. Prefix methods (AutoFreeze, Egeria, SmartPipe) freeze in this order."""
+    layer_modules: dict[int, torch.nn.Module]
+    """The module of each global layer index that lives on this stage (for forward hooks)."""
+    is_first: bool
+    is_last: bool
+    anchor: str | None = None
+    """On a stage whose input needs no gradient (the first), one small early tensor that is never
+    frozen, so the stage's backward always has something to reach; ``None`` elsewhere."""
+
+    @property
+    def numels(self) -> dict[str, int]:
+        return {n: p.numel() for n, p in self.params.items()}
+
+
+@dataclass
+class MethodContext:
+    """Everything a method may use besides its own config section."""
+
+    stages: list[StageView]
+    """The stages this rank runs (1 for GPipe/1F1B, 2 for Interleaved1F1B/ZBV)."""
+    num_stages: int
+    num_microbatches: int
+    schedule: str
+    total_steps: int
+    all_gather: Callable[[Any], list[Any]]
+    """Gather one picklable object from every rank of the pipeline group (rank order)."""
+    get_lr: Callable[[], float]
+    """Current learning rate of the (first) optimizer."""
+    pp_rank: int = 0
+    pp_size: int = 1
+    lr_warmup_steps: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class FreezeMethod:
+    """Base class: freezes nothing. Subclasses override what they need."""
+
+    name: ClassVar[str] = "none"
+    step_level: ClassVar[bool] = True
+    """True when the frozen set is the same for every microbatch of a step."""
+
+    def __init__(self, cfg: Any, ctx: MethodContext):
+        self.cfg = cfg
+        self.ctx = ctx
+
+    def phase(self, step: int) -> str:
+        """Phase name written to the trace and metrics for ``step``."""
+        return "train"
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+        """Names of stage ``stage``'s parameter tensors frozen for this microbatch's backward."""
+        return frozenset()
+
+    def after_backward(self, step: int) -> None:
+        pass
+
+    def after_optimizer_step(self, step: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """Picklable state saved with TorchTitan checkpoints (identical on every rank of the group
+        is not required: the runtime stores it per rank)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def summary(self) -> dict[str, Any]:
+        """Method-specific figures for the end-of-run summary (JSON-serialisable)."""
+        return {}
