@@ -1,0 +1,189 @@
+"""The ``[freeze]`` TOML section (TorchTitan ``[job] custom_config_module = "timelyfreeze.config"``).
+
+Every field is also a command-line flag: ``--freeze.r_max 0.5``, ``--freeze.apf.threshold 0.01``.
+No ``from __future__ import annotations`` here: TorchTitan's ConfigManager merges sections by
+inspecting real dataclass types.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from timelyfreeze.methods.apf import APFConfig
+from timelyfreeze.methods.autofreeze import AutoFreezeConfig
+from timelyfreeze.methods.egeria import EgeriaConfig
+from timelyfreeze.methods.random_fixed import RandomConfig
+from timelyfreeze.methods.smartpipe import SmartPipeConfig
+
+METHODS = (
+    "none",
+    "timelyfreeze",
+    "timelyfreeze_apf",
+    "timelyfreeze_autofreeze",
+    "apf",
+    "autofreeze",
+    "egeria",
+    "smartpipe",
+    "random",
+)
+PLANNED_METHODS = ("timelyfreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze")
+
+
+@dataclass
+class Freeze:
+    enable: bool = False
+    """Turn the freezing runtime on (per-action profiler, freezing hook, the chosen method).
+    Requires pipeline parallelism (``pipeline_parallel_degree >= 2``)."""
+
+    method: str = "timelyfreeze"
+    """Freezing method: ``timelyfreeze``, ``timelyfreeze_apf``, ``timelyfreeze_autofreeze``,
+    ``apf``, ``autofreeze``, ``egeria``, ``smartpipe``, ``random`` or ``none`` (profile only)."""
+
+    r_max: float = 0.8
+    """Per-stage budget: the mean freeze ratio over a stage's freezable backward actions (B or W)
+    may not exceed this (0..1). The paper uses 0.8 for LLMs."""
+
+    warmup_steps: int = -1
+    """Steps with nothing measured and nothing frozen. -1: derived from the LR warm-up as in the
+    paper (monitoring ends when the LR warm-up ends: ``lr_warmup - 2 * monitor_steps``)."""
+
+    monitor_steps: int = -1
+    """Length of EACH monitoring window: first the upper bound (nothing frozen), then the lower
+    bound (everything freezable frozen). -1: 10 % of the LR warm-up (at least 2)."""
+
+    ramp_steps: int = -1
+    """Progressive phase: every action's ratio rises linearly from 0 to its planned value over
+    this many steps, then holds (stable phase). -1: 25 % of the LR warm-up (at least 1)."""
+
+    resample_every: int = 1
+    """Steps between fresh random masks (1: every step draws a new subset per action)."""
+
+    seed: int = 0
+    """Seed of the per-(step, stage, microbatch) mask generators: runs are reproducible."""
+
+    plan: str = ""
+    """Path to an existing plan (``timelyfreeze-plan/1``): skip both monitoring windows and use it
+    (it must match the schedule, stage count and microbatch count in use)."""
+
+    trace: bool = True
+    """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
+
+    solver: str = "auto"
+    """HiGHS algorithm for the plan LP (``auto``, ``simplex``, ``ipm``)."""
+
+    apf: APFConfig = field(default_factory=APFConfig)
+    """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
+
+    autofreeze: AutoFreezeConfig = field(default_factory=AutoFreezeConfig)
+    """AutoFreeze (Liu et al.): freeze a prefix of blocks with a low gradient-norm change."""
+
+    egeria: EgeriaConfig = field(default_factory=EgeriaConfig)
+    """Egeria (Wang et al.): freeze the frontmost module once its plasticity vs an int8 reference settles."""
+
+    smartpipe: SmartPipeConfig = field(default_factory=SmartPipeConfig)
+    """SmartPipe (Niknami et al.): freeze a prefix of layers with a small gradient difference, at rate lambda."""
+
+    random: RandomConfig = field(default_factory=RandomConfig)
+    """Pipeline-unaware control: every backward action freezes a fixed random ratio."""
+
+
+@dataclass
+class JobConfig:
+    freeze: Freeze = field(default_factory=Freeze)
+
+
+class FreezeConfigError(ValueError):
+    """A ``[freeze]`` setting that cannot work; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Inclusive last step of each TimelyFreeze phase (steps are 1-based)."""
+
+    warmup_end: int
+    upper_end: int
+    lower_end: int
+    ramp_end: int
+
+    def phase(self, step: int) -> str:
+        if step <= self.warmup_end:
+            return "warmup"
+        if step <= self.upper_end:
+            return "upper"
+        if step <= self.lower_end:
+            return "lower"
+        if step <= self.ramp_end:
+            return "progressive"
+        return "stable"
+
+    def ramp(self, step: int) -> float:
+        """Fraction of the planned ratio applied at ``step`` (0 up to the plan, linear, then 1)."""
+        if step <= self.lower_end:
+            return 0.0
+        if step >= self.ramp_end:
+            return 1.0
+        return (step - self.lower_end) / (self.ramp_end - self.lower_end)
+
+    def ranges(self, total_steps: int) -> dict[str, tuple[int, int]]:
+        bounds = [
+            ("warmup", 1, self.warmup_end),
+            ("upper", self.warmup_end + 1, self.upper_end),
+            ("lower", self.upper_end + 1, self.lower_end),
+            ("progressive", self.lower_end + 1, self.ramp_end),
+            ("stable", self.ramp_end + 1, total_steps),
+        ]
+        return {name: (a, min(b, total_steps)) for name, a, b in bounds if a <= min(b, total_steps)}
+
+
+def derive_phases(cfg: Freeze, total_steps: int, lr_warmup_steps: int) -> Phases:
+    """Phase boundaries from the explicit fields, or from the LR warm-up where left at -1."""
+    w, m, r = cfg.warmup_steps, cfg.monitor_steps, cfg.ramp_steps
+    if cfg.plan:
+        # A given plan skips monitoring entirely.
+        m = 0
+    if (w < 0 or m < 0 or r < 0) and lr_warmup_steps <= 0:
+        raise FreezeConfigError(
+            "[freeze] warmup_steps/monitor_steps/ramp_steps are derived from [lr_scheduler] warmup_steps, "
+            "which is 0: set them explicitly"
+        )
+    if m < 0:
+        m = max(2, math.ceil(0.1 * lr_warmup_steps))
+    if w < 0:
+        w = max(0, lr_warmup_steps - 2 * m)
+    if r < 0:
+        r = max(1, math.ceil(0.25 * lr_warmup_steps))
+    return Phases(warmup_end=w, upper_end=w + m, lower_end=w + 2 * m, ramp_end=w + 2 * m + r)
+
+
+def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
+    """Check the section on its own (the plan/schedule match is checked once the pipeline exists)."""
+    if cfg.method not in METHODS:
+        raise FreezeConfigError(f"[freeze] method = {cfg.method!r}: choose one of {', '.join(METHODS)}")
+    if not (isinstance(cfg.r_max, (int, float)) and 0.0 <= cfg.r_max <= 1.0):
+        raise FreezeConfigError(f"[freeze] r_max = {cfg.r_max}: must lie in [0, 1]")
+    for name in ("warmup_steps", "monitor_steps", "ramp_steps"):
+        v = getattr(cfg, name)
+        if v < -1:
+            raise FreezeConfigError(f"[freeze] {name} = {v}: must be >= 0 (or -1 to derive it)")
+    if cfg.monitor_steps == 0 and cfg.method in PLANNED_METHODS and not cfg.plan:
+        raise FreezeConfigError(
+            "[freeze] monitor_steps = 0: the plan needs at least one upper- and one lower-bound step "
+            "(or give [freeze] plan)"
+        )
+    if cfg.resample_every < 1:
+        raise FreezeConfigError(f"[freeze] resample_every = {cfg.resample_every}: must be >= 1")
+    if cfg.solver not in ("auto", "simplex", "ipm"):
+        raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose auto, simplex or ipm")
+    if not 0.0 <= cfg.random.ratio <= 1.0:
+        raise FreezeConfigError(f"[freeze.random] ratio = {cfg.random.ratio}: must lie in [0, 1]")
+    phases = derive_phases(cfg, total_steps, lr_warmup_steps)
+    if cfg.method in PLANNED_METHODS and phases.lower_end >= total_steps:
+        raise FreezeConfigError(
+            f"[freeze] phases end at step {phases.ramp_end} (warm-up {phases.warmup_end}, monitoring to "
+            f"{phases.lower_end}) but [training] steps = {total_steps}: the plan step must come before the last step"
+        )
+    if cfg.method in PLANNED_METHODS and phases.ramp_end > total_steps:
+        raise FreezeConfigError(
+            f"[freeze] ramp ends at step {phases.ramp_end}, after [training] steps = {total_steps}: "
+            "shorten ramp_steps or train longer"
+        )
+    return phases

@@ -1,0 +1,162 @@
+"""The embedded, offline training corpus: the Python standard library's own source files.
+
+Every machine that runs this project has them, so nothing is downloaded. Files are split
+deterministically (by a hash of their path relative to the stdlib root) into disjoint parts:
+
+| split | share | used for |
+|---|---|---|
+| ``val``      | 10 % | held-out validation (TorchTitan ``[validation]``) |
+| ``pretrain`` | 45 % | pre-training the fine-tuning starting checkpoint |
+| ``finetune`` | 45 % | fine-tuning runs that compare freezing methods |
+| ``train``    | ``pretrain`` + ``finetune`` | training from scratch |
+
+A byte-level BPE tokenizer (vocab 2048, the llama3 debug model's vocab size) is trained on the
+``train`` split at first use and cached under ``$TIMELYFREEZE_CACHE`` (default
+``~/.cache/timelyfreeze``); concurrent ranks wait on a file lock while one builds it.
+
+TorchTitan sees the splits as datasets ``pystdlib_<split>`` (``[training] dataset`` /
+``[validation] dataset``) once ``register_datasets()`` ran, and the tokenizer through
+``[model] hf_assets_path = "pystdlib"`` (resolved by ``resolve_assets``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+VOCAB_SIZE = 2048
+SPLITS = ("train", "val", "pretrain", "finetune")
+ASSETS_MARKER = "pystdlib"
+"""Value of ``[model] hf_assets_path`` that means "the embedded tokenizer"."""
+BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+_EXCLUDED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("TIMELYFREEZE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "timelyfreeze"
+    )
+    return Path(base)
+
+
+def _bucket(rel: str) -> int:
+    return int(hashlib.sha1(rel.encode()).hexdigest()[:8], 16) % 100
+
+
+def split_of(rel: str) -> str:
+    """The split a stdlib file (path relative to the stdlib root, '/'-separated) belongs to."""
+    b = _bucket(rel)
+    if b < 10:
+        return "val"
+    return "pretrain" if b < 55 else "finetune"
+
+
+def corpus_files(split: str) -> list[Path]:
+    """The stdlib ``.py`` files of ``split``, in a fixed pseudo-random (hash) order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown corpus split {split!r}; choose one of {', '.join(SPLITS)}")
+    root = stdlib_root()
+    wanted = {"pretrain", "finetune"} if split == "train" else {split}
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _EXCLUDED_DIRS)
+        for name in filenames:
+            if name.endswith(".py"):
+                rel = Path(dirpath, name).relative_to(root).as_posix()
+                if split_of(rel) in wanted:
+                    found.append((hashlib.sha1(rel.encode()).hexdigest(), Path(dirpath, name)))
+    return [p for _, p in sorted(found)]
+
+
+def read_texts(split: str) -> list[str]:
+    texts = []
+    for p in corpus_files(split):
+        try:
+            t = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if t.strip():
+            texts.append(t)
+    return texts
+
+
+def tokenizer_dir() -> Path:
+    v = sys.version_info
+    return cache_dir() / f"pystdlib-py{v.major}{v.minor}-bpe{VOCAB_SIZE}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_tokenizer() -> Path:
+    """Train (once) and return the directory holding ``tokenizer.json`` + ``tokenizer_config.json``."""
+    out = tokenizer_dir()
+    if (out / "tokenizer.json").exists():
+        return out
+    with _locked(out.with_name(out.name + ".lock")):
+        if (out / "tokenizer.json").exists():
+            return out
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB_SIZE,
+            special_tokens=[BOS, EOS],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+        tok.train_from_iterator(read_texts("train"), trainer=trainer)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+        tok.save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps({"bos_token": BOS, "eos_token": EOS, "add_bos_token": False, "add_eos_token": False})
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    return out
+
+
+def resolve_assets(job_config) -> None:
+    """Point ``[model] hf_assets_path = "pystdlib"`` at the (built on demand) embedded tokenizer."""
+    if job_config.model.hf_assets_path == ASSETS_MARKER:
+        job_config.model.hf_assets_path = str(ensure_tokenizer())
+
+
+def _load_split(split: str):
+    from datasets import Dataset
+
+    return Dataset.from_dict({"text": read_texts(split)})
+
+
+def register_datasets() -> None:
+    """Make ``pystdlib_<split>`` known to TorchTitan's text dataset registry."""
+    from torchtitan.hf_datasets import DatasetConfig
+    from torchtitan.hf_datasets import text_datasets
+
+    for split in SPLITS:
+        text_datasets.DATASETS[f"{ASSETS_MARKER}_{split}"] = DatasetConfig(
+            path=split, loader=_load_split, sample_processor=lambda s: s["text"]
+        )

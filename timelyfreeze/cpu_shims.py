@@ -1,0 +1,52 @@
+"""The minimal patches TorchTitan 0.2.2 + torch 2.13 need on a host without CUDA.
+
+Applied only when CUDA is absent (``apply_if_needed``); on CUDA hosts nothing is touched.
+Must run before ``torchtitan`` is imported: TorchTitan decides its device type at import time.
+
+1. ``torch._utils._get_available_device_type`` -> ``"cpu"``: TorchTitan falls back to ``"cuda"``
+   when no accelerator is found, so device, device module (``torch.cpu``) and backend (gloo, from
+   ``Backend.default_device_backend_map``) come out right only with this.
+2. ``torch.cpu`` lacks the CUDA memory/properties API that TorchTitan's DeviceMemoryMonitor calls
+   (``get_device_name``, ``get_device_properties``, ``reset_peak_memory_stats``, ``empty_cache``,
+   ``memory_stats``), and ``current_device()`` returns a string where ``barrier(device_ids=[...])``
+   needs an int.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+_APPLIED = False
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def apply_if_needed() -> bool:
+    """Patch torch for a CPU-only host. Returns True if the shims are (now) in effect."""
+    global _APPLIED
+    if _APPLIED:
+        return True
+    if cuda_available():
+        return False
+    import torch
+    import torch._utils
+
+    torch._utils._get_available_device_type = lambda: "cpu"
+    cpu = torch.cpu
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cpu.get_device_name = lambda *a, **k: "cpu"
+    cpu.get_device_properties = lambda *a, **k: types.SimpleNamespace(name="cpu", total_memory=total)
+    cpu.reset_peak_memory_stats = lambda *a, **k: None
+    cpu.empty_cache = lambda *a, **k: None
+    cpu.memory_stats = lambda *a, **k: {}
+    cpu.current_device = lambda: 0
+    # Nothing may be downloaded at run time.
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _APPLIED = True
+    return True

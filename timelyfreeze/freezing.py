@@ -1,0 +1,80 @@
+"""The one freezing hook every method goes through.
+
+Before the forward of microbatch ``m`` on stage ``s`` the hook asks the method which parameter
+tensors that microbatch leaves out and sets ``requires_grad=False`` on them for the duration of the
+call. The autograd graph recorded for ``m`` then has no edge to those leaves, so the backward of
+``m`` -- full (B) or split (I then W) -- neither computes nor accumulates their weight gradient,
+while other microbatches (recorded with the tensors trainable) are untouched and every other
+gradient is computed by exactly the same operations as without freezing.
+
+The same set is switched off again around ``m``'s backward actions (B, I, W). Without activation
+checkpointing that changes nothing; with it, the forward is recomputed inside the backward, and the
+recomputation must see the same ``requires_grad`` flags as the original forward (otherwise autograd
+would save a different set of tensors and the checkpoint's recomputed graph would not match).
+
+The hook also records, per backward action, the applied freeze ratio by elements.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from timelyfreeze.methods.base import FreezeMethod, StageView
+
+
+class FreezingHook:
+    """Stage-hook listener applying ``method``'s choices; one instance per rank."""
+
+    def __init__(self, views: list[StageView], method: FreezeMethod, get_step: Callable[[], int]):
+        self.views = {v.stage: v for v in views}
+        self.method = method
+        self.get_step = get_step
+        self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
+        self._frozen: dict[tuple[int, int], tuple[torch.nn.Parameter, ...]] = {}
+        self._ratio: dict[tuple[int, int], float] = {}
+        self.applied: dict[str, float] = {}
+        """Applied ratio (frozen elements / stage's trainable elements) of every B/W action of the
+        current step, by action name."""
+        self.frozen_elements = 0
+        """Frozen elements summed over the freezable actions of the current step."""
+
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        key = (stage, microbatch)
+        if kind == "F":
+            view = self.views[stage]
+            names = self.method.frozen_tensors(self.get_step(), stage, microbatch)
+            if view.anchor is not None:
+                names = names - {view.anchor}
+            params = tuple(view.params[n] for n in names)
+            self._frozen[key] = params
+            self._ratio[key] = sum(p.numel() for p in params) / max(1, self._total[stage])
+        for p in self._frozen.get(key, ()):
+            p.requires_grad_(False)
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        key = (stage, microbatch)
+        params = self._frozen.get(key, ())
+        for p in params:
+            p.requires_grad_(True)
+        if kind in ("B", "W"):
+            ratio = self._ratio.pop(key, 0.0)
+            self.applied[f"{stage}{kind}{microbatch}"] = ratio
+            self.frozen_elements += int(round(ratio * self._total[stage]))
+            self._frozen.pop(key, None)
+
+    def ratio_of(self, action: str) -> float:
+        return self.applied.get(action, 0.0)
+
+    def end_step(self) -> dict[str, float]:
+        """Applied ratios of the step's backward actions; resets the per-step state."""
+        out, self.applied = self.applied, {}
+        self.frozen_elements = 0
+        self._frozen.clear()
+        self._ratio.clear()
+        return out
+
+    @property
+    def trainable_elements(self) -> int:
+        return sum(self._total.values())

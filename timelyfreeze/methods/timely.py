@@ -1,0 +1,92 @@
+"""TimelyFreeze: how much each backward action freezes comes from the plan; which tensors, uniformly at random.
+
+Phases (``timelyfreeze.config.Phases``): warm-up (nothing frozen, nothing used) -> upper-bound
+monitoring (nothing frozen) -> lower-bound monitoring (every freezable tensor frozen) -> the plan
+is made (by the trainer, which owns the measurements and the process group; see ``set_plan``) ->
+progressive ramp (each action's ratio rises linearly from 0 to its planned value) -> stable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from timelyfreeze.config import Phases
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
+from timelyfreeze.selection import action_generator, uniform_subset
+
+
+class TimelyFreezeMethod(FreezeMethod):
+    name = "timelyfreeze"
+    step_level = False
+
+    def __init__(self, cfg: Any, ctx: MethodContext):
+        super().__init__(cfg, ctx)
+        self.phases: Phases = ctx.extras["phases"]
+        self._names = {v.stage: [n for n in v.params if n != v.anchor] for v in ctx.stages}
+        self.planned_ratio: dict[tuple[int, int], float] | None = None
+        """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
+        self.plan_failed: str | None = None
+
+    # -- plan -------------------------------------------------------------------------------
+    def needs_plan(self, step: int) -> bool:
+        """True at the end of the last lower-bound step, when the trainer must call ``set_plan``."""
+        return self.planned_ratio is None and self.plan_failed is None and step >= self.phases.lower_end
+
+    def set_plan(self, action_ratios: dict[str, float] | None, failure: str | None = None) -> None:
+        """Install the plan's per-action ratios (``{"1B3": 0.4, ...}``), or record why there is none."""
+        if action_ratios is None:
+            self.plan_failed = failure or "no plan"
+            return
+        ratios: dict[tuple[int, int], float] = {}
+        for name, r in action_ratios.items():
+            kind_pos = next(i for i, c in enumerate(name) if c.isalpha())
+            if name[kind_pos] in ("B", "W"):
+                ratios[(int(name[:kind_pos]), int(name[kind_pos + 1:]))] = float(r)
+        self.planned_ratio = ratios
+
+    # -- decisions --------------------------------------------------------------------------
+    def phase(self, step: int) -> str:
+        p = self.phases.phase(step)
+        if p in ("progressive", "stable") and self.planned_ratio is None:
+            return "noplan"
+        return p
+
+    def action_ratio(self, step: int, stage: int, microbatch: int) -> float:
+        p = self.phases.phase(step)
+        if p == "lower":
+            return 1.0
+        if p in ("progressive", "stable") and self.planned_ratio is not None:
+            return self.planned_ratio.get((stage, microbatch), 0.0) * self.phases.ramp(step)
+        return 0.0
+
+    def mask_step(self, step: int) -> int:
+        """The step whose seed draws the masks: a fresh draw every ``resample_every`` steps."""
+        every = max(1, int(self.cfg.resample_every))
+        return ((step - 1) // every) * every + 1
+
+    def select(self, step: int, stage: int, microbatch: int, ratio: float) -> frozenset[str]:
+        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch)
+        return uniform_subset(self._names[stage], ratio, gen)
+
+    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+        ratio = self.action_ratio(step, stage, microbatch)
+        if ratio <= 0.0:
+            return frozenset()
+        if ratio >= 1.0 and self.phases.phase(step) == "lower":
+            return frozenset(self._names[stage])
+        return self.select(step, stage, microbatch, ratio)
+
+    # -- checkpoint -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "planned_ratio": None if self.planned_ratio is None else dict(self.planned_ratio),
+            "plan_failed": self.plan_failed,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pr = state.get("planned_ratio")
+        self.planned_ratio = None if pr is None else {tuple(k): v for k, v in pr.items()}
+        self.plan_failed = state.get("plan_failed")
+
+    def summary(self) -> dict[str, Any]:
+        return {"plan_failed": self.plan_failed}

@@ -1,0 +1,87 @@
+"""Which parameter tensors a pipeline stage holds and where they sit in the whole model.
+
+Builds the ``StageView`` of every stage this rank runs: trainable tensors by name, their global
+layer index (embedding 0, transformer block k -> k + 1, final norm and output head last; the names
+TorchTitan's llama3/llama4/qwen/deepseek models use, with a positional fallback for anything else),
+the per-layer modules (for methods that hook activations), and the first stage's *anchor*.
+
+The anchor: a stage whose input needs no gradient (the first) would have nothing left to
+backpropagate into if every tensor were frozen, and with most tensors frozen its backward would stop
+at an unpredictable depth. Keeping one small tensor of its first block trainable (the smallest
+tensor of the first layer that holds more than one tensor, e.g. ``layers.0.attention_norm.weight``,
+256 elements of the debug model's ~3 M) makes the backward always reach back through the stage's
+blocks, so its time falls linearly with the freeze ratio like every other stage's.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from timelyfreeze.methods.base import StageView
+
+_BLOCK = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")
+_HEAD_PREFIXES = ("norm.", "output.", "final_norm.", "lm_head.")
+
+
+def layer_index(name: str, n_layers: int) -> int:
+    """Global layer index of a parameter name (see module docstring)."""
+    m = _BLOCK.match(name)
+    if m:
+        return int(m.group(1)) + 1
+    if name.startswith(_HEAD_PREFIXES):
+        return n_layers + 1
+    return 0
+
+
+def choose_anchor(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int]) -> str | None:
+    if not params:
+        return None
+    by_layer: dict[int, list[str]] = {}
+    for n in params:
+        by_layer.setdefault(layer_of[n], []).append(n)
+    for layer in sorted(by_layer):
+        if len(by_layer[layer]) > 1:
+            return min(by_layer[layer], key=lambda n: (params[n].numel(), n))
+    first = by_layer[min(by_layer)]
+    return min(first, key=lambda n: (params[n].numel(), n))
+
+
+def _layer_modules(module: torch.nn.Module, n_layers: int) -> dict[int, torch.nn.Module]:
+    mods: dict[int, torch.nn.Module] = {}
+    layers = getattr(module, "layers", None)
+    if layers is not None:
+        items = layers.items() if isinstance(layers, torch.nn.ModuleDict) else enumerate(layers)
+        for k, blk in items:
+            mods[int(k) + 1] = blk
+    for attr in ("tok_embeddings", "embed_tokens"):
+        if getattr(module, attr, None) is not None:
+            mods[0] = getattr(module, attr)
+    for attr in ("output", "lm_head"):
+        if getattr(module, attr, None) is not None:
+            mods[n_layers + 1] = getattr(module, attr)
+    return mods
+
+
+def build_stage_views(stages, n_layers: int) -> list[StageView]:
+    """``stages``: the ``PipelineStage`` objects of this rank (``stage.submod`` is the model part)."""
+    views = []
+    for st in stages:
+        module = st.submod
+        params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+        layer_of = {n: layer_index(n, n_layers) for n in params}
+        anchor = choose_anchor(params, layer_of) if st.is_first else None
+        views.append(
+            StageView(
+                stage=st.stage_index,
+                module=module,
+                params=params,
+                layer_of=layer_of,
+                layer_modules=_layer_modules(module, n_layers),
+                is_first=st.is_first,
+                is_last=st.is_last,
+                anchor=anchor,
+            )
+        )
+    return views
