@@ -1,0 +1,140 @@
+"""Per-rank timeline (Gantt) plots of one training batch, one panel per batch variant.
+
+Each panel places every action at its earliest start on the schedule DAG (the longest path from the
+source, so the same model the planner optimises), one row per pipeline rank, coloured by kind.
+Frozen work is shown by the box fading in proportion to its freeze ratio, a dark bar along its
+bottom as long as that fraction of the box, and the ratio printed under the action name where the
+box is wide enough. Boxes on the critical
+path get a black outline. All panels share the time axis so batch times compare at a glance.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from .actions import parse_action
+from .atomic import replace_atomically
+from .dag import build_dag, longest_path
+from .errors import PlannerError
+from .trace import TraceMeta
+
+KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3"}
+FROZEN_COLOR = "#222222"
+KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
+
+Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
+
+
+def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | None]:
+    if ratios is None:
+        return [None] * n_panels
+    if isinstance(ratios, Mapping):
+        return [ratios] * n_panels
+    ratios = list(ratios)
+    if len(ratios) != n_panels:
+        raise PlannerError(f"ratios has {len(ratios)} entries, expected one per panel ({n_panels})")
+    return ratios
+
+
+def plot_timeline(
+    meta: TraceMeta,
+    durations_by_panel: Sequence[tuple[str, Mapping[str, float]]],
+    out_path: str | os.PathLike[str],
+    ratios: Ratios = None,
+    title: str | None = None,
+) -> list[float]:
+    """Draw the panels into a PNG at ``out_path`` (written atomically); returns each panel's batch time.
+
+    ``durations_by_panel``: ``[(title, {action: ms})]``, every action of ``meta`` in every panel.
+    ``ratios``: freeze ratios to show, either one ``{action: ratio}`` for all panels or a list with
+    one entry (or None) per panel.
+    """
+    if not durations_by_panel:
+        raise PlannerError("nothing to plot: no timeline panels")
+    per_panel = _panel_ratios(ratios, len(durations_by_panel))
+    dag = build_dag(meta)
+    solved = []
+    for panel_title, durations in durations_by_panel:
+        makespan, starts, critical = longest_path(dag, dict(durations))
+        solved.append((panel_title, durations, makespan, starts, set(critical)))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.textpath import TextPath
+
+    pp = meta.pp_degree
+    n_panels = len(solved)
+    xmax = max(m for _, _, m, _, _ in solved) or 1.0
+    longest_order = max((len(o) for o in meta.rank_orders.values()), default=1)
+    width_in = min(40.0, max(10.0, 0.3 * longest_order))
+    fig, axes = plt.subplots(
+        n_panels, 1, figsize=(width_in, 0.8 + n_panels * (0.55 * pp + 0.9)), dpi=110, sharex=True, squeeze=False
+    )
+    axes = [a[0] for a in axes]
+    # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
+    px_per_ms = width_in * 0.88 * fig.dpi / (xmax * 1.02)
+    kinds_seen: set[str] = set()
+    any_frozen = False
+
+    for ax, (panel_title, durations, makespan, starts, critical), panel_ratios in zip(axes, solved, per_panel):
+        for r in range(pp):
+            for a in meta.rank_orders.get(r, []):
+                kind = parse_action(a).kind
+                kinds_seen.add(kind)
+                x, w = starts[a], float(durations[a])
+                ratio = min(max(float(panel_ratios.get(a, 0.0)), 0.0), 1.0) if panel_ratios else 0.0
+                frozen = ratio >= 0.005
+                any_frozen |= frozen
+                on_path = a in critical
+                ax.add_patch(
+                    Rectangle(
+                        (x, r - 0.4), w, 0.8,
+                        facecolor=KIND_COLORS[kind], alpha=1.0 - 0.6 * ratio if frozen else 1.0,
+                        edgecolor="none", linewidth=0,
+                    )
+                )
+                if frozen:  # a dark bar along the bottom, as long as the frozen fraction of the box
+                    ax.add_patch(Rectangle((x, r + 0.24), w * ratio, 0.16, facecolor=FROZEN_COLOR, linewidth=0))
+                ax.add_patch(
+                    Rectangle(
+                        (x, r - 0.4), w, 0.8, fill=False,
+                        edgecolor="black" if on_path else "white", linewidth=1.3 if on_path else 0.5,
+                    )
+                )
+                box_px = w * px_per_ms
+                fs = 7 if pp <= 8 else 6
+                label = a if not frozen else f"{a}\n{ratio:.2f}"
+                text_pt = max(TextPath((0, 0), part, size=fs).get_extents().width for part in label.split("\n"))
+                if box_px >= text_pt * fig.dpi / 72 + 4:
+                    ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
+                            fontsize=fs if not frozen else fs - 1, linespacing=0.95,
+                            color="white" if not frozen else "black", clip_on=True)
+        ax.axvline(makespan, color="crimson", linestyle="--", linewidth=1)
+        ax.set_title(f"{panel_title}: batch {makespan:.2f} ms", loc="left", fontsize=10)
+        ax.set_ylim(pp - 0.5, -0.5)
+        ax.set_yticks(range(pp))
+        ax.set_yticklabels([f"rank {r}" for r in range(pp)])
+        ax.grid(True, axis="x", alpha=0.25)
+    axes[-1].set_xlim(0, xmax * 1.02)
+    axes[-1].set_xlabel("time (ms), earliest start on the schedule DAG")
+
+    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in "FBIW" if k in kinds_seen]
+    if any_frozen:
+        handles.append(Patch(facecolor=FROZEN_COLOR, label="frozen fraction (faded box, bar, label)"))
+    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.3, label="critical path"))
+    handles.append(plt.Line2D([], [], color="crimson", linestyle="--", label="batch end"))
+    head = title or f"{meta.schedule}, pp={pp}, {meta.num_stages} stages, {meta.num_microbatches} microbatches"
+    fig.suptitle(head, fontsize=11, x=0.01, ha="left")
+    fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(0.985, 1.0), ncol=len(handles), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.97 if n_panels > 1 else 0.94))
+
+    try:
+        replace_atomically(out_path, lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
+    return [m for _, _, m, _, _ in solved]

@@ -1,0 +1,142 @@
+"""Sweep the freeze budget ``r_max``: predicted batch time and throughput gain for each value.
+
+One DAG is built and reused for every LP solve. ``speedup`` is ``no_freeze / batch_ms`` (the
+predicted throughput relative to training without freezing), ``throughput_gain = speedup - 1``,
+and ``mean_ratio`` is the mean planned freeze ratio over all freezable actions.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+from .atomic import replace_atomically
+from .dag import build_dag, longest_path
+from .errors import PlannerError
+from .lp import solve_freeze_lp
+from .trace import NodeWeights, TraceMeta
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """The planned batch for one ``r_max`` (times in ms, ``seconds`` = LP solve wall time)."""
+
+    r_max: float
+    batch_ms: float
+    speedup: float
+    throughput_gain: float
+    mean_ratio: float
+    seconds: float
+    no_freeze_ms: float
+    all_frozen_ms: float
+
+
+def check_r_values(r_values: list[float]) -> list[float]:
+    """Every value must be a finite number in [0, 1]; at least one value."""
+    out: list[float] = []
+    for r in r_values:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
+            raise PlannerError(f"r_max must be a number in [0, 1], got {r!r}")
+        out.append(float(r))
+    if not out:
+        raise PlannerError("no r_max values to sweep")
+    return out
+
+
+def mean_freeze_ratio(durations: dict[str, float], weights: NodeWeights) -> float:
+    """Mean of ``(w_max - d) / (w_max - w_min)`` over the freezable actions (0 if there are none)."""
+    ratios = [
+        (weights.w_max[a] - durations[a]) / (weights.w_max[a] - weights.w_min[a]) for a in sorted(weights.freezable)
+    ]
+    return sum(ratios) / len(ratios) if ratios else 0.0
+
+
+def sweep(meta: TraceMeta, weights: NodeWeights, r_values: list[float], *, solver: str = "auto") -> list[SweepRow]:
+    """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order) on one DAG."""
+    r_values = check_r_values(list(r_values))
+    dag = build_dag(meta)
+    no_freeze = longest_path(dag, weights.w_max)[0]
+    all_frozen = longest_path(dag, weights.w_min)[0]
+    rows: list[SweepRow] = []
+    for r in r_values:
+        sol = solve_freeze_lp(dag, weights, r, solver=solver)
+        speedup = no_freeze / sol.makespan if sol.makespan > 0 else 1.0
+        rows.append(
+            SweepRow(
+                r_max=r,
+                batch_ms=sol.makespan,
+                speedup=speedup,
+                throughput_gain=speedup - 1.0,
+                mean_ratio=mean_freeze_ratio(sol.durations, weights),
+                seconds=sol.seconds,
+                no_freeze_ms=no_freeze,
+                all_frozen_ms=all_frozen,
+            )
+        )
+    return rows
+
+
+def format_table(rows: list[SweepRow]) -> str:
+    """A Markdown table: r_max, predicted batch ms, speedup vs no-freeze, mean freeze ratio."""
+    lines = [
+        "| r_max | batch ms | speedup | mean ratio |",
+        "|------:|---------:|--------:|-----------:|",
+    ]
+    for row in rows:
+        lines.append(f"| {row.r_max:.3g} | {row.batch_ms:.3f} | {row.speedup:.4f}x | {row.mean_ratio:.3f} |")
+    if rows:
+        lines.append(f"no freezing: {rows[0].no_freeze_ms:.3f} ms, everything frozen: {rows[0].all_frozen_ms:.3f} ms")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[SweepRow], path: str | os.PathLike[str]) -> None:
+    """Write the rows as CSV with a header of the :class:`SweepRow` field names (atomic replace)."""
+    names = [f.name for f in fields(SweepRow)]
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=names)
+            w.writeheader()
+            for row in rows:
+                w.writerow({k: f"{v:.9g}" for k, v in asdict(row).items()})
+
+    replace_atomically(os.fspath(path), write)
+
+
+def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str], title: str | None = None) -> None:
+    """PNG: predicted throughput vs ``r_max``, relative to no freezing (left axis) and in batches/s
+    (right axis), with the no-freeze and all-frozen references as horizontal lines."""
+    if not rows:
+        raise PlannerError("no sweep rows to plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: r.r_max)
+    no_freeze, all_frozen = rows[0].no_freeze_ms, rows[0].all_frozen_ms
+    xs = [r.r_max for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.plot(xs, [r.speedup for r in rows], marker="o", color="tab:blue", label="planned (LP)")
+    ax.axhline(1.0, color="0.4", linestyle="--", label=f"no freezing ({no_freeze:.2f} ms/batch)")
+    if all_frozen > 0:
+        ax.axhline(no_freeze / all_frozen, color="tab:green", linestyle=":",
+                   label=f"everything frozen ({all_frozen:.2f} ms/batch)")
+    ax.set_xlabel("r_max (freeze budget: max mean freeze ratio per stage)")
+    ax.set_ylabel("predicted throughput / no-freeze throughput")
+    ax.set_xlim(min(0.0, xs[0]), max(1.0, xs[-1]))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    if no_freeze > 0:
+        # batches/s = 1000 / batch_ms = (1000 / no_freeze) * relative throughput: a linear secondary axis.
+        scale = 1000.0 / no_freeze
+        sec = ax.secondary_yaxis("right", functions=(lambda y: y * scale, lambda y: y / scale))
+        sec.set_ylabel("predicted batches / s")
+    ax.set_title(title or "Predicted throughput vs freeze budget")
+    fig.tight_layout()
+    try:
+        replace_atomically(os.fspath(path), lambda tmp: fig.savefig(tmp, format="png"))
+    finally:
+        plt.close(fig)
