@@ -1,0 +1,405 @@
+"""scripts/sweep.py (grid, runner, resume) and scripts/sweep_report.py (tables, TTA, plots), with a
+fake launcher (tests/fake_job.py) and hand-written job outputs: no real training."""
+
+import csv
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+import sweep  # noqa: E402
+import sweep_report as sr  # noqa: E402
+
+FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_job.py'}"
+
+
+@pytest.fixture
+def base_toml(tmp_path):
+    p = tmp_path / "base.toml"
+    p.write_text('[training]\nsteps = 20\n[parallelism]\npipeline_parallel_degree = 2\n')
+    return p
+
+
+# ------------------------------------------------------------------------------------------ grid
+def test_expand_grid_counts_ids_and_knobs(base_toml):
+    grid = {"schedules": ["1F1B", "GPipe"], "seeds": [0, 1],
+            "methods": {"none": True, "timelyfreeze": [0.4, 0.8], "apf": [0.05], "egeria": [2]},
+            "overrides": {"training.steps": 40}}
+    jobs = sweep.expand_grid(grid)
+    assert len(jobs) == 2 * 2 * (1 + 2 + 1 + 1)
+    ids = [j.job_id for j in jobs]
+    assert len(set(ids)) == len(ids)
+    assert "1F1B__timelyfreeze__r_max=0.8__seed=0" in ids
+    assert "GPipe__none__seed=1" in ids
+    assert "1F1B__apf__threshold=0.05__seed=1" in ids
+    assert "GPipe__egeria__tolerance_coef=2__seed=0" in ids
+    none = [j for j in jobs if j.method == "none"]
+    assert len(none) == 4 and all(j.knob_value is None and j.knob_name is None for j in none)
+
+    by_id = {j.job_id: j for j in jobs}
+    cmd = sweep.build_command(by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python",
+                              dump_folder="/o/jobs/x/dump")
+    assert cmd[:6] == ["/venv/python", "-m", "torch.distributed.run", "--nproc_per_node=2",
+                       "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+    assert cmd[6:8] == ["-m", "timelyfreeze.train"]
+    tail = " ".join(cmd[8:])
+    assert f"--job.config_file {base_toml} --job.dump_folder /o/jobs/x/dump" in tail
+    assert "--freeze.method timelyfreeze" in tail and "--freeze.r_max 0.8" in tail
+    assert "--freeze.seed 0" in tail and "--parallelism.pipeline_parallel_schedule 1F1B" in tail
+    assert "--training.steps 40" in tail
+
+    apf = " ".join(sweep.build_command(by_id["GPipe__apf__threshold=0.05__seed=1"], base_toml, "py"))
+    assert "--freeze.apf.threshold 0.05" in apf and "r_max" not in apf
+    plain = " ".join(sweep.build_command(by_id["GPipe__none__seed=1"], base_toml, "py"))
+    assert "--freeze.method none" in plain
+    assert not any(flag in plain for _, flag in filter(None, sweep.KNOBS.values()))
+
+    fake = sweep.build_command(none[0], base_toml, "py", launcher="python tests/fake_job.py")
+    assert fake[:2] == ["python", "tests/fake_job.py"] and fake[2] == "--job.config_file"
+
+
+def test_grid_file_schedule_and_method_overrides(tmp_path, base_toml):
+    g = tmp_path / "grid.toml"
+    g.write_text(f'''config = "{base_toml.name}"
+schedules = ["1F1B", "Interleaved1F1B"]
+[overrides]
+"training.steps" = 10
+"validation.enable" = false
+[methods]
+timelyfreeze_apf = {{values = [0.8], overrides = {{"freeze.apf.threshold" = 0.05}}}}
+[schedule_overrides.Interleaved1F1B]
+"parallelism.pipeline_parallel_layers_per_stage" = 1
+"parallelism.pipeline_parallel_degree" = 4
+''')
+    grid = sweep.load_grid_file(g)
+    assert grid["config"] == str(base_toml)
+    jobs = sweep.expand_grid(grid)
+    assert [j.job_id for j in jobs] == ["1F1B__timelyfreeze_apf__r_max=0.8__seed=0",
+                                        "Interleaved1F1B__timelyfreeze_apf__r_max=0.8__seed=0"]
+    c1, c2 = (sweep.build_command(j, base_toml, "py") for j in jobs)
+    assert "--validation.no-enable" in c1 and "--freeze.apf.threshold" in c1
+    assert "--parallelism.pipeline_parallel_layers_per_stage" not in c1 and "--nproc_per_node=2" in c1
+    assert "--parallelism.pipeline_parallel_layers_per_stage" in c2 and "--nproc_per_node=4" in c2
+
+
+@pytest.mark.parametrize("grid, msg", [
+    ({"schedules": ["1F1B"], "methods": {"freezeall": [1]}}, "unknown method"),
+    ({"schedules": ["1F1B"], "methods": {"none": [0.5]}}, "no knob"),
+    ({"schedules": ["1F1B"], "methods": {"timelyfreeze": []}}, "r_max values"),
+    ({"schedules": ["1F1B"], "methods": {"apf": ["x"]}}, "not a number"),
+    ({"schedules": ["1F1B"], "methods": {}}, "no methods"),
+    ({"methods": {"none": True}}, "no schedules"),
+    ({"schedules": ["1F1B", "1F1B"], "methods": {"none": True}}, "repeats"),
+])
+def test_grid_errors(grid, msg):
+    with pytest.raises(sweep.GridError, match=msg):
+        sweep.expand_grid(grid)
+
+
+def test_cli_flags_dry_run(base_toml, tmp_path, capsys):
+    rc = sweep.main(["run", "--config", str(base_toml), "--out", str(tmp_path / "o"), "--schedule", "1F1B",
+                     "--method", "none", "--method", "timelyfreeze=0.5,1", "--seed", "3", "--set",
+                     "training.steps=7", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 jobs" in out
+    assert "1F1B__timelyfreeze__r_max=1__seed=3" in out and "--training.steps 7" in out
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------------------- runner
+def _run(base_toml, out, *extra):
+    return sweep.main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B",
+                       "--method", "none", "--method", "timelyfreeze=0.5", "--method", "apf=0.1",
+                       "--launcher", FAKE, "--no-report", *extra])
+
+
+def _calls(path):
+    return path.read_text().split() if path.exists() else []
+
+
+def test_sweep_failure_resume_and_retry(base_toml, tmp_path, monkeypatch, capsys):
+    out, calls = tmp_path / "o", tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_JOB_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_JOB_FAIL", "none")
+    assert _run(base_toml, out) == 1  # a failed job makes the sweep exit non-zero...
+    text = capsys.readouterr().out
+    assert len(_calls(calls)) == 3  # ...but the jobs after it still ran
+    nf_dir = out / "jobs" / "1F1B__none__seed=0"
+    assert f"[1/3] 1F1B__none__seed=0 ... FAILED (exit 1, see {nf_dir / 'log.txt'})" in text
+    assert "[2/3] 1F1B__timelyfreeze__r_max=0.5__seed=0 ... ok " in text and "ETA" in text
+    assert "sweep: 2 ok, 1 failed, 0 skipped (done before); failed: 1F1B__none__seed=0" in text
+    rec = json.loads((nf_dir / "job.json").read_text())
+    assert rec["status"] == "failed" and rec["exit_code"] == 1 and "fake failure" in rec["log_tail"]
+    assert rec["command"][:2] == FAKE.split() and rec["start_time"] and rec["end_time"]
+    apf_dir = out / "jobs" / "1F1B__apf__threshold=0.1__seed=0"
+    ok = json.loads((apf_dir / "job.json").read_text())
+    assert ok["status"] == "ok" and ok["exit_code"] == 0 and "log_tail" not in ok
+    assert (apf_dir / "log.txt").read_text().count("fake job: method=apf") == 1
+
+    # second run: the failed job runs again (and now succeeds), finished ones are skipped
+    calls.unlink()
+    monkeypatch.delenv("FAKE_JOB_FAIL")
+    assert _run(base_toml, out) == 0
+    assert _calls(calls) == ["1F1B__none__seed=0"]
+    assert "skipped (done)" in capsys.readouterr().out
+
+    # incomplete jobs run again: summary.json gone, or job.json left 'running' by a killed sweep
+    calls.unlink()
+    (out / "jobs" / "1F1B__none__seed=0" / "dump" / "timelyfreeze" / "summary.json").unlink()
+    tf = out / "jobs" / "1F1B__timelyfreeze__r_max=0.5__seed=0" / "job.json"
+    tf.write_text(json.dumps({**json.loads(tf.read_text()), "status": "running"}))
+    assert _run(base_toml, out) == 0
+    assert sorted(_calls(calls)) == ["1F1B__none__seed=0", "1F1B__timelyfreeze__r_max=0.5__seed=0"]
+
+    # a changed override makes finished results stale
+    calls.unlink()
+    assert _run(base_toml, out, "--set", "training.steps=10") == 0
+    assert len(_calls(calls)) == 3
+
+
+def test_no_retry_failed_and_missing_summary(base_toml, tmp_path, monkeypatch, capsys):
+    out, calls = tmp_path / "o", tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_JOB_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_JOB_FAIL", "apf")
+    monkeypatch.setenv("FAKE_JOB_NO_SUMMARY", "none")
+    assert _run(base_toml, out) == 1
+    rec = json.loads((out / "jobs" / "1F1B__none__seed=0" / "job.json").read_text())
+    assert rec["status"] == "failed" and rec["exit_code"] == 0 and "no timelyfreeze/summary.json" in rec["reason"]
+    assert "FAILED (exit 0 but no summary.json" in capsys.readouterr().out
+    calls.unlink()
+    assert _run(base_toml, out, "--no-retry-failed") == 1
+    assert _calls(calls) == []
+
+
+def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_JOB_SLEEP", "30")
+    job = sweep.Job("1F1B", "none", None, 0)
+    lines = []
+    res = sweep.run_sweep([job], tmp_path, lambda j, d: sweep.build_command(j, base_toml, launcher=FAKE,
+                                                                             dump_folder=d),
+                          timeout_s=1.0, print_fn=lines.append)
+    rec = json.loads((tmp_path / "jobs" / job.job_id / "job.json").read_text())
+    assert rec["status"] == "timeout" and rec["duration_s"] < 20 and res.failed == [job.job_id]
+    assert "TIMEOUT" in lines[1]
+
+    # Ctrl-C: the running job is stopped and marked interrupted, the sweep stops there
+    jobs = [sweep.Job("1F1B", "random", 0.5, 0), sweep.Job("1F1B", "random", 0.6, 0)]
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        res = sweep.run_sweep(jobs, tmp_path, lambda j, d: sweep.build_command(j, base_toml, launcher=FAKE,
+                                                                                dump_folder=d),
+                              print_fn=lines.append)
+    finally:
+        timer.cancel()
+    assert res.interrupted == jobs[0].job_id and res.exit_code == 130
+    rec = json.loads((tmp_path / "jobs" / jobs[0].job_id / "job.json").read_text())
+    assert rec["status"] == "interrupted" and rec["duration_s"] < 20
+    assert not (tmp_path / "jobs" / jobs[1].job_id).exists()
+
+
+# ---------------------------------------------------------------------------------------- report
+def write_job(out, job_id, summary=None, status="ok", metrics=None, timeline=False):
+    d = out / "jobs" / job_id
+    tf = d / "dump" / "timelyfreeze"
+    tf.mkdir(parents=True)
+    (d / "job.json").write_text(json.dumps({"job_id": job_id, "status": status}))
+    if summary is not None:
+        schedule, method, *rest = job_id.split("__")
+        knob = None
+        if len(rest) == 2:
+            k, v = rest[0].split("=")
+            knob = {"name": k, "value": float(v)}
+        full = {"format": "timelyfreeze-run/1", "method": method, "knob": knob, "schedule": schedule,
+                "seed": int(rest[-1].split("=")[1]), "steps": 30, "tokens_per_step": 1000,
+                "tokens_per_s": {"all": None, "stable": None}, "mean_batch_ms": {"all": 100.0, "stable": 90.0},
+                "predicted_batch_ms": None, "avg_freeze_ratio": 0.0, "final_loss": 6.0, "val_loss": None,
+                "val_curve": []}
+        full.update(summary)
+        (tf / "summary.json").write_text(json.dumps(full))
+    if metrics is not None:
+        (tf / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 4, "lo')
+    if timeline:
+        (tf / "trace").mkdir()
+        (tf / "trace" / "meta.json").write_text("{}")
+        (tf / "plan.json").write_text("{}")
+    return d
+
+
+def tps(stable, all_=None):
+    return {"tokens_per_s": {"stable": stable, "all": all_ if all_ is not None else stable * 0.8}}
+
+
+@pytest.fixture
+def fabricated(tmp_path):
+    """1F1B, seed 0 unless named: (stable tokens/s, last val loss)
+    none (1000, 5.00), tf 0.5 (1250, 4.95) + seed 1 (1350, 4.85), tf 0.8 (1600, 5.20), apf (1100, 5.30),
+    random (1600, 5.25); GPipe: none (900, 5.0), tf 0.8 of another length; one failed job."""
+    out = tmp_path / "sweep"
+    nf_curve = [[10, 6.0], [20, 5.5], [30, 5.0]]
+    write_job(out, "1F1B__none__seed=0", {**tps(1000), "val_loss": 5.0, "val_curve": nf_curve})
+    write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=0",
+              {**tps(1250), "val_loss": 4.95, "val_curve": [[10, 5.8], [20, 5.2], [30, 4.95]],
+               "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 100.0},
+               "avg_freeze_ratio": 0.3}, timeline=True)
+    write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=1",
+              {**tps(1350), "val_loss": 4.85, "val_curve": [[10, 5.7], [30, 4.85]]})
+    write_job(out, "1F1B__timelyfreeze__r_max=0.8__seed=0",
+              {**tps(1600), "val_loss": 5.2, "val_curve": [[10, 6.2], [20, 5.6], [30, 5.2]],
+               "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 90.0}}, timeline=True)
+    write_job(out, "1F1B__apf__threshold=0.1__seed=0", {**tps(1100), "val_loss": 5.3, "val_curve": [[30, 5.3]]})
+    write_job(out, "1F1B__random__ratio=0.3__seed=0", {**tps(1600), "val_loss": 5.25, "val_curve": [[30, 5.25]]})
+    write_job(out, "GPipe__none__seed=0", {**tps(900), "val_loss": 5.0, "val_curve": [[20, 5.0]]})
+    write_job(out, "GPipe__timelyfreeze__r_max=0.8__seed=0",
+              {**tps(1000), "steps": 20, "val_loss": 5.1, "val_curve": [[20, 5.1]]})
+    write_job(out, "GPipe__apf__threshold=0.1__seed=0", None, status="failed", metrics=[
+        {"step": 1, "step_ms": 100.0, "batch_ms": 80.0, "tokens_per_s": 1000.0, "loss": 7.0, "freeze_ratio": 0.0},
+        {"step": 2, "step_ms": 300.0, "batch_ms": 280.0, "tokens_per_s": 2000.0, "loss": 6.5, "freeze_ratio": 0.2,
+         "val_loss": 6.8}])
+    return out
+
+
+def test_curve_helpers():
+    curve = [[10, 6.0], [20, 5.5], [30, 5.0], [40, 5.2]]
+    assert sr.interp_at(curve, 25) == pytest.approx(5.25)
+    assert sr.interp_at(curve, 40) == 5.2 and sr.interp_at(curve, 50) is None
+    assert sr.steps_to_reach(curve, 5.2) == pytest.approx(26.0)
+    assert sr.steps_to_reach(curve, 6.5) == 10.0  # already there at the first validation point
+    assert sr.steps_to_reach(curve, 4.9) is None
+
+
+def test_pareto_front_hand_checked():
+    pts = [(1000, 5.0), (1250, 4.95), (1600, 5.2), (1100, 5.3), (1600, 5.25), (1250, 4.95)]
+    assert sr.pareto_front(pts) == [False, True, True, False, False, True]
+
+
+def test_report_tables_on_fabricated_outputs(fabricated):
+    rep = sr.build_report(fabricated, planner=None, print_fn=lambda s: None)
+    with open(fabricated / "report" / "results.csv") as f:
+        rows = {r["job_id"]: r for r in csv.DictReader(f)}
+    assert len(rows) == 9
+    r = rows["1F1B__timelyfreeze__r_max=0.5__seed=0"]
+    assert (r["method"], r["knob_name"], float(r["knob_value"]), r["schedule"], r["seed"], r["steps"]) == \
+        ("timelyfreeze", "r_max", 0.5, "1F1B", "0", "30")
+    assert float(r["tokens_per_s_stable"]) == 1250 and float(r["tokens_per_s_all"]) == 1000
+    assert float(r["mean_batch_ms_stable"]) == 90 and float(r["predicted_batch_ms"]) == 100
+    assert float(r["avg_freeze_ratio"]) == 0.3 and float(r["val_loss"]) == 4.95 and r["status"] == "ok"
+    nf = rows["1F1B__none__seed=0"]
+    assert nf["knob_name"] == "" and nf["knob_value"] == "" and nf["predicted_batch_ms"] == ""
+    # the failed job: figures from its metrics.jsonl (torn last line ignored)
+    f = rows["GPipe__apf__threshold=0.1__seed=0"]
+    assert f["status"] == "failed" and f["steps"] == "2" and f["method"] == "apf"
+    assert float(f["tokens_per_s_all"]) == pytest.approx(1750.0)  # (100 + 600) tokens / 0.4 s
+    assert float(f["final_loss"]) == 6.5 and float(f["val_loss"]) == 6.8 and float(f["avg_freeze_ratio"]) == 0.1
+
+    configs = {(c["schedule"], c["method"], c["knob_value"]): c for c in rep["configs"]}
+    tf05 = configs[("1F1B", "timelyfreeze", 0.5)]
+    assert tf05["seeds"] == 2 and tf05["tokens_per_s"] == 1300 and tf05["loss"] == pytest.approx(4.9)
+    front = {k for k, c in configs.items() if c["pareto"]}
+    assert front == {("1F1B", "timelyfreeze", 0.5), ("1F1B", "timelyfreeze", 0.8),
+                     ("GPipe", "none", None), ("GPipe", "timelyfreeze", 0.8)}  # 900 @ 5.0 vs 1000 @ 5.1
+    assert ("GPipe", "apf", 0.1) not in configs  # failed jobs are not configurations
+    with open(fabricated / "report" / "configs.csv") as f:
+        assert sum(1 for r in csv.DictReader(f) if r["pareto"] == "True") == 4
+
+    tta = {t["job_id"]: t for t in rep["tta"]}
+    t = tta["1F1B__timelyfreeze__r_max=0.5__seed=0"]
+    # target: no-freezing loss at its last validation point (step 30) = 5.0, reached by NF at step 30
+    assert t["target_step"] == 30 and t["target_loss"] == 5.0 and t["steps_nf"] == 30
+    assert t["steps_method"] == pytest.approx(28.0)  # 20 + (5.2 - 5.0) / (5.2 - 4.95) * 10
+    assert t["kappa"] == pytest.approx(1.25) and t["steps_ratio"] == pytest.approx(28 / 30)
+    assert t["tta_ratio"] == pytest.approx(28 / 30 / 1.25)
+    t = tta["1F1B__timelyfreeze__r_max=0.8__seed=0"]
+    assert t["kappa"] == pytest.approx(1.6) and t["steps_method"] is None and t["note"] == "not reached"
+    assert t["tta_ratio"] is None
+    assert tta["1F1B__none__seed=0"]["tta_ratio"] == 1.0
+    assert "no no-freezing run" in tta["1F1B__timelyfreeze__r_max=0.5__seed=1"]["note"]
+    assert "different length" in tta["GPipe__timelyfreeze__r_max=0.8__seed=0"]["note"]
+    # an earlier target step: NF loss at step 15 = 5.75; tf 0.5 reaches it at 10 + (5.8-5.75)/0.6*10
+    t = {t["job_id"]: t for t in sr.tta_rows(rep["rows"], tta_step=15)}["1F1B__timelyfreeze__r_max=0.5__seed=0"]
+    assert t["target_loss"] == pytest.approx(5.75) and t["steps_nf"] == pytest.approx(15.0)
+    assert t["steps_method"] == pytest.approx(10 + 0.05 / 0.6 * 10)
+    with open(fabricated / "report" / "tta.csv") as f:
+        assert {r["job_id"]: r["note"] for r in csv.DictReader(f)}["1F1B__timelyfreeze__r_max=0.8__seed=0"] == \
+            "not reached"
+    md = (fabricated / "report" / "report.md").read_text()
+    assert "| 1F1B__timelyfreeze__r_max=0.5__seed=0 | timelyfreeze | r_max | 0.5 | 1F1B |" in md
+    assert "not reached" in md and "![" in md
+
+
+class FakePlanner:
+    def __init__(self):
+        self.sweeps, self.gantts = [], []
+
+    def sweep(self, trace, r_values, csv_path):
+        self.sweeps.append((trace, list(r_values)))
+        return [{"r_max": r, "batch_ms": 120 / (1 + 0.4 * r), "speedup": 1 + 0.4 * r} for r in r_values]
+
+    def gantt(self, trace, plan, out_png):
+        self.gantts.append(plan)
+        plt = sr._plt()
+        fig, ax = plt.subplots(figsize=(4, 2))
+        ax.barh([0, 1], [3, 5], left=[0, 1])
+        fig.savefig(out_png)
+        plt.close(fig)
+
+
+def _nontrivial_png(path):
+    import matplotlib.image as mpimg
+
+    assert path.is_file() and path.stat().st_size > 5000, path
+    img = mpimg.imread(path)
+    assert img.shape[0] > 200 and img.shape[1] > 300 and img[..., :3].std() > 0.05, path
+
+
+def test_plots_with_planner(fabricated):
+    planner = FakePlanner()
+    rep = sr.build_report(fabricated, planner=planner, print_fn=lambda s: None)
+    d = fabricated / "report"
+    for name in ("pareto.png", "throughput_vs_rmax.png", "tta.png"):
+        _nontrivial_png(d / name)
+    assert (d / "timeline_1F1B.png").is_file()
+    # one planner sweep per TimelyFreeze job with a trace, over 0..1 plus the grid's r_max values
+    assert len(planner.sweeps) == 2 and {0.0, 0.5, 0.8, 1.0} <= set(planner.sweeps[0][1])
+    # the timeline is of the largest-r_max plain TimelyFreeze run
+    assert planner.gantts == [fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" /
+                              "timelyfreeze" / "plan.json"]
+    assert "throughput_vs_rmax.png" in (d / "report.md").read_text()
+    assert any("no trace" in w for w in rep["warnings"])
+
+
+def test_report_without_planner_falls_back(fabricated, capsys):
+    tl = fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "timeline.png"
+    tl.write_bytes(b"\x89PNG fake")
+    assert sweep.main(["report", str(fabricated), "--no-planner"]) == 0
+    assert (fabricated / "report" / "timeline_1F1B.png").read_bytes() == b"\x89PNG fake"
+    assert "copied the runtime's timeline.png" in capsys.readouterr().out
+    assert sweep.main(["report", str(fabricated / "nothing")]) == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("planner.cli") is None, reason="planner CLI not in this tree yet")
+def test_report_with_real_planner_sweep(fabricated):
+    """The real ``python -m planner sweep`` on a synthetic trace feeds the throughput-vs-r_max plot."""
+    trace = fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "trace"
+    shutil.rmtree(trace)
+    subprocess.run([sys.executable, "-m", "planner", "simulate", "--schedule", "1F1B", "--pp", "2",
+                    "--microbatches", "4", "--out", str(trace)], cwd=REPO, check=True, capture_output=True)
+    rows = sr.PlannerCLI().sweep(trace, [0.0, 0.5, 1.0], fabricated / "s.csv")
+    assert [r["r_max"] for r in rows] == [0.0, 0.5, 1.0] and rows[0]["speedup"] == pytest.approx(1.0)
+    assert rows[2]["speedup"] > rows[1]["speedup"] > 1.0
+    with pytest.raises(sr.PlannerError, match="does not exist"):
+        sr.PlannerCLI().sweep(fabricated / "no_trace", [0.5], fabricated / "s2.csv")
+    rep = sr.build_report(fabricated, planner=sr.PlannerCLI(), print_fn=lambda s: None)
+    assert (fabricated / "report" / "planner_sweep_1F1B__timelyfreeze__r_max=0.8__seed=0.csv").is_file()
+    assert not any("0.8__seed=0: planner sweep failed" in w for w in rep["warnings"])
+    _nontrivial_png(fabricated / "report" / "throughput_vs_rmax.png")
