@@ -1,6 +1,10 @@
 """Fixed-ratio uniform random freezing: the pipeline-unaware control."""
 
 from dataclasses import dataclass
+from typing import Any
+
+from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.selection import action_generator, uniform_subset
 
 
 @dataclass
@@ -9,3 +13,49 @@ class RandomConfig:
     """Fraction of a stage's freezable parameter tensors frozen in every backward action after warm-up,
     chosen uniformly at random per (step, stage, microbatch). Not from a paper; 0.5 sits between the
     r_max values TimelyFreeze used (0.5 ConvNeXt, 0.8 LLaMA/ViT; digest 6)."""
+
+
+def freezable_names(view: StageView) -> list[str]:
+    """The stage's parameter tensors a method may freeze: all of them, in registration order, but the anchor."""
+    return [n for n in view.params if n != view.anchor]
+
+
+def warmup_of(cfg: Any, ctx: MethodContext) -> int:
+    """Steps before any freezing: ``[freeze] warmup_steps``; where it is -1 (derived), the warm-up end the
+    runtime derived for TimelyFreeze (``ctx.extras["phases"].warmup_end``), else the LR warm-up."""
+    w = int(cfg.warmup_steps)
+    if w >= 0:
+        return w
+    phases = ctx.extras.get("phases")
+    if phases is not None:
+        return int(phases.warmup_end)
+    return max(0, int(ctx.lr_warmup_steps))
+
+
+class RandomFixed(FreezeMethod):
+    """Every backward action after warm-up freezes the fixed ``ratio`` of its stage's freezable tensors,
+    drawn uniformly per (step, stage, microbatch); no profiling, no planning, no metric."""
+
+    name = "random"
+    step_level = False
+
+    def __init__(self, cfg: Any, ctx: MethodContext):
+        super().__init__(cfg, ctx)
+        self.ratio = float(cfg.random.ratio)
+        if not 0.0 <= self.ratio <= 1.0:
+            raise ValueError(f"freeze.random.ratio must be in [0, 1], got {self.ratio}")
+        self.seed = int(cfg.seed)
+        self.warmup_steps = warmup_of(cfg, ctx)
+        self._names = {v.stage: freezable_names(v) for v in ctx.stages}
+
+    def phase(self, step: int) -> str:
+        return "warmup" if step <= self.warmup_steps else "active"
+
+    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+        if step <= self.warmup_steps or self.ratio == 0.0:
+            return frozenset()
+        gen = action_generator(self.seed, step, stage, microbatch)
+        return uniform_subset(self._names[stage], self.ratio, gen)
+
+    def summary(self) -> dict[str, Any]:
+        return {"ratio": self.ratio}

@@ -1,0 +1,153 @@
+"""Tiny pipeline stages for the freezing-method tests, plus the fixed-ratio random control's tests.
+
+A "model" is an embedding (layer 0), ``n_blocks`` residual Linear blocks (layers 1..n_blocks) and a
+norm + output head (layer n_blocks + 1), split into stages by block ranges. The first stage's anchor is
+the embedding weight.
+"""
+
+import math
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from timelyfreeze.methods.apf import APFConfig
+from timelyfreeze.methods.autofreeze import AutoFreezeConfig
+from timelyfreeze.methods.base import MethodContext, StageView
+from timelyfreeze.methods.egeria import EgeriaConfig
+from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed, freezable_names
+from timelyfreeze.methods.smartpipe import SmartPipeConfig
+
+VOCAB, DIM = 11, 4
+
+
+class TinyStage(nn.Module):
+    def __init__(self, blocks: range, n_blocks: int, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed + blocks.start)
+        self.first, self.last = blocks.start == 0, blocks.stop == n_blocks
+        self.tok = nn.Embedding(VOCAB, DIM) if self.first else None
+        self.layers = nn.ModuleDict(
+            {str(k): nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for k in blocks}
+        )
+        self.norm = nn.LayerNorm(DIM) if self.last else None
+        self.out = nn.Linear(DIM, VOCAB) if self.last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tok is not None:
+            x = self.tok(x)
+        for layer in self.layers.values():
+            x = x + layer(x)
+        if self.out is not None:
+            x = self.out(self.norm(x))
+        return x
+
+
+def make_view(mod: TinyStage, stage: int, n_blocks: int) -> StageView:
+    params = dict(mod.named_parameters())
+    layer_of, layer_modules = {}, {}
+    for name in params:
+        head = name.split(".")[0]
+        if head == "tok":
+            layer_of[name] = 0
+        elif head == "layers":
+            layer_of[name] = int(name.split(".")[1]) + 1
+        else:
+            layer_of[name] = n_blocks + 1
+    if mod.tok is not None:
+        layer_modules[0] = mod.tok
+    for k, m in mod.layers.items():
+        layer_modules[int(k) + 1] = m
+    if mod.out is not None:
+        layer_modules[n_blocks + 1] = mod.out
+    return StageView(
+        stage=stage, module=mod, params=params, layer_of=layer_of, layer_modules=layer_modules,
+        is_first=mod.first, is_last=mod.last, anchor="tok.weight" if mod.first else None,
+    )
+
+
+def make_stages(n_blocks: int = 4, splits: tuple[int, ...] = ()) -> list[StageView]:
+    """Stages over blocks cut at ``splits`` (e.g. (2,) -> blocks 0-1 and 2-3)."""
+    cuts = [0, *splits, n_blocks]
+    return [make_view(TinyStage(range(a, b), n_blocks), i, n_blocks) for i, (a, b) in enumerate(zip(cuts, cuts[1:]))]
+
+
+def make_cfg(**sections) -> SimpleNamespace:
+    cfg = SimpleNamespace(
+        seed=0, warmup_steps=0, resample_every=1,
+        apf=APFConfig(), autofreeze=AutoFreezeConfig(), egeria=EgeriaConfig(),
+        smartpipe=SmartPipeConfig(), random=RandomConfig(),
+    )
+    for k, v in sections.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def make_ctx(stages: list[StageView], all_gather=None, lr=lambda: 1.0, total_steps: int = 100,
+             num_stages: int | None = None, **extras) -> MethodContext:
+    return MethodContext(
+        stages=stages, num_stages=num_stages or len(stages), num_microbatches=2, schedule="GPipe",
+        total_steps=total_steps, all_gather=all_gather or (lambda o: [o]), get_lr=lr, extras=dict(extras),
+    )
+
+
+def set_layer_grads(view: StageView, per_layer: dict[int, torch.Tensor | None]) -> None:
+    """Give every parameter of each listed layer the gradient ``value * ones`` (None clears it)."""
+    for name, p in view.params.items():
+        layer = view.layer_of[name]
+        if layer in per_layer:
+            v = per_layer[layer]
+            p.grad = None if v is None else torch.full_like(p, float(v))
+
+
+# ---------------------------------------------------------------------------------------------------
+# random (fixed ratio)
+
+
+def test_random_ratio_statistics_and_exact_counts():
+    stages = make_stages(4, (2,))
+    m = RandomFixed(make_cfg(random=RandomConfig(ratio=0.3), warmup_steps=5), make_ctx(stages))
+    assert m.name == "random" and m.step_level is False
+    for v in stages:
+        names = freezable_names(v)
+        n = len(names)
+        counts, hits = [], {x: 0 for x in names}
+        trials = 0
+        for step in range(6, 406):
+            for mb in range(2):
+                s = m.frozen_tensors(step, v.stage, mb)
+                assert v.anchor not in s and s <= set(names)
+                assert len(s) in (math.floor(0.3 * n), math.ceil(0.3 * n))
+                counts.append(len(s))
+                for x in s:
+                    hits[x] += 1
+                trials += 1
+        assert abs(sum(counts) / len(counts) - 0.3 * n) < 0.05 * n
+        # every tensor is frozen with probability ~ratio (uniform choice)
+        for x, h in hits.items():
+            assert abs(h / trials - 0.3) < 0.08, (x, h / trials)
+
+
+def test_random_warmup_reproducible_and_per_microbatch():
+    stages = make_stages(4)
+    cfg = make_cfg(random=RandomConfig(ratio=0.5), warmup_steps=3)
+    a, b = RandomFixed(cfg, make_ctx(stages)), RandomFixed(cfg, make_ctx(stages))
+    assert all(a.frozen_tensors(s, 0, mb) == frozenset() for s in (1, 2, 3) for mb in (0, 1))
+    assert a.phase(3) == "warmup" and a.phase(4) == "active"
+    draws = [a.frozen_tensors(s, 0, mb) for s in range(4, 30) for mb in (0, 1)]
+    assert draws == [b.frozen_tensors(s, 0, mb) for s in range(4, 30) for mb in (0, 1)]
+    assert len(set(draws)) > 5  # fresh draws per (step, microbatch), not one fixed set
+
+
+def test_random_ratio_bounds():
+    stages = make_stages(2)
+    full = RandomFixed(make_cfg(random=RandomConfig(ratio=1.0)), make_ctx(stages))
+    assert full.frozen_tensors(1, 0, 0) == frozenset(freezable_names(stages[0]))
+    none = RandomFixed(make_cfg(random=RandomConfig(ratio=0.0)), make_ctx(stages))
+    assert none.frozen_tensors(1, 0, 0) == frozenset()
+    try:
+        RandomFixed(make_cfg(random=RandomConfig(ratio=1.5)), make_ctx(stages))
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("ratio 1.5 accepted")
