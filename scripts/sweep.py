@@ -539,7 +539,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "grid.json", {**grid, "jobs": [j.job_id for j in jobs]})
-    res = run_sweep(jobs, out, command_fn, file_sha256(base), args.retry_failed, args.timeout)
+    try:
+        res = run_sweep(jobs, out, command_fn, file_sha256(base), args.retry_failed, args.timeout)
+    except KeyboardInterrupt:  # between jobs: nothing is running, nothing to mark
+        print("sweep: interrupted", file=sys.stderr)
+        return 130
     if args.report and not res.interrupted:
         import sweep_report
 

@@ -617,6 +617,10 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     thr_label = f"throughput, {'stable phase' if which == 'stable' else 'whole run'} (tokens/s)"
     configs = aggregate_configs(rows, which, lkey)
     tta = tta_rows(rows, tta_step)
+    for c in configs:
+        if c["pareto"] is None:
+            warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
+                            f"no {which} throughput or loss, left out of the Pareto plot")
     write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
