@@ -71,8 +71,9 @@ def plot_timeline(
     xmax = max(m for _, _, m, _, _ in solved) or 1.0
     longest_order = max((len(o) for o in meta.rank_orders.values()), default=1)
     width_in = min(40.0, max(10.0, 0.3 * longest_order))
+    height_in = 1.2 + n_panels * (0.55 * pp + 0.9)
     fig, axes = plt.subplots(
-        n_panels, 1, figsize=(width_in, 0.8 + n_panels * (0.55 * pp + 0.9)), dpi=110, sharex=True, squeeze=False
+        n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False
     )
     axes = [a[0] for a in axes]
     # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
@@ -129,9 +130,10 @@ def plot_timeline(
     handles.append(plt.Line2D([], [], color="crimson", linestyle="--", label="batch end"))
     head = title or f"{meta.schedule}, pp={pp}, {meta.num_stages} stages, {meta.num_microbatches} microbatches"
     fig.suptitle(head, fontsize=11, x=0.01, ha="left")
-    fig.legend(handles=handles, loc="upper right", bbox_to_anchor=(0.985, 1.0), ncol=len(handles), fontsize=8,
+    # Title row on top, legend row at the bottom (fixed heights in inches, whatever the figure size).
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=8,
                frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 0.97 if n_panels > 1 else 0.94))
+    fig.tight_layout(rect=(0, 0.35 / height_in, 1, 1 - 0.3 / height_in))
 
     try:
         replace_atomically(out_path, lambda tmp: fig.savefig(tmp, format="png"))

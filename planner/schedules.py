@@ -24,8 +24,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 
 from .errors import PlannerError
-
-TRACE_FORMAT = "timelyfreeze-trace/1"
+from .trace import TRACE_FORMAT
 
 SCHEDULES: tuple[str, ...] = (
     "GPipe",

@@ -1,0 +1,245 @@
+"""``python -m planner``: plan, sweep, gantt, orders and simulate subcommands.
+
+Every user error (bad trace, bad plan, bad argument, unwritable output) is printed as a single
+``error: <message>`` line on stderr with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+
+from .errors import PlannerError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``error: ...`` line (exit 2) instead of usage + message."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise PlannerError(" ".join(message.split()))
+
+
+def _unit_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"r_max must be a number in [0, 1], got {text!r}") from None
+    if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"r_max must be a number in [0, 1], got {text!r}")
+    return v
+
+
+def _unit_float_list(text: str) -> list[float]:
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(p == "" for p in parts):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of r_max values in [0, 1], got {text!r}")
+    return [_unit_float(p) for p in parts]
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(p) for p in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of numbers, got {text!r}") from None
+    return values
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return v
+
+
+def _finite_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m planner", description="TimelyFreeze offline planner: traces -> freeze plans.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+
+    q = sub.add_parser("plan", help="solve the freeze LP for one r_max and write PLAN.json")
+    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
+    q.add_argument("--out", required=True, metavar="PLAN.json")
+    q.add_argument("--solver", default="auto", help="HiGHS method (default: auto)")
+
+    q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
+    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("--r-max", type=_unit_float_list, required=True, metavar="R1,R2,...")
+    q.add_argument("--csv", metavar="PATH")
+    q.add_argument("--png", metavar="PATH")
+    q.add_argument("--solver", default="auto")
+
+    q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
+    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("--plan", metavar="PLAN.json")
+    q.add_argument("--out", required=True, metavar="timeline.png")
+
+    q = sub.add_parser("orders", help="print the per-rank executed action order of a schedule")
+    q.add_argument("--schedule", required=True)
+    q.add_argument("--pp", type=_positive_int, required=True)
+    q.add_argument("--microbatches", type=_positive_int, required=True)
+    q.add_argument("--stages-per-rank", type=_positive_int)
+    q.add_argument("--json", action="store_true", help="print a complete meta.json instead")
+
+    q = sub.add_parser("simulate", help="write a synthetic trace (no GPU needed)")
+    q.add_argument("--schedule", required=True)
+    q.add_argument("--pp", type=_positive_int, required=True)
+    q.add_argument("--microbatches", type=_positive_int, required=True)
+    q.add_argument("--out", required=True, metavar="TRACE_DIR")
+    q.add_argument("--f-ms", type=_finite_float, default=1.0, help="forward ms per stage (default 1.0)")
+    q.add_argument("--b-ms", type=_finite_float, default=2.0, help="full backward ms per stage (default 2.0)")
+    q.add_argument("--w-share", type=_finite_float, default=0.5, help="weight-grad share of the backward")
+    q.add_argument("--lower-share", type=_finite_float, default=0.3,
+                   help="weight-grad time left when everything is frozen, as a share")
+    q.add_argument("--stage-scale", type=_float_list, metavar="S0,S1,...", help="per-stage time multipliers")
+    q.add_argument("--jitter", type=_finite_float, default=0.0)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--steps", type=_positive_int, default=3, help="records per action and phase")
+    q.add_argument("--stable-ratio", type=_unit_float, help="also write 'stable' records at this freeze ratio")
+    return p
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    from .plan import plan_from_trace, plan_summary, write_plan
+    from .trace import load_trace
+
+    trace = load_trace(args.trace)
+    plan = plan_from_trace(trace, args.r_max, **({} if args.solver == "auto" else {"solver": args.solver}))
+    write_plan(plan, args.out)
+    print(plan_summary(plan, trace.meta))
+    print(f"wrote {args.out}")
+
+
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    from .sweep import format_table, plot_sweep, sweep, write_csv
+    from .trace import load_trace, node_weights
+
+    trace = load_trace(args.trace)
+    rows = sweep(trace.meta, node_weights(trace), args.r_max, solver=args.solver)
+    print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches")
+    print(format_table(rows))
+    if args.csv:
+        write_csv(rows, args.csv)
+        print(f"wrote {args.csv}")
+    if args.png:
+        plot_sweep(rows, args.png, title=f"{trace.meta.schedule}, pp={trace.meta.pp_degree}: predicted throughput")
+        print(f"wrote {args.png}")
+
+
+def _stable_panel(trace) -> tuple[dict[str, float], dict[str, float]] | None:  # noqa: ANN001 - Trace
+    """Median ms and freeze ratio per action over the ``stable`` records, if every action has some."""
+    ms: dict[str, list[float]] = {}
+    ratio: dict[str, list[float]] = {}
+    for rec in trace.records:
+        if rec.phase == "stable":
+            ms.setdefault(rec.action, []).append(rec.ms)
+            ratio.setdefault(rec.action, []).append(rec.freeze_ratio)
+    if not ms:
+        return None
+    missing = [a for a in trace.meta.all_actions() if a not in ms]
+    if missing:
+        print(f"note: no stable panel: {len(missing)} actions have no 'stable' record (e.g. {missing[0]})")
+        return None
+    return ({a: float(statistics.median(v)) for a, v in ms.items()},
+            {a: float(statistics.median(v)) for a, v in ratio.items()})
+
+
+def _cmd_gantt(args: argparse.Namespace) -> None:
+    from .gantt import plot_timeline
+    from .trace import load_trace, node_weights
+
+    trace = load_trace(args.trace)
+    meta = trace.meta
+    weights = node_weights(trace)
+    panels: list[tuple[str, dict[str, float]]] = [("measured, nothing frozen (upper bound)", weights.w_max)]
+    ratios: list[dict[str, float] | None] = [None]
+    if args.plan:
+        from .plan import load_plan
+
+        plan = load_plan(args.plan)
+        for field, theirs, ours in (("schedule", plan.schedule, meta.schedule),
+                                    ("num_stages", plan.num_stages, meta.num_stages),
+                                    ("num_microbatches", plan.num_microbatches, meta.num_microbatches)):
+            if theirs != ours:
+                raise PlannerError(f"{args.plan}: plan has {field}={theirs!r} but the trace has {ours!r}")
+        missing = [a for a in meta.all_actions() if a not in plan.actions]
+        if missing:
+            raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
+        panels.append((f"planned, r_max={plan.r_max:g}",
+                       {a: plan.actions[a].duration for a in meta.all_actions()}))
+        ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
+    stable = _stable_panel(trace)
+    if stable is not None:
+        panels.append(("measured, stable phase (median)", stable[0]))
+        ratios.append(stable[1])
+    times = plot_timeline(meta, panels, args.out, ratios=ratios)
+    for (title, _), t in zip(panels, times):
+        print(f"{title}: batch {t:.3f} ms")
+    print(f"wrote {args.out}")
+
+
+def _cmd_orders(args: argparse.Namespace) -> None:
+    from .schedules import rank_orders, schedule_meta
+
+    if args.json:
+        print(json.dumps(schedule_meta(args.schedule, args.pp, args.microbatches, args.stages_per_rank), indent=1))
+        return
+    for r, order in rank_orders(args.schedule, args.pp, args.microbatches, args.stages_per_rank).items():
+        print(f"rank {r}: {' '.join(order)}")
+
+
+def _cmd_simulate(args: argparse.Namespace) -> None:
+    from .simulate import synthetic_trace, write_trace
+
+    trace = synthetic_trace(
+        args.schedule, args.pp, args.microbatches, f_ms=args.f_ms, b_ms=args.b_ms, w_share=args.w_share,
+        lower_share=args.lower_share, stage_scale=args.stage_scale, jitter=args.jitter, seed=args.seed,
+        steps=args.steps, stable_ratio=args.stable_ratio,
+    )
+    write_trace(trace, args.out)
+    m = trace.meta
+    print(f"wrote {args.out}: synthetic {m.schedule} trace, pp={m.pp_degree}, {m.num_stages} stages, "
+          f"{m.num_microbatches} microbatches, {len(trace.records)} records")
+
+
+_COMMANDS = {"plan": _cmd_plan, "sweep": _cmd_sweep, "gantt": _cmd_gantt, "orders": _cmd_orders,
+             "simulate": _cmd_simulate}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 user error)."""
+    try:
+        args = build_parser().parse_args(argv)
+        _COMMANDS[args.command](args)
+    except PlannerError as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
