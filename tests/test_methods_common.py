@@ -6,6 +6,7 @@ the embedding weight.
 """
 
 import math
+import threading
 from types import SimpleNamespace
 
 import torch
@@ -98,6 +99,49 @@ def set_layer_grads(view: StageView, per_layer: dict[int, torch.Tensor | None]) 
         if layer in per_layer:
             v = per_layer[layer]
             p.grad = None if v is None else torch.full_like(p, float(v))
+
+
+class LockStep:
+    """Simulates ``n`` pipeline ranks in one process: ``gather(r)`` is rank r's all_gather (every rank
+    gets every rank's object, in rank order, as torch.distributed's all_gather_object), and ``run``
+    calls one function per rank in parallel threads, so the gathers meet like real collectives."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._barrier = threading.Barrier(n, timeout=10)
+        self._slots: list = [None] * n
+        self.calls = 0
+
+    def gather(self, rank: int):
+        def all_gather(obj):
+            self._slots[rank] = obj
+            self._barrier.wait()
+            out = list(self._slots)
+            self._barrier.wait()
+            if rank == 0:
+                self.calls += 1
+            return out
+
+        return all_gather
+
+    def run(self, *fns) -> list:
+        results, errors = [None] * len(fns), []
+
+        def go(i, f):
+            try:
+                results[i] = f()
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+                self._barrier.abort()
+
+        threads = [threading.Thread(target=go, args=(i, f)) for i, f in enumerate(fns)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
 
 
 # ---------------------------------------------------------------------------------------------------

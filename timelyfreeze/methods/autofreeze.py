@@ -37,13 +37,13 @@ class Prefix:
     def __init__(self, stages: list[StageView]):
         self.views = {v.stage: v for v in stages}
         self._cache: dict[tuple[int, int], frozenset[str]] = {}
-        # layer index -> this rank's (stage, names) with that layer, anchor excluded
+        # layer index -> this rank's (stage, names) with that layer; the anchor counts in the layer's
+        # statistics (it is trained like the rest) but is never frozen
         self.local_layers: dict[int, list[tuple[int, list[str]]]] = {}
         for v in stages:
             per: dict[int, list[str]] = {}
             for n in v.params:
-                if n != v.anchor:
-                    per.setdefault(v.layer_of[n], []).append(n)
+                per.setdefault(v.layer_of[n], []).append(n)
             for layer, names in per.items():
                 self.local_layers.setdefault(layer, []).append((v.stage, names))
 
@@ -57,6 +57,7 @@ class Prefix:
         return self._cache[key]
 
     def layer_params(self, layer: int) -> list[torch.Tensor]:
+        """All of this rank's tensors of ``layer`` (anchor included), for the layer's statistics."""
         return [self.views[s].params[n] for s, names in self.local_layers.get(layer, []) for n in names]
 
 
