@@ -78,6 +78,14 @@ def plot_timeline(
     axes = [a[0] for a in axes]
     # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
     px_per_ms = width_in * 0.88 * fig.dpi / (xmax * 1.02)
+    widths: dict[tuple[str, int], float] = {}
+
+    def char_pt(c: str, size: int) -> float:
+        """Advance width of one character in points (cached; label widths are sums of these)."""
+        if (c, size) not in widths:
+            widths[c, size] = TextPath((0, 0), c + c, size=size).get_extents().width / 2
+        return widths[c, size]
+
     kinds_seen: set[str] = set()
     any_frozen = False
 
@@ -109,7 +117,7 @@ def plot_timeline(
                 box_px = w * px_per_ms
                 fs = 7 if pp <= 8 else 6
                 label = a if not frozen else f"{a}\n{ratio:.2f}"
-                text_pt = max(TextPath((0, 0), part, size=fs).get_extents().width for part in label.split("\n"))
+                text_pt = max(sum(char_pt(c, fs) for c in part) for part in label.split("\n"))
                 if box_px >= text_pt * fig.dpi / 72 + 4:
                     ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
                             fontsize=fs if not frozen else fs - 1, linespacing=0.95,
