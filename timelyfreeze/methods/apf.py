@@ -99,6 +99,7 @@ class APFMetric:
         self.checks += 1
         may_freeze = step >= self.warmup_steps  # frozen steps start at step + 1 > warmup
         a = self.alpha
+        evaluated, sums = [], []
         for key in self.keys:
             if self.is_frozen(key, step):
                 continue
@@ -108,8 +109,14 @@ class APFMetric:
             ema, abs_ema = self._ema[key], self._abs_ema[key]
             ema.mul_(a).add_(delta, alpha=1 - a)
             abs_ema.mul_(a).add_(delta.abs_(), alpha=1 - a)
-            denom = abs_ema.sum().item()
-            p_eff = ema.abs().sum().item() / denom if denom > 0 else 0.0
+            evaluated.append(key)
+            sums.append(torch.stack([ema.abs().sum(), abs_ema.sum()]))
+        if not evaluated:
+            return
+        dev = sums[0].device
+        figures = torch.stack([x.to(dev) for x in sums]).tolist()  # one host sync per check
+        for key, (num, denom) in zip(evaluated, figures):
+            p_eff = num / denom if denom > 0 else 0.0
             self.perturbation[key] = p_eff
             if not may_freeze:
                 continue

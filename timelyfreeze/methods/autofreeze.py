@@ -121,6 +121,7 @@ class AutoFreezeMetric:
         self.prefix = Prefix(stages)
         self.boundary = 0
         self.acc: dict[int, float] = {k: 0.0 for k in self.prefix.local_layers}
+        self._pending: dict[int, list[torch.Tensor]] = {}
         self.prev: dict[int, float] | None = None
         self.last_ratios: dict[int, float] = {}
         self.num_layers: int | None = None
@@ -132,19 +133,30 @@ class AutoFreezeMetric:
 
     @torch.no_grad()
     def accumulate(self) -> None:
-        """Add the local layers' L1 gradient norms of this step (tensors without a gradient count 0)."""
+        """Add the local layers' L1 gradient norms of this step (tensors without a gradient count 0).
+        Sums stay on the gradients' device (no host sync per step) until the next check."""
         for layer in self.acc:
             if layer < self.boundary:
                 continue
-            tot = 0.0
-            for p in self.prefix.layer_params(layer):
-                if p.grad is not None:
-                    tot += float(p.grad.detach().abs().sum().item())
-            self.acc[layer] += tot
+            norms = [p.grad.detach().abs().sum(dtype=torch.float32)
+                     for p in self.prefix.layer_params(layer) if p.grad is not None]
+            if norms:
+                self._pending.setdefault(layer, []).append(torch.stack(norms).sum())
+
+    def _flush(self) -> None:
+        items = [(layer, t) for layer, parts in self._pending.items() for t in parts]
+        self._pending = {}
+        if not items:
+            return
+        dev = items[0][1].device
+        values = torch.stack([t.to(dev) for _, t in items]).tolist()  # one host sync per check
+        for (layer, _), v in zip(items, values):
+            self.acc[layer] += v
 
     def check(self, step: int, all_gather: Callable[[Any], list[Any]]) -> bool:
         """Exchange the accumulated norms and maybe move the prefix. Returns True if the boundary moved."""
         self.checks += 1
+        self._flush()
         cur = merge_layer_stats(all_gather(dict(self.acc)))
         self.acc = {k: 0.0 for k in self.acc}
         if cur:
@@ -172,6 +184,7 @@ class AutoFreezeMetric:
         return self.prefix.names(stage, self.boundary)
 
     def state_dict(self) -> dict[str, Any]:
+        self._flush()
         return {
             "boundary": self.boundary,
             "acc": dict(self.acc),

@@ -35,6 +35,7 @@ import math
 import queue
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,7 +392,10 @@ class EgeriaWorker:
             try:
                 from torch.ao.quantization import quantize_dynamic
 
-                ref = quantize_dynamic(sk, {torch.nn.Linear}, dtype=torch.qint8, inplace=False)
+                with warnings.catch_warnings():  # torch 2.13 deprecates torch.ao.quantization (still works)
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*")
+                    ref = quantize_dynamic(sk, {torch.nn.Linear}, dtype=torch.qint8, inplace=False)
                 self.quantized = True
             except Exception as e:  # quantisation unavailable: the paper's fp32 fallback
                 self.errors.append(f"int8 reference unavailable, using fp32: {type(e).__name__}: {e}")

@@ -87,7 +87,8 @@ class SmartPipe(FreezeMethod):
 
     @torch.no_grad()
     def _local_eta(self) -> dict[int, float]:
-        out: dict[int, float] = {}
+        """eta of every local active layer that has a previous gradient; stores the current ones."""
+        layers, sq = [], []
         for layer in self.prefix.local_layers:
             if layer < self.boundary:
                 self._prev.pop(layer, None)
@@ -100,11 +101,19 @@ class SmartPipe(FreezeMethod):
             ]
             prev = self._prev.get(layer)
             if prev is not None:
-                num = sum(float((a - b).pow(2).sum().item()) for a, b in zip(prev, cur)) ** 0.5
-                den = sum(float(a.pow(2).sum().item()) for a in prev) ** 0.5
-                out[layer] = num / den if den > 0 else float("inf")
+                num = torch.stack([(a - b).pow(2).sum() for a, b in zip(prev, cur)]).sum()
+                den = torch.stack([a.pow(2).sum() for a in prev]).sum()
+                layers.append(layer)
+                sq.append(torch.stack([num, den]))
             self._prev[layer] = cur
-        return out
+        if not layers:
+            return {}
+        dev = sq[0].device
+        figures = torch.stack([x.to(dev) for x in sq]).tolist()  # one host sync per check
+        return {
+            layer: (num**0.5 / den**0.5 if den > 0 else float("inf"))
+            for layer, (num, den) in zip(layers, figures)
+        }
 
     def after_backward(self, step: int) -> None:
         if step % self.check_every != 0:
