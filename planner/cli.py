@@ -7,6 +7,7 @@ Every user error (bad trace, bad plan, bad argument, unwritable output) is print
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -124,7 +125,12 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    plan = plan_from_trace(trace, args.r_max, **({} if args.solver == "auto" else {"solver": args.solver}))
+    extra = {}
+    if args.solver != "auto":
+        if "solver" not in inspect.signature(plan_from_trace).parameters:
+            raise PlannerError("--solver: this planner.plan only supports the default solver 'auto'")
+        extra["solver"] = args.solver
+    plan = plan_from_trace(trace, args.r_max, **extra)
     write_plan(plan, args.out)
     print(plan_summary(plan, trace.meta))
     print(f"wrote {args.out}")
