@@ -202,6 +202,8 @@ class FreezeRuntime:
         return row
 
     def record_validation(self, step: int, loss: float) -> None:
+        """Called by every rank after validation (collective): keeps the loss of the last stage's rank."""
+        loss = self.all_gather(float(loss))[self.stage_to_rank[-1]]
         self.val_curve = [v for v in self.val_curve if v[0] < step] + [[step, float(loss)]]
         if self.pp_rank == 0:
             self._append_metrics({"step": step, "val_loss": float(loss)})

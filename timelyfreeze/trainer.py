@@ -17,6 +17,7 @@ from torchtitan.train import Trainer
 from timelyfreeze import corpus
 from timelyfreeze.config import FreezeConfigError, validate
 from timelyfreeze.runtime import FreezeRuntime
+from timelyfreeze.torch_fixes import patch_v_schedule_eval
 
 
 class TimelyFreezeTrainer(Trainer):
@@ -36,6 +37,9 @@ class TimelyFreezeTrainer(Trainer):
                 )
         super().__init__(job_config)
         self._batch_in_step = 0
+        if self.parallel_dims.pp_enabled:
+            for st in self._pp_stages():
+                patch_v_schedule_eval(st)
         if phases is None:
             return
         pd = self.parallel_dims
@@ -45,9 +49,8 @@ class TimelyFreezeTrainer(Trainer):
                 "parallelism yet: FSDP keeps gradients on unsharded parameters the freezing hook does not "
                 "see. Use pipeline parallelism (optionally with data_parallel_replicate_degree)."
             )
-        sched = self.pp_schedule
-        stages = list(sched._stages) if hasattr(sched, "_stages") else [sched._stage]
-        n_mb = sched._n_microbatches
+        stages = self._pp_stages()
+        n_mb = self.pp_schedule._n_microbatches
         tcfg = job_config.training
         tokens_per_step = tcfg.local_batch_size * tcfg.seq_len * self.gradient_accumulation_steps
         if pd.dp_enabled:
@@ -70,6 +73,10 @@ class TimelyFreezeTrainer(Trainer):
             tb_log=self.metrics_processor.logger.log,
         )
         self._wrap_validation_logging()
+
+    def _pp_stages(self) -> list:
+        sched = self.pp_schedule
+        return list(sched._stages) if hasattr(sched, "_stages") else [sched._stage]
 
     def _wrap_validation_logging(self) -> None:
         mp = self.metrics_processor
