@@ -187,3 +187,25 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
             "shorten ramp_steps or train longer"
         )
     return phases
+
+
+def check_parallelism(parallelism, world_size: int) -> None:
+    """Freezing needs pipeline parallelism and cannot work under FSDP/TP/CP (yet)."""
+    pp = parallelism.pipeline_parallel_degree
+    if pp < 2:
+        raise FreezeConfigError(
+            f"[freeze] enable = true needs pipeline parallelism: [parallelism] pipeline_parallel_degree = {pp}, set it >= 2"
+        )
+    others = pp * parallelism.tensor_parallel_degree * parallelism.context_parallel_degree
+    others *= parallelism.data_parallel_replicate_degree
+    shard = parallelism.data_parallel_shard_degree
+    if shard == -1:
+        shard = world_size // max(1, others)
+    if shard > 1:
+        raise FreezeConfigError(
+            f"[freeze] does not support data-parallel sharding yet (data_parallel_shard_degree resolves to {shard}): "
+            "FSDP keeps gradients on unsharded parameters the freezing hook does not see; "
+            "use data_parallel_replicate_degree for data parallelism"
+        )
+    if parallelism.tensor_parallel_degree > 1 or parallelism.context_parallel_degree > 1:
+        raise FreezeConfigError("[freeze] does not support tensor or context parallelism yet")

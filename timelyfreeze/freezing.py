@@ -34,11 +34,9 @@ class FreezingHook:
         self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
         self._frozen: dict[tuple[int, int], tuple[torch.nn.Parameter, ...]] = {}
         self._ratio: dict[tuple[int, int], float] = {}
-        self.applied: dict[str, float] = {}
-        """Applied ratio (frozen elements / stage's trainable elements) of every B/W action of the
-        current step, by action name."""
-        self.frozen_elements = 0
-        """Frozen elements summed over the freezable actions of the current step."""
+        self.applied: dict[str, tuple[float, int]] = {}
+        """(applied ratio = frozen elements / stage's trainable elements, frozen tensor count) of every
+        B/W action of the current step, by action name."""
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
@@ -59,22 +57,16 @@ class FreezingHook:
         for p in params:
             p.requires_grad_(True)
         if kind in ("B", "W"):
-            ratio = self._ratio.pop(key, 0.0)
-            self.applied[f"{stage}{kind}{microbatch}"] = ratio
-            self.frozen_elements += int(round(ratio * self._total[stage]))
+            self.applied[f"{stage}{kind}{microbatch}"] = (self._ratio.pop(key, 0.0), len(params))
             self._frozen.pop(key, None)
 
-    def ratio_of(self, action: str) -> float:
-        return self.applied.get(action, 0.0)
-
-    def end_step(self) -> dict[str, float]:
-        """Applied ratios of the step's backward actions; resets the per-step state."""
+    def end_step(self) -> dict[str, tuple[float, int]]:
+        """(ratio, tensor count) of the step's backward actions; resets the per-step state."""
         out, self.applied = self.applied, {}
-        self.frozen_elements = 0
         self._frozen.clear()
         self._ratio.clear()
         return out
 
-    @property
-    def trainable_elements(self) -> int:
-        return sum(self._total.values())
+    def freezable_tensors(self) -> dict[int, int]:
+        """Number of tensors each local stage can freeze (all trainable tensors but the anchor)."""
+        return {s: len(v.params) - (v.anchor is not None) for s, v in self.views.items()}

@@ -28,10 +28,15 @@ class ActionRecord:
     ms: float
     phase: str
     freeze_ratio: float
+    frozen_tensors: int | None = None
+    """Extra field (readers ignore unknown fields): tensors left out, for B/W actions."""
 
     def to_json(self) -> dict:
-        return {"step": self.step, "action": self.action, "ms": round(self.ms, 6), "phase": self.phase,
-                "freeze_ratio": round(self.freeze_ratio, 6)}
+        d = {"step": self.step, "action": self.action, "ms": round(self.ms, 6), "phase": self.phase,
+             "freeze_ratio": round(self.freeze_ratio, 6)}
+        if self.frozen_tensors is not None:
+            d["frozen_tensors"] = self.frozen_tensors
+        return d
 
 
 class ActionProfiler:
@@ -130,8 +135,8 @@ def _truncate_after(path: Path, step: int) -> None:
 
 
 def build_meta(schedule: str, pp_degree: int, num_stages: int, num_microbatches: int,
-               stage_to_rank: list[int], rank_orders: dict[int, list[str]]) -> dict:
-    return {
+               stage_to_rank: list[int], rank_orders: dict[int, list[str]], **extra) -> dict:
+    return extra | {
         "format": TRACE_FORMAT,
         "schedule": schedule,
         "pp_degree": pp_degree,

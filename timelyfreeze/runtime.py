@@ -152,22 +152,24 @@ class FreezeRuntime:
         phase = self.method.phase(step)
         applied = self.hook.end_step()
         records = [
-            ActionRecord(step, a, ms, phase, applied.get(a, 0.0)) for a, ms in self.profiler.collect()
+            ActionRecord(step, a, ms, phase, *applied.get(a, (0.0, None))) for a, ms in self.profiler.collect()
         ]
         if self.writer is not None:
             self.writer.write(records)
         if phase in ("upper", "lower"):
             self.monitor_records.extend(r.to_json() for r in records)
-        frozen = sum(r * self.trainable[int(_stage_of(a))] for a, r in applied.items())
+        frozen = sum(r * self.trainable[int(_stage_of(a))] for a, (r, _) in applied.items())
         loss = sum(self._losses) if self._losses else None
         gathered = self.all_gather(
             {"order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s,
-             "step_s": step_s, "loss": loss}
+             "step_s": step_s, "loss": loss, "tensors": self.hook.freezable_tensors() if self.meta is None else None}
         )
         if self.meta is None:
             self.meta = build_meta(
                 self.schedule, self.pp_size, self.num_stages, self.num_microbatches, self.stage_to_rank,
                 {r: g["order"] for r, g in enumerate(gathered)},
+                freezable_tensors={str(s): n for g in gathered for s, n in sorted(g["tensors"].items())},
+                method=self.cfg.method,
             )
             if self.pp_rank == 0 and self.cfg.trace:
                 TraceWriter.write_meta(self.trace_dir, self.meta)
@@ -254,8 +256,15 @@ class FreezeRuntime:
     def _install_given_plan(self, path: str) -> None:
         from planner.plan import check_plan_matches, load_plan
 
-        plan = load_plan(path)
-        check_plan_matches(plan, self.schedule, self.num_stages, self.num_microbatches, path)
+        from planner.errors import PlannerError
+
+        from timelyfreeze.config import FreezeConfigError
+
+        try:
+            plan = load_plan(path)
+            check_plan_matches(plan, self.schedule, self.num_stages, self.num_microbatches, path)
+        except PlannerError as e:
+            raise FreezeConfigError(f"[freeze] plan = {path}: {e}") from None
         self.method.set_plan({a: ap.freeze_ratio for a, ap in plan.actions.items()})
         self.plan_batch_ms = dict(plan.batch_time_ms)
 
@@ -390,6 +399,9 @@ class FreezeRuntime:
             return None
 
     def close(self) -> None:
+        close_method = getattr(self.method, "close", None)
+        if callable(close_method):
+            close_method()
         for u in self._uninstall:
             u()
         if self.writer is not None:

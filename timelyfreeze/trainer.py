@@ -6,6 +6,7 @@ Launch: ``torchrun --nproc_per_node=2 -m timelyfreeze.train --job.config_file to
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -15,8 +16,9 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus
-from timelyfreeze.config import FreezeConfigError, validate
+from timelyfreeze.config import check_parallelism, validate
 from timelyfreeze.runtime import FreezeRuntime
+from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import patch_v_schedule_eval
 
 
@@ -31,10 +33,7 @@ class TimelyFreezeTrainer(Trainer):
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
-            if job_config.parallelism.pipeline_parallel_degree < 2:
-                raise FreezeConfigError(
-                    "[freeze] enable = true needs pipeline parallelism: set [parallelism] pipeline_parallel_degree >= 2"
-                )
+            check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")))
         super().__init__(job_config)
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled:
@@ -43,12 +42,6 @@ class TimelyFreezeTrainer(Trainer):
         if phases is None:
             return
         pd = self.parallel_dims
-        if pd.dp_shard_enabled or pd.tp_enabled or pd.cp_enabled:
-            raise FreezeConfigError(
-                "[freeze] does not support data_parallel_shard_degree > 1 (FSDP), tensor or context "
-                "parallelism yet: FSDP keeps gradients on unsharded parameters the freezing hook does not "
-                "see. Use pipeline parallelism (optionally with data_parallel_replicate_degree)."
-            )
         stages = self._pp_stages()
         n_mb = self.pp_schedule._n_microbatches
         tcfg = job_config.training
@@ -141,38 +134,3 @@ class TimelyFreezeTrainer(Trainer):
             finally:
                 rt.close()
         super().close()
-
-
-def format_summary(s: dict) -> str:
-    """The end-of-run summary printed by pipeline rank 0."""
-
-    def f(x, unit="", nd=1):
-        return "n/a" if x is None else f"{x:,.{nd}f}{unit}"
-
-    lines = [f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}, "
-             f"{s['num_stages']} stages, {s['num_microbatches']} microbatches, {s['steps']} steps) ====="]
-    lines.append("  phases: " + ", ".join(f"{p} {a}-{b}" for p, (a, b) in s["phases"].items()))
-    mb = s["mean_batch_ms"]
-    pred = s.get("predicted_batch_ms") or {}
-    if pred:
-        lines.append(
-            f"  batch time, predicted: no-freeze {f(pred.get('no_freeze'), ' ms')}, all-frozen "
-            f"{f(pred.get('all_frozen'), ' ms')}, planned {f(pred.get('planned'), ' ms')}"
-        )
-    lines.append("  batch time, measured:  " + ", ".join(f"{p} {f(v, ' ms')}" for p, v in mb.items()))
-    if pred and mb.get("upper") and mb.get("stable"):
-        lines.append(
-            f"  speedup over upper bound: measured {mb['upper'] / mb['stable']:.3f}x, "
-            f"predicted {pred['no_freeze'] / pred['planned']:.3f}x"
-        )
-    tps = s["tokens_per_s"]
-    lines.append(f"  throughput: {f(tps['all'], ' tok/s')} overall, {f(tps['stable'], ' tok/s')} steady")
-    lines.append(f"  average freeze ratio (by elements, whole run): {s['avg_freeze_ratio']:.3f}")
-    lc = s["loss_curve"]
-    if lc:
-        lines.append(f"  loss: {lc[0][1]:.3f} (step {lc[0][0]}) -> {lc[-1][1]:.3f} (step {lc[-1][0]})"
-                     + (f", validation {s['val_loss']:.3f}" if s.get("val_loss") is not None else ""))
-    for k, v in s.get("paths", {}).items():
-        if v:
-            lines.append(f"  {k}: {v}")
-    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""[freeze] section: defaults, phase derivation from the LR warm-up, and one-line validation errors."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from timelyfreeze.config import Freeze, FreezeConfigError, Phases, check_parallelism, derive_phases, validate
+
+
+def test_paper_phases_from_lr_warmup():
+    # LLaMA-3-8B in the paper: LR warm-up 200 -> t_w, t_m, t_p = 160, 200, 250
+    p = validate(Freeze(), total_steps=2000, lr_warmup_steps=200)
+    assert p == Phases(warmup_end=160, upper_end=180, lower_end=200, ramp_end=250)
+
+
+def test_explicit_phases_and_ramp():
+    p = derive_phases(Freeze(warmup_steps=3, monitor_steps=4, ramp_steps=6), 30, 0)
+    assert [p.phase(s) for s in (1, 3, 4, 7, 8, 11, 12, 17, 18)] == [
+        "warmup", "warmup", "upper", "upper", "lower", "lower", "progressive", "progressive", "stable"]
+    assert p.ramp(11) == 0.0 and p.ramp(12) == pytest.approx(1 / 6) and p.ramp(17) == 1.0 and p.ramp(30) == 1.0
+    assert p.ranges(30) == {"warmup": (1, 3), "upper": (4, 7), "lower": (8, 11), "progressive": (12, 17),
+                            "stable": (18, 30)}
+
+
+def test_given_plan_skips_monitoring():
+    p = derive_phases(Freeze(plan="x.json", warmup_steps=2, ramp_steps=3), 10, 0)
+    assert p.lower_end == 2 and p.phase(3) == "progressive"
+
+
+@pytest.mark.parametrize(
+    "kwargs,steps,warm,needle",
+    [
+        ({"r_max": 1.5}, 100, 10, "r_max = 1.5"),
+        ({"r_max": -0.1}, 100, 10, "r_max = -0.1"),
+        ({"method": "magic"}, 100, 10, "method = 'magic'"),
+        ({"warmup_steps": -3}, 100, 10, "warmup_steps = -3"),
+        ({"monitor_steps": 0}, 100, 10, "monitor_steps = 0"),
+        ({"resample_every": 0}, 100, 10, "resample_every = 0"),
+        ({"solver": "cplex"}, 100, 10, "solver = 'cplex'"),
+        ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 5}, 15, 0, "plan step must come before the last step"),
+        ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 10}, 18, 0, "ramp ends at step 25"),
+        ({}, 100, 0, "derived from [lr_scheduler] warmup_steps"),
+    ],
+)
+def test_bad_settings_name_the_field(kwargs, steps, warm, needle):
+    with pytest.raises(FreezeConfigError) as e:
+        validate(Freeze(**kwargs), total_steps=steps, lr_warmup_steps=warm)
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg and msg.startswith("[freeze")
+
+
+def test_random_ratio_checked():
+    f = Freeze(method="random")
+    f.random.ratio = 2.0
+    with pytest.raises(FreezeConfigError, match=r"\[freeze.random\] ratio = 2.0"):
+        validate(f, total_steps=100, lr_warmup_steps=10)
+
+
+def _par(pp=2, shard=-1, rep=1, tp=1, cp=1):
+    return SimpleNamespace(pipeline_parallel_degree=pp, data_parallel_shard_degree=shard,
+                           data_parallel_replicate_degree=rep, tensor_parallel_degree=tp, context_parallel_degree=cp)
+
+
+def test_parallelism_checks():
+    check_parallelism(_par(), world_size=2)
+    check_parallelism(_par(rep=2), world_size=4)
+    with pytest.raises(FreezeConfigError, match="pipeline_parallel_degree = 1"):
+        check_parallelism(_par(pp=1), world_size=2)
+    with pytest.raises(FreezeConfigError, match="resolves to 2"):
+        check_parallelism(_par(), world_size=4)  # dp_shard -1 -> 4 / 2 = 2
+    with pytest.raises(FreezeConfigError, match="resolves to 2"):
+        check_parallelism(_par(shard=2), world_size=4)
+    with pytest.raises(FreezeConfigError, match="tensor or context"):
+        check_parallelism(_par(tp=2, shard=1), world_size=4)
+
+
+def test_toml_and_cli_reach_the_section():
+    """The TorchTitan ConfigManager merges [freeze] (and its method sub-sections) from TOML and CLI."""
+    from timelyfreeze import cpu_shims
+
+    cpu_shims.apply_if_needed()
+    from torchtitan.config import ConfigManager
+
+    cfg = ConfigManager().parse_args([
+        "--job.config_file", "torchtitan_configs/llama3_debug_zbv_cpu.toml",
+        "--freeze.r_max", "0.5", "--freeze.apf.threshold", "0.2", "--freeze.smartpipe.lam", "0.75",
+    ])
+    assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
+    assert cfg.freeze.r_max == 0.5 and cfg.freeze.monitor_steps == 4
+    assert cfg.freeze.apf.threshold == 0.2 and cfg.freeze.smartpipe.lam == 0.75
+    assert cfg.activation_checkpoint.mode == "none"

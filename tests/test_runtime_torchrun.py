@@ -1,0 +1,191 @@
+"""Real multi-process ``torchrun`` training on CPU through a full TimelyFreeze cycle.
+
+Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
+default (llama3 debug model, Python stdlib corpus). Checked: the trace follows the spec and the
+planner accepts it, the plan exists and matches, every backward action froze exactly the number of
+tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite and falls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from planner.plan import load_plan, plan_from_trace
+from planner.trace import load_trace
+from tests.torchrun_util import short_cycle, torchrun
+
+pytestmark = pytest.mark.torchrun
+
+WARMUP, MONITOR, RAMP, STABLE = 2, 3, 3, 3
+LOWER_END = WARMUP + 2 * MONITOR
+RAMP_END = LOWER_END + RAMP
+
+
+def ramp(step: int) -> float:
+    if step <= LOWER_END:
+        return 0.0
+    return min(1.0, (step - LOWER_END) / RAMP)
+
+
+def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
+    assert run.rc == 0, run.tail()
+    # trace: spec-conformant, and the offline planner accepts it
+    trace = load_trace(run.out / "trace")
+    assert trace.meta.schedule == schedule and trace.meta.num_stages == num_stages
+    assert trace.meta.num_microbatches == 8
+    replanned = plan_from_trace(trace, r_max)
+    assert replanned.batch_time_ms["planned"] <= replanned.batch_time_ms["no_freeze"] + 1e-9
+    # the runtime's plan
+    plan = load_plan(run.out / "plan.json")
+    assert plan.schedule == schedule and plan.num_stages == num_stages and plan.r_max == r_max
+    assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
+    # phases recorded per step
+    phases = {r.step: r.phase for r in trace.records}
+    steps = WARMUP + 2 * MONITOR + RAMP + STABLE
+    assert sorted(phases) == list(range(1, steps + 1))
+    assert [phases[s] for s in (1, WARMUP + 1, WARMUP + MONITOR + 1, LOWER_END + 1, RAMP_END + 1)] == [
+        "warmup", "upper", "lower", "progressive", "stable"]
+    # applied ratios follow the ramp: tensor count within floor/ceil of ratio * freezable tensors
+    n_tensors = {int(s): n for s, n in trace.meta.extra["freezable_tensors"].items()}
+    raw = [json.loads(l) for r in range(trace.meta.pp_degree)
+           for l in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()]
+    checked = 0
+    for rec in raw:
+        a = rec["action"]
+        kind = next(c for c in a if c.isalpha())
+        stage = int(a[: a.index(kind)])
+        if kind in ("F", "I"):
+            assert rec["freeze_ratio"] == 0.0
+            continue
+        if rec["phase"] in ("warmup", "upper"):
+            assert rec["freeze_ratio"] == 0.0 and rec["frozen_tensors"] == 0
+        elif rec["phase"] == "lower":
+            assert rec["frozen_tensors"] == n_tensors[stage]
+            assert rec["freeze_ratio"] > 0.99
+        else:
+            target = plan.actions[a].freeze_ratio * ramp(rec["step"]) * n_tensors[stage]
+            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9), (a, rec, target)
+            checked += 1
+    assert checked == (RAMP + STABLE) * 8 * num_stages
+    # something was frozen in the stable phase, and the run reports it
+    summary = run.summary()
+    assert summary["avg_freeze_ratio"] > 0
+    assert summary["predicted_batch_ms"]["planned"] == pytest.approx(plan.batch_time_ms["planned"])
+    assert (run.out / "timeline.png").stat().st_size > 10_000
+    # the loss is finite and falls
+    losses = [l for _, l in summary["loss_curve"]]
+    assert len(losses) == steps and all(math.isfinite(l) for l in losses)
+    assert min(losses[-3:]) < losses[0] - 0.3, losses
+    assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
+    metrics = run.metrics()
+    assert [m["phase"] for m in metrics if "phase" in m][LOWER_END] == "progressive"
+    return plan, trace
+
+
+@pytest.mark.parametrize(
+    "config,schedule,num_stages",
+    [
+        ("llama3_debug_gpipe_cpu.toml", "GPipe", 2),
+        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2),
+        ("llama3_debug_interleaved1f1b_cpu.toml", "Interleaved1F1B", 4),
+        ("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4),
+    ],
+)
+def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
+    run = torchrun(config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE))
+    plan, trace = check_full_cycle(run, schedule, num_stages)
+    if schedule == "ZBVZeroBubble":
+        # split backward: only W actions carry freezing
+        assert all(a[a.index(next(c for c in a if c.isalpha()))] != "B" for a in plan.actions)
+        assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if "W" in a)
+
+
+def test_full_cycle_pp4(tmp_path):
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--parallelism.pipeline_parallel_degree", "4", nproc=4, timeout=600,
+    )
+    check_full_cycle(run, "1F1B", 4)
+
+
+def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
+    """A run resumed from a checkpoint taken during lower-bound monitoring restores the upper-bound
+    measurements, finishes monitoring, plans, and ends with a complete, duplicate-free trace."""
+    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), "--checkpoint.enable", "--checkpoint.interval", "7",
+            "--checkpoint.no-last-save-model-only"]
+    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    assert first.rc == 0, first.tail()
+    first_plan = load_plan(first.out / "plan.json")
+    ckpt = tmp_path / "run" / "checkpoint"
+    assert (ckpt / "step-7").is_dir()
+    for d in ckpt.iterdir():
+        if d.name != "step-7":
+            shutil.rmtree(d)
+    (first.out / "plan.json").unlink()
+    second = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    assert second.rc == 0, second.tail()
+    assert "restored freezing state at step 7" in second.log
+    trace = load_trace(second.out / "trace")
+    steps = WARMUP + 2 * MONITOR + RAMP + STABLE
+    for r in range(2):
+        per_step = {}
+        for rec in trace.records:
+            if rec.rank == r:
+                per_step[(rec.step, rec.action)] = per_step.get((rec.step, rec.action), 0) + 1
+        assert set(per_step.values()) == {1}
+        assert {s for s, _ in per_step} == set(range(1, steps + 1))
+    second_plan = load_plan(second.out / "plan.json")
+    assert set(second_plan.actions) == set(first_plan.actions)
+    # upper bound measured only in the first run: restored, not re-measured
+    upper_steps = {r.step for r in trace.records if r.phase == "upper"}
+    assert upper_steps == set(range(WARMUP + 1, WARMUP + MONITOR + 1))
+    summary = second.summary()
+    assert summary["phases"]["lower"] == [WARMUP + MONITOR + 1, LOWER_END]
+    assert summary["steps"] == steps
+
+
+def test_resume_after_plan_keeps_the_plan(tmp_path):
+    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), "--checkpoint.enable", "--checkpoint.interval", "10",
+            "--checkpoint.no-last-save-model-only"]
+    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    assert first.rc == 0, first.tail()
+    ratios = {a: ap.freeze_ratio for a, ap in load_plan(first.out / "plan.json").actions.items()}
+    ckpt = tmp_path / "run" / "checkpoint"
+    for d in ckpt.iterdir():
+        if d.name != "step-10":
+            shutil.rmtree(d)
+    second = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    assert second.rc == 0, second.tail()
+    assert "restored freezing state at step 10" in second.log
+    assert "plan written" not in second.log  # no re-planning
+    raw = [json.loads(l) for l in (second.out / "trace" / "actions_rank0.jsonl").read_text().splitlines()]
+    n0 = json.loads((second.out / "trace" / "meta.json").read_text())["freezable_tensors"]["0"]
+    for rec in raw:
+        if rec["step"] > 10 and rec["action"].startswith("0B"):
+            target = ratios[rec["action"]] * ramp(rec["step"]) * n0
+            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+
+
+def test_bad_freeze_setting_fails_with_one_line(tmp_path):
+    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "bad", "--freeze.r_max", "1.5", timeout=120)
+    assert run.rc != 0
+    lines = [l for l in run.log.splitlines() if l.startswith("error:")]
+    assert lines == ["error: [freeze] r_max = 1.5: must lie in [0, 1]"]
+    assert not any(l.startswith("[rank") and "Traceback" in l for l in run.log.splitlines())
+
+
+def test_plan_for_another_schedule_is_refused(tmp_path):
+    from planner.plan import write_plan
+    from planner.simulate import synthetic_trace
+
+    plan = plan_from_trace(synthetic_trace("GPipe", 2, 8), 0.8)
+    write_plan(plan, tmp_path / "gpipe_plan.json")
+    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--freeze.plan", str(tmp_path / "gpipe_plan.json"),
+                   "--training.steps", "8", timeout=180)
+    assert run.rc != 0
+    lines = [l for l in run.log.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "gpipe_plan.json" in lines[0] and "GPipe" in lines[0], lines

@@ -1,0 +1,64 @@
+"""Launch real ``torchrun`` training jobs from tests (CPU, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "torchtitan_configs"
+
+
+@dataclass
+class Run:
+    rc: int
+    log: str
+    dump: Path
+
+    @property
+    def out(self) -> Path:
+        return self.dump / "timelyfreeze"
+
+    def summary(self) -> dict:
+        return json.loads((self.out / "summary.json").read_text())
+
+    def metrics(self) -> list[dict]:
+        return [json.loads(l) for l in (self.out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(l for l in self.log.splitlines() if "lspci" not in l)[-6000:]
+
+
+def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420) -> Run:
+    """Run ``timelyfreeze.train`` on ``nproc`` CPU processes; returns exit code, log and dump folder."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+        "-m", "timelyfreeze.train",
+        "--job.config_file", str(CONFIGS / config),
+        "--job.dump_folder", str(dump),
+        "--metrics.no-enable-tensorboard",
+        "--comm.init_timeout_seconds", "120",
+        "--comm.train_timeout_seconds", "120",
+        *args,
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return Run(p.returncode, p.stdout + p.stderr, Path(dump))
+
+
+def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 3) -> list[str]:
+    """CLI overrides for a compact full TimelyFreeze cycle."""
+    steps = warmup + 2 * monitor + ramp + stable
+    return [
+        "--training.steps", str(steps),
+        "--freeze.warmup_steps", str(warmup),
+        "--freeze.monitor_steps", str(monitor),
+        "--freeze.ramp_steps", str(ramp),
+        "--validation.freq", str(steps),
+        "--validation.steps", "2",
+    ]
