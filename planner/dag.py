@@ -1,0 +1,191 @@
+"""The schedule DAG of one training batch, and its longest path.
+
+Nodes are the batch's actions plus ``"source"`` and ``"sink"``.  Edges are the data dependencies
+(forward chain across stages, backward chain back across stages, F before its backward, I before its W)
+plus each rank's execution order, which is what makes the DAG schedule-specific (seeds digest 1.5).
+Placement is taken from ``stage_to_rank``, so looped/interleaved and V-shaped placements need no
+special cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .actions import parse_action
+from .errors import PlannerError
+from .trace import TraceMeta
+
+SOURCE = "source"
+SINK = "sink"
+
+
+def build_dag(meta: TraceMeta) -> nx.DiGraph:
+    """Build the batch DAG from validated trace metadata.
+
+    Raises :class:`PlannerError` naming the actions of one cycle when ``rank_orders`` contradict the
+    data dependencies (the schedule could never run).
+    """
+    g = nx.DiGraph()
+    g.add_node(SOURCE)
+    g.add_node(SINK)
+    by_key: dict[tuple[int, str, int], str] = {}
+    nodes = []
+    for r in sorted(meta.rank_orders):
+        for a in meta.rank_orders[r]:
+            act = parse_action(a)
+            nodes.append((a, {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}))
+            by_key[(act.stage, act.kind, act.microbatch)] = a
+    g.add_nodes_from(nodes)
+
+    edges: list[tuple[str, str]] = []
+    for r in sorted(meta.rank_orders):
+        order = meta.rank_orders[r]
+        edges.extend(zip(order[:-1], order[1:]))
+
+    def grad_in(s: int, m: int) -> str | None:
+        """The input-gradient action of (s, m): a full B, or the I of a split backward."""
+        return by_key.get((s, "B", m)) or by_key.get((s, "I", m))
+
+    for s in range(meta.num_stages):
+        for m in range(meta.num_microbatches):
+            f = by_key.get((s, "F", m))
+            b = grad_in(s, m)
+            if f is not None:
+                nf = by_key.get((s + 1, "F", m))
+                if nf is not None:
+                    edges.append((f, nf))
+                if b is not None:
+                    edges.append((f, b))
+            if b is not None:
+                nb = grad_in(s + 1, m)
+                if nb is not None:
+                    edges.append((nb, b))
+            i, w = by_key.get((s, "I", m)), by_key.get((s, "W", m))
+            if i is not None and w is not None:
+                edges.append((i, w))
+    g.add_edges_from(edges)
+
+    actions = list(by_key.values())
+    pred, succ = g.pred, g.succ
+    heads = [a for a in actions if not pred[a]]
+    tails = [a for a in actions if not succ[a]]
+    g.add_edges_from((SOURCE, a) for a in heads)
+    g.add_edges_from((a, SINK) for a in tails)
+    if not actions:
+        g.add_edge(SOURCE, SINK)
+
+    try:
+        dag_index(g)  # Kahn's algorithm on arrays: linear, and raises on a cycle
+        return g
+    except PlannerError:
+        pass
+    names = [u for u, _ in nx.find_cycle(g)]
+    raise PlannerError(
+        "rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")"
+    )
+
+
+@dataclass
+class DagIndex:
+    """Integer view of a DAG for linear-time passes: node ``i`` is ``names[i]``, ``order`` is topological,
+    predecessors of ``i`` are ``pred_idx[pred_ptr[i]:pred_ptr[i+1]]``."""
+
+    names: list[str]
+    index: dict[str, int]
+    order: np.ndarray
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+
+
+def dag_index(dag: nx.DiGraph) -> DagIndex:
+    """Integer index of ``dag``, cached on the graph (``dag.graph["_planner_index"]``).
+
+    The cache is keyed on the node count only (counting edges costs as much as a pass over them):
+    treat a built DAG as immutable, or ``dag.graph.pop("_planner_index")`` after changing it.
+    """
+    key = dag.number_of_nodes()
+    cached = dag.graph.get("_planner_index")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    names = list(dag.nodes)
+    index = {n: i for i, n in enumerate(names)}
+    n = len(names)
+    flat = [index[x] for e in dag.edges for x in e]
+    if flat:
+        src, dst = np.asarray(flat, dtype=np.int64).reshape(-1, 2).T.copy()
+    else:
+        src = dst = np.zeros(0, dtype=np.int64)
+    # Kahn's algorithm on arrays.
+    perm = np.argsort(dst, kind="stable")
+    pred_idx = src[perm]
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
+    sperm = np.argsort(src, kind="stable")
+    succ_idx = dst[sperm].tolist()
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    sp = succ_ptr.tolist()
+    indeg = np.diff(pred_ptr).tolist()
+    stack = [i for i in range(n) if indeg[i] == 0]
+    order: list[int] = []
+    while stack:
+        u = stack.pop()
+        order.append(u)
+        for v in succ_idx[sp[u]:sp[u + 1]]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack.append(v)
+    if len(order) != n:
+        raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
+    order_arr = np.asarray(order, dtype=np.int64)
+    di = DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst)
+    dag.graph["_planner_index"] = (key, di)
+    return di
+
+
+def longest_path(dag: nx.DiGraph, durations: dict[str, float]) -> tuple[float, dict[str, float], list[str]]:
+    """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0).
+
+    Returns ``(makespan, starts, critical_path)``: the makespan is the sink's start, ``starts`` maps every
+    node (source and sink included) to its start time, and ``critical_path`` lists the actions of one
+    longest path from first to last.  Linear in nodes + edges.
+    """
+    di = dag_index(dag)
+    n = len(di.names)
+    dur = [0.0] * n
+    for name, i in di.index.items():
+        if name != SOURCE and name != SINK:
+            try:
+                dur[i] = float(durations[name])
+            except KeyError:
+                raise PlannerError(f"no duration given for action {name!r}") from None
+    start = [0.0] * n
+    best = [-1] * n
+    ptr = di.pred_ptr.tolist()
+    preds = di.pred_idx.tolist()
+    for v in di.order.tolist():
+        lo, hi = ptr[v], ptr[v + 1]
+        if lo == hi:
+            continue
+        bs, bu = -1.0, -1
+        for u in preds[lo:hi]:
+            t = start[u] + dur[u]
+            if t > bs:
+                bs, bu = t, u
+        start[v] = bs
+        best[v] = bu
+    sink = di.index[SINK]
+    path: list[str] = []
+    v = best[sink]
+    while v >= 0:
+        if di.names[v] != SOURCE:
+            path.append(di.names[v])
+        v = best[v]
+    path.reverse()
+    starts = dict(zip(di.names, start))
+    return start[sink], starts, path

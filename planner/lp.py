@@ -1,0 +1,453 @@
+"""The TimelyFreeze LP (seeds digest 1.6), solved lexicographically with HiGHS.
+
+Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T*`` (plus a tiny tolerance) and minimises
+the total freezing ``sum r_v``.  No big-M weight.
+
+Both stages start dual simplex (Devex pricing) from a crafted basis: every start variable basic with
+the row of its tightest predecessor at bound (the earliest-start schedule's tree), every freeze ratio
+nonbasic at 1 (stage 1) or 0 (stage 2).  That basis is dual feasible for its stage's objective, so
+HiGHS only repairs primal infeasibilities (stage budgets / the ``T <= T*`` bound) instead of pivoting
+every start variable in from a slack basis.  Stage 2 is a fresh model, pruned with ``T*``, rather than a
+hot start of the stage-1 ``Highs`` object: measured, the hot start (primal simplex after the cost change)
+was slower (pp32 x 2 x 512 split: 8.3 s / 35k iterations vs 5.6 s / 22k from the crafted basis).
+
+Measured alternatives (2-core box, pp32 x 2 stages/rank x 512 mb split, 98k actions, stage 1 + stage 2):
+slack basis + default dual simplex (steepest edge) ~40 s; crafted basis + steepest edge 6.3 + 31 s;
+crafted basis + Devex 1.0-1.4 + 5.6-8 s; crafted basis + Dantzig 1.0 + 10 s; primal simplex slower
+than dual at every size; IPX 2-3x slower than simplex at 12k actions; "hipo" is not in this highspy
+build; ``_MAX_TERMS`` 0/2/4/8 within noise of each other.
+
+Model (``r_v`` = freeze ratio of freezable action v, ``d_v = w_max_v - (w_max_v - w_min_v) * r_v``):
+
+* variables: a start time only for actions that need one (see below), ``r_v in [0, 1]`` only for
+  freezable actions (fixed actions contribute constants), and ``T``;
+* rows: ``start(v) >= start(u) + d_u`` for the edges that are not implied, ``T >= start(u) + d_u`` for
+  the DAG's last actions, and per stage ``sum r_v <= r_max * |freezable actions of the stage|``.
+
+Reductions (all exact):
+
+* source edges become the bound ``start >= 0``;
+* a same-rank edge ``u -> v`` whose ``v`` is not ``u``'s rank successor is implied by the rank chain;
+* an action with a single remaining predecessor ``u`` starts exactly when ``u`` ends (any feasible
+  schedule stays feasible, with the same durations, when every action starts as early as possible),
+  so its start is the affine expression ``start(u) + d_u`` rather than a variable with a row.
+  Expressions are capped at ``_MAX_TERMS`` freeze-ratio terms to keep rows short.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from .dag import SINK, SOURCE, dag_index, longest_path
+from .errors import PlannerError
+from .actions import FREEZABLE_KINDS
+from .trace import NodeWeights
+
+_MAX_TERMS = 2
+"""Longest chain of freeze-ratio terms substituted into a start expression before a variable is used."""
+
+# Measured on the 2-core dev box (scripts/bench_planner.py, pp32 x 2 x 512 split, ~98k actions):
+# see _SOLVER_OPTIONS below and the bench output for the alternatives tried.
+_SOLVER_OPTIONS: dict[str, tuple[dict[str, object], bool]] = {
+    # name: (HiGHS options, start from the crafted basis)
+    "dual": ({"solver": "simplex", "simplex_strategy": 1, "simplex_dual_edge_weight_strategy": 1}, True),
+    "dual-dse": ({"solver": "simplex", "simplex_strategy": 1}, True),
+    "primal": ({"solver": "simplex", "simplex_strategy": 4}, True),
+    "slack": ({"solver": "simplex"}, False),
+    "ipx": ({"solver": "ipx"}, False),
+}
+_AUTO = "dual"
+
+
+@dataclass
+class LPSolution:
+    """Durations and starts of every action, the batch time, and how the solve went."""
+
+    durations: dict[str, float]
+    starts: dict[str, float]
+    makespan: float
+    status: str
+    seconds: float
+    solver: str
+
+
+@dataclass
+class LPModel:
+    """One assembled stage of the LP: row-wise sparse arrays ready for ``highspy.HighsLp``, a starting
+    basis, and the maps back to actions.
+
+    Columns: the freeze ratios ``r`` first (``r_actions[j]`` is column ``j``), then start variables,
+    then ``T`` (column ``t_col``).  Rows: precedence rows (``start(v) - end(u) >= const``), the rows
+    ``T - end(u) >= const`` for last actions, then one budget row per stage with freezable actions.
+    """
+
+    num_col: int
+    num_row: int
+    col_cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    start: np.ndarray
+    index: np.ndarray
+    value: np.ndarray
+    t_col: int
+    r_actions: list[str]
+    tree_rows: np.ndarray  # one tight precedence row per start variable and one for T: the basis
+    r_at_upper: bool  # starting basis has every freeze ratio at 1 (else at 0)
+    build_seconds: float = 0.0
+
+    @property
+    def nnz(self) -> int:
+        return int(self.value.size)
+
+
+@dataclass
+class _Arrays:
+    """Per-node arrays of the DAG shared by both stages."""
+
+    names: list[str]
+    order: list[int]
+    src_i: int
+    snk_i: int
+    stage: np.ndarray
+    wmax: np.ndarray
+    delta: np.ndarray  # w_max - w_min for freezable actions, else 0
+    k_src: np.ndarray  # edges that need a row (after dropping source edges and implied same-rank edges)
+    k_dst: np.ndarray
+    sink_preds: np.ndarray
+
+
+def _arrays(dag: nx.DiGraph, weights: NodeWeights) -> _Arrays:
+    di = dag_index(dag)
+    names = di.names
+    n = len(names)
+    src_i, snk_i = di.index[SOURCE], di.index[SINK]
+    rank = np.full(n, -1, dtype=np.int64)
+    stage = np.full(n, -1, dtype=np.int64)
+    wmax = np.zeros(n)
+    delta = np.zeros(n)
+    nodes = dag.nodes
+    for i, a in enumerate(names):
+        if i == src_i or i == snk_i:
+            continue
+        attrs = nodes[a]
+        rank[i] = attrs["rank"]
+        stage[i] = attrs["stage"]
+        try:
+            hi, lo = float(weights.w_max[a]), float(weights.w_min[a])
+        except KeyError:
+            raise PlannerError(f"no node weights for action {a!r}") from None
+        wmax[i] = hi
+        if attrs["kind"] in FREEZABLE_KINDS and hi - lo > 0:
+            delta[i] = hi - lo
+    # The rank successor of u (the next action in its rank's order) is the same-rank successor that
+    # comes first topologically: every other same-rank successor is reached through the rank chain.
+    topo_pos = np.empty(n, dtype=np.int64)
+    topo_pos[di.order] = np.arange(n)
+    src, dst = di.src, di.dst
+    real = (src != src_i) & (dst != snk_i)
+    same = real & (rank[src] == rank[dst])
+    s_same, d_same = src[same], dst[same]
+    order = np.lexsort((topo_pos[d_same], s_same))
+    s_sorted, d_sorted = s_same[order], d_same[order]
+    first = np.ones(s_sorted.size, dtype=bool)
+    first[1:] = s_sorted[1:] != s_sorted[:-1]
+    rank_succ = np.full(n, -1, dtype=np.int64)
+    rank_succ[s_sorted[first]] = d_sorted[first]
+    keep = real & ((rank[src] != rank[dst]) | (rank_succ[src] == dst))
+    return _Arrays(names, di.order.tolist(), src_i, snk_i, stage, wmax, delta,
+                   src[keep], dst[keep], src[(dst == snk_i) & (src != src_i)])
+
+
+def _head_tail(ar: _Arrays) -> tuple[np.ndarray, np.ndarray]:
+    """Longest path (all durations at ``w_max``, kept edges) to each node's start and from its end."""
+    n = len(ar.names)
+    w = ar.wmax.tolist()
+    perm = np.argsort(ar.k_dst, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ar.k_dst, minlength=n), out=ptr[1:])
+    preds, p = ar.k_src[perm].tolist(), ptr.tolist()
+    perm = np.argsort(ar.k_src, kind="stable")
+    sptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ar.k_src, minlength=n), out=sptr[1:])
+    succs, sp = ar.k_dst[perm].tolist(), sptr.tolist()
+    head = [0.0] * n
+    for v in ar.order:
+        b = 0.0
+        for u in preds[p[v]:p[v + 1]]:
+            x = head[u] + w[u]
+            if x > b:
+                b = x
+        head[v] = b
+    tail = [0.0] * n
+    for u in reversed(ar.order):
+        b = 0.0
+        for v in succs[sp[u]:sp[u + 1]]:
+            x = w[v] + tail[v]
+            if x > b:
+                b = x
+        tail[u] = b
+    return np.asarray(head), np.asarray(tail)
+
+
+def build_lp(
+    dag: nx.DiGraph,
+    weights: NodeWeights,
+    r_max: float,
+    *,
+    t_bound: float | None = None,
+    arrays: _Arrays | None = None,
+) -> LPModel:
+    """Assemble one stage of the reduced LP (no dense matrices, no per-row modelling API).
+
+    ``t_bound=None``: stage 1, minimise ``T``; the starting basis is the all-frozen earliest-start
+    schedule (every ``r`` at 1, one tight row per start variable), which is dual feasible, so dual
+    simplex only has to repair the stage budgets.
+
+    ``t_bound=T*``: stage 2, ``T <= t_bound``, minimise ``sum r``.  Edges and actions that no path longer
+    than ``t_bound`` can use even with every action at ``w_max`` are left out (exact: such paths cannot
+    exceed ``t_bound`` whatever the durations); their freeze ratios are 0.  The starting basis is the
+    unfrozen earliest-start schedule (every ``r`` at 0), dual feasible for this objective.
+    """
+    t0 = time.perf_counter()
+    ar = arrays if arrays is not None else _arrays(dag, weights)
+    names, n = ar.names, len(ar.names)
+    delta, wmax = ar.delta, ar.wmax
+    k_src, k_dst, sink_preds = ar.k_src, ar.k_dst, ar.sink_preds
+    stage2 = t_bound is not None
+    frz_all = np.flatnonzero(delta > 0)
+    if stage2:
+        head, tail = _head_tail(ar)
+        cut = t_bound * (1 - 1e-9) - 1e-9
+        through = head + wmax + tail
+        live = through > cut
+        keep = (head[k_src] + wmax[k_src] + wmax[k_dst] + tail[k_dst]) > cut
+        k_src, k_dst = k_src[keep], k_dst[keep]
+        sink_preds = sink_preds[head[sink_preds] + wmax[sink_preds] > cut]
+        frz = frz_all[live[frz_all]]
+        delta = np.where(live, delta, 0.0)
+    else:
+        frz = frz_all
+    dur0 = wmax - delta if not stage2 else wmax  # durations of the starting basis
+
+    rcol = np.full(n, -1, dtype=np.int64)
+    rcol[frz] = np.arange(frz.size)
+    ncol = frz.size
+
+    perm = np.argsort(k_dst, kind="stable")
+    kp = k_src[perm].tolist()
+    kptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(k_dst, minlength=n), out=kptr[1:])
+    kptr_l = kptr.tolist()
+    delta_l, wmax_l, rcol_l, dur0_l = delta.tolist(), wmax.tolist(), rcol.tolist(), dur0.tolist()
+    # start(v) = column ex_var[v] (or 0 if -1) + ex_c[v] + sum(coef * r_col for (col, coef) in ex_terms[v])
+    ex_var = [-1] * n
+    ex_c = [0.0] * n
+    ex_terms: list[tuple] = [()] * n
+    val = [0.0] * n  # start of each node in the starting-basis schedule
+    rows_lo: list[float] = []
+    rows_cols: list[list[int]] = []
+    rows_vals: list[list[float]] = []
+    tree: list[int] = []
+
+    def end_expr(u: int) -> tuple[int, float, tuple]:
+        t = ex_terms[u]
+        if delta_l[u] > 0:
+            t = t + ((rcol_l[u], -delta_l[u]),)
+        return ex_var[u], ex_c[u] + wmax_l[u], t
+
+    def add_rows(col: int, preds: list[int]) -> float:
+        """Rows ``col - end(u) >= 0`` for each u; marks the tightest as a basis tree row."""
+        best, best_row = -1.0, -1
+        for u in preds:
+            var, c, t = end_expr(u)
+            cols = [col]
+            vals = [1.0]
+            if var >= 0:
+                cols.append(var)
+                vals.append(-1.0)
+            for cc, kk in t:
+                cols.append(cc)
+                vals.append(-kk)
+            e = val[u] + dur0_l[u]
+            if e > best:
+                best, best_row = e, len(rows_lo)
+            rows_lo.append(c)
+            rows_cols.append(cols)
+            rows_vals.append(vals)
+        tree.append(best_row)
+        return best
+
+    for v in ar.order:
+        lo, hi = kptr_l[v], kptr_l[v + 1]
+        if lo == hi or v == ar.snk_i:
+            continue  # starts at 0 (only source edges), or is the sink (handled by T's rows)
+        if hi - lo == 1:
+            u = kp[lo]
+            var, c, t = end_expr(u)
+            if len(t) <= _MAX_TERMS:
+                ex_var[v], ex_c[v], ex_terms[v] = var, c, t
+                val[v] = val[u] + dur0_l[u]
+                continue
+        ex_var[v] = ncol
+        val[v] = add_rows(ncol, kp[lo:hi])
+        ncol += 1
+    t_col = ncol
+    ncol += 1
+    if sink_preds.size:
+        add_rows(t_col, sink_preds.tolist())
+    n_prec = len(rows_lo)
+
+    # Per-stage budget rows: sum of the stage's freeze ratios <= r_max * (its number of freezable actions).
+    st_all, cnt_all = np.unique(ar.stage[frz_all], return_counts=True)
+    budget = dict(zip(st_all.tolist(), (r_max * cnt_all).tolist()))
+    f_stage = ar.stage[frz]
+    stages, counts = np.unique(f_stage, return_counts=True)
+    lengths = np.fromiter((len(c) for c in rows_cols), dtype=np.int64, count=n_prec)
+    start = np.zeros(n_prec + stages.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=start[1 : n_prec + 1])
+    start[n_prec + 1 :] = start[n_prec] + np.cumsum(counts)
+    nz = int(start[n_prec])
+    sorder = np.argsort(f_stage, kind="stable")
+    index = np.concatenate([np.fromiter((c for cs in rows_cols for c in cs), dtype=np.int32, count=nz),
+                            rcol[frz][sorder].astype(np.int32)])
+    value = np.concatenate([np.fromiter((x for vs in rows_vals for x in vs), dtype=np.float64, count=nz),
+                            np.ones(frz.size)])
+    row_lower = np.concatenate([np.asarray(rows_lo, dtype=np.float64), np.full(stages.size, -np.inf)])
+    row_upper = np.concatenate([np.full(n_prec, np.inf),
+                                np.asarray([budget[s] for s in stages.tolist()], dtype=np.float64)])
+    col_lower = np.zeros(ncol)
+    col_upper = np.full(ncol, np.inf)
+    col_upper[: frz.size] = 1.0
+    cost = np.zeros(ncol)
+    if stage2:
+        cost[: frz.size] = 1.0
+        col_upper[t_col] = t_bound
+    else:
+        cost[t_col] = 1.0
+    return LPModel(
+        num_col=ncol, num_row=row_lower.size, col_cost=cost, col_lower=col_lower, col_upper=col_upper,
+        row_lower=row_lower, row_upper=row_upper, start=start, index=index, value=value, t_col=t_col,
+        r_actions=[names[i] for i in frz.tolist()], tree_rows=np.asarray(tree, dtype=np.int64),
+        r_at_upper=not stage2, build_seconds=time.perf_counter() - t0,
+    )
+
+
+def _status_name(h, status) -> str:  # noqa: ANN001 - highspy types
+    try:
+        return h.modelStatusToString(status)
+    except Exception:  # pragma: no cover - older highspy
+        return str(status)
+
+
+def _run(m: LPModel, opts: dict[str, object], use_basis: bool, what: str) -> tuple[np.ndarray, int]:
+    """Solve one stage with HiGHS; returns the column values and the simplex iteration count."""
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    for k, v in opts.items():
+        if h.setOptionValue(k, v) != highspy.HighsStatus.kOk:
+            raise PlannerError(f"HiGHS rejected option {k}={v!r}")
+    lp = highspy.HighsLp()
+    lp.num_col_ = m.num_col
+    lp.num_row_ = m.num_row
+    lp.col_cost_ = m.col_cost
+    lp.col_lower_ = m.col_lower
+    lp.col_upper_ = m.col_upper
+    lp.row_lower_ = m.row_lower
+    lp.row_upper_ = m.row_upper
+    a = lp.a_matrix_
+    a.format_ = highspy.MatrixFormat.kRowwise
+    a.num_col_ = m.num_col
+    a.num_row_ = m.num_row
+    a.start_ = m.start.astype(np.int32)
+    a.index_ = m.index
+    a.value_ = m.value
+    if h.passModel(lp) != highspy.HighsStatus.kOk:
+        raise PlannerError(f"HiGHS rejected the {what} model")
+    if use_basis:
+        # Start variables and T basic, each with its tight tree row at bound; budget rows and the other
+        # precedence rows basic; freeze ratios at 1 (stage 1) or 0 (stage 2).
+        S = highspy.HighsBasisStatus
+        nr = len(m.r_actions)
+        b = highspy.HighsBasis()
+        b.col_status = [S.kUpper if m.r_at_upper else S.kLower] * nr + [S.kBasic] * (m.num_col - nr)
+        rs = [S.kBasic] * m.num_row
+        for r in m.tree_rows.tolist():
+            rs[r] = S.kLower
+        b.row_status = rs
+        b.valid = True
+        if h.setBasis(b) != highspy.HighsStatus.kOk:  # pragma: no cover - the basis is square by construction
+            raise PlannerError(f"HiGHS rejected the {what} starting basis")
+    h.run()
+    st = h.getModelStatus()
+    if st != highspy.HighsModelStatus.kOptimal:
+        raise PlannerError(f"HiGHS {what} solve failed: model status {_status_name(h, st)!r}")
+    return np.asarray(h.getSolution().col_value), int(h.getInfo().simplex_iteration_count)
+
+
+def solve_freeze_lp(
+    dag: nx.DiGraph,
+    weights: NodeWeights,
+    r_max: float,
+    *,
+    solver: str = "auto",
+    options: dict[str, object] | None = None,
+    stats: dict[str, float] | None = None,
+) -> LPSolution:
+    """Solve the freeze LP lexicographically (min batch time, then min total freezing).
+
+    ``solver``: ``"auto"`` (dual simplex, Devex pricing, crafted starting bases: the fastest measured)
+    or one of ``dual``, ``dual-dse``, ``primal``, ``ipx``, ``slack`` (see ``_SOLVER_OPTIONS``).
+    ``options`` are extra HiGHS options; ``stats`` (if given) receives model sizes and timings.
+    """
+    if not isinstance(r_max, (int, float)) or isinstance(r_max, bool) or not 0.0 <= float(r_max) <= 1.0:
+        raise PlannerError(f"r_max must be a number in [0, 1], got {r_max!r}")
+    key = _AUTO if solver == "auto" else solver
+    if key not in _SOLVER_OPTIONS:
+        raise PlannerError(f"unknown solver {solver!r} (choose auto, {', '.join(_SOLVER_OPTIONS)})")
+    opts, use_basis = _SOLVER_OPTIONS[key]
+    opts = {**opts, **(options or {})}
+    r_max = float(r_max)
+    t0 = time.perf_counter()
+    ar = _arrays(dag, weights)
+    m1 = build_lp(dag, weights, r_max, arrays=ar)
+    t1 = time.perf_counter()
+    col, it1 = _run(m1, opts, use_basis, "batch-time")
+    t_star = float(col[m1.t_col])
+    t2 = time.perf_counter()
+    r_vals: dict[str, float] = {}
+    m2 = None
+    it2 = 0
+    if m1.r_actions:
+        m2 = build_lp(dag, weights, r_max, t_bound=t_star * (1 + 1e-9) + 1e-9, arrays=ar)
+        if m2.r_actions:
+            col2, it2 = _run(m2, opts, use_basis, "least-freezing")
+            r_vals = dict(zip(m2.r_actions, np.clip(col2[: len(m2.r_actions)], 0.0, 1.0).tolist()))
+    t3 = time.perf_counter()
+
+    durations = {a: float(weights.w_max[a]) for a in ar.names if a != SOURCE and a != SINK}
+    for a, ri in r_vals.items():
+        hi, lo = durations[a], float(weights.w_min[a])
+        durations[a] = min(hi, max(lo, hi - (hi - lo) * ri))
+    makespan, starts, _ = longest_path(dag, durations)
+    if not math.isclose(makespan, t_star, rel_tol=1e-6, abs_tol=1e-6):
+        raise PlannerError(
+            f"LP batch time {t_star:.9g} does not match the longest path {makespan:.9g} of its durations"
+        )
+    seconds = time.perf_counter() - t0
+    if stats is not None:
+        stats.update(
+            actions=len(durations), cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz,
+            cols2=m2.num_col if m2 else 0, rows2=m2.num_row if m2 else 0, nnz2=m2.nnz if m2 else 0,
+            build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
+            build2_s=m2.build_seconds if m2 else 0.0, iters1=it1, iters2=it2, total_s=seconds,
+        )
+    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{key}")

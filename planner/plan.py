@@ -1,0 +1,268 @@
+"""Freeze plans (``timelyfreeze-plan/1``): make one from node weights, write/load/check it, summarise it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from .actions import FREEZABLE_KINDS, parse_action
+from .dag import build_dag, longest_path
+from .errors import PlannerError
+from .lp import solve_freeze_lp
+from .trace import NodeWeights, Trace, TraceMeta, node_weights
+
+PLAN_FORMAT = "timelyfreeze-plan/1"
+_TOL = 1e-9  # relative tolerance of load-time checks
+_ACTION_FIELDS = ("w_min", "w_max", "start", "duration", "freeze_ratio")
+_PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
+
+
+@dataclass
+class ActionPlan:
+    """One action's bounds, planned start/duration (ms) and freeze ratio."""
+
+    w_min: float
+    w_max: float
+    start: float
+    duration: float
+    freeze_ratio: float
+
+
+@dataclass
+class Plan:
+    """A freeze plan as the spec lays it out; ``extra`` keeps unknown top-level fields."""
+
+    schedule: str
+    num_stages: int
+    num_microbatches: int
+    r_max: float
+    batch_time_ms: dict[str, float]
+    actions: dict[str, ActionPlan]
+    solver: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            {
+                "format": PLAN_FORMAT,
+                "schedule": self.schedule,
+                "num_stages": self.num_stages,
+                "num_microbatches": self.num_microbatches,
+                "r_max": self.r_max,
+                "batch_time_ms": dict(self.batch_time_ms),
+                "actions": {
+                    a: {k: getattr(p, k) for k in _ACTION_FIELDS} for a, p in self.actions.items()
+                },
+                "solver": dict(self.solver),
+            }
+        )
+        return d
+
+
+def make_plan(meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: str = "auto") -> Plan:
+    """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan."""
+    dag = build_dag(meta)
+    no_freeze = longest_path(dag, weights.w_max)[0]
+    all_frozen = longest_path(dag, weights.w_min)[0]
+    sol = solve_freeze_lp(dag, weights, r_max, solver=solver)
+    freezable = weights.freezable
+    actions: dict[str, ActionPlan] = {}
+    for a in meta.all_actions():
+        hi, lo, d = weights.w_max[a], weights.w_min[a], sol.durations[a]
+        ratio = (hi - d) / (hi - lo) if a in freezable else 0.0
+        actions[a] = ActionPlan(float(lo), float(hi), float(sol.starts[a]), float(d), min(1.0, max(0.0, ratio)))
+    return Plan(
+        schedule=meta.schedule,
+        num_stages=meta.num_stages,
+        num_microbatches=meta.num_microbatches,
+        r_max=float(r_max),
+        batch_time_ms={"no_freeze": no_freeze, "all_frozen": all_frozen, "planned": sol.makespan},
+        actions=actions,
+        solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver},
+    )
+
+
+def plan_from_trace(trace: Trace, r_max: float, **kw: Any) -> Plan:
+    """:func:`make_plan` on a loaded trace."""
+    return make_plan(trace.meta, node_weights(trace), r_max, **kw)
+
+
+def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write atomically: a temp file in the same directory, fsync, then ``os.replace``."""
+    path = os.fspath(path)
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(plan.to_json(), f, indent=1)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def stage_mean_ratios(plan: Plan) -> dict[int, float]:
+    """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and kind B/W)."""
+    sums: dict[int, list[float]] = {}
+    for a, p in plan.actions.items():
+        act = parse_action(a)
+        if act.kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
+            sums.setdefault(act.stage, []).append(p.freeze_ratio)
+    return {s: sum(v) / len(v) for s, v in sorted(sums.items())}
+
+
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _close_le(a: float, b: float) -> bool:
+    return a <= b + _TOL * max(1.0, abs(a), abs(b))
+
+
+def validate_plan(d: Any, source: str) -> Plan:
+    """Check a plan dict against the spec; raises a one-line :class:`PlannerError` naming ``source``."""
+
+    def err(msg: str) -> PlannerError:
+        return PlannerError(f"{source}: {msg}")
+
+    if not isinstance(d, dict):
+        raise err(f"expected a JSON object, got {type(d).__name__}")
+    if d.get("format") != PLAN_FORMAT:
+        what = "missing" if "format" not in d else f"is {d.get('format')!r}"
+        raise err(f"field 'format' {what}, expected {PLAN_FORMAT!r}")
+    for k in _PLAN_FIELDS:
+        if k not in d:
+            raise err(f"missing field '{k}'")
+    if not isinstance(d["schedule"], str):
+        raise err("field 'schedule' must be a string")
+    for k in ("num_stages", "num_microbatches"):
+        if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1:
+            raise err(f"field '{k}' must be a positive integer, got {d[k]!r}")
+    r_max = d["r_max"]
+    if not _num(r_max) or not 0 <= r_max <= 1:
+        raise err(f"field 'r_max' must be a number in [0, 1], got {r_max!r}")
+    bt = d["batch_time_ms"]
+    if not isinstance(bt, dict):
+        raise err("field 'batch_time_ms' must be an object")
+    for k in ("no_freeze", "all_frozen", "planned"):
+        if not _num(bt.get(k)) or bt[k] < 0:
+            raise err(f"field 'batch_time_ms.{k}' must be a finite number >= 0, got {bt.get(k)!r}")
+    if not (_close_le(bt["all_frozen"], bt["planned"]) and _close_le(bt["planned"], bt["no_freeze"])):
+        raise err(f"batch_time_ms: planned {bt['planned']} is not between all_frozen {bt['all_frozen']} "
+                  f"and no_freeze {bt['no_freeze']}")
+    solver = d["solver"]
+    if not isinstance(solver, dict) or not all(k in solver for k in ("name", "status", "seconds")):
+        raise err("field 'solver' must be an object with name, status and seconds")
+    acts = d["actions"]
+    if not isinstance(acts, dict) or not acts:
+        raise err("field 'actions' must be a non-empty object")
+    actions: dict[str, ActionPlan] = {}
+    for a, p in acts.items():
+        try:
+            act = parse_action(a)
+        except ValueError as e:
+            raise err(f"field 'actions': {e}") from None
+        if act.stage >= d["num_stages"] or act.microbatch >= d["num_microbatches"]:
+            raise err(f"field 'actions': action {a!r} is outside num_stages={d['num_stages']} / "
+                      f"num_microbatches={d['num_microbatches']}")
+        if not isinstance(p, dict):
+            raise err(f"actions[{a!r}] must be an object")
+        for k in _ACTION_FIELDS:
+            if not _num(p.get(k)):
+                raise err(f"actions[{a!r}].{k} must be a finite number, got {p.get(k)!r}")
+        ap = ActionPlan(*(float(p[k]) for k in _ACTION_FIELDS))
+        if ap.w_min < 0 or not _close_le(ap.w_min, ap.w_max):
+            raise err(f"actions[{a!r}]: w_min {ap.w_min} must be within [0, w_max={ap.w_max}]")
+        if not (_close_le(ap.w_min, ap.duration) and _close_le(ap.duration, ap.w_max)):
+            raise err(f"actions[{a!r}]: duration {ap.duration} is outside [w_min, w_max] = "
+                      f"[{ap.w_min}, {ap.w_max}]")
+        if act.kind in FREEZABLE_KINDS and ap.w_max - ap.w_min > 0:
+            expect = (ap.w_max - ap.duration) / (ap.w_max - ap.w_min)
+        else:
+            expect = 0.0
+        if not 0 <= ap.freeze_ratio <= 1 or abs(ap.freeze_ratio - expect) > 1e-6:
+            raise err(f"actions[{a!r}]: freeze_ratio {ap.freeze_ratio} does not match the duration "
+                      f"(expected {expect:.9g})")
+        actions[a] = ap
+    extra = {k: v for k, v in d.items() if k not in _PLAN_FIELDS and k != "format"}
+    plan = Plan(d["schedule"], d["num_stages"], d["num_microbatches"], float(r_max),
+                {k: float(bt[k]) for k in ("no_freeze", "all_frozen", "planned")} | {
+                    k: v for k, v in bt.items() if k not in ("no_freeze", "all_frozen", "planned")},
+                actions, dict(solver), extra)
+    for s, mean in stage_mean_ratios(plan).items():
+        if mean > r_max + 1e-6:
+            raise err(f"stage {s}: mean freeze ratio {mean:.6g} exceeds r_max={r_max}")
+    return plan
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and validate a plan file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PlannerError(f"{path}: plan file does not exist") from None
+    except OSError as e:
+        raise PlannerError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlannerError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    return validate_plan(d, path)
+
+
+def check_plan_matches(plan: Plan, schedule: str, num_stages: int, num_microbatches: int, source: str) -> None:
+    """Raise :class:`PlannerError` if the plan was made for another schedule/stage count/microbatch count."""
+    for what, have, want in (
+        ("schedule", plan.schedule, schedule),
+        ("num_stages", plan.num_stages, num_stages),
+        ("num_microbatches", plan.num_microbatches, num_microbatches),
+    ):
+        if have != want:
+            raise PlannerError(f"{source}: plan is for {what}={have!r}, but this run has {what}={want!r}")
+
+
+def _abbrev(path: list[str], keep: int = 6) -> str:
+    if len(path) <= 2 * keep:
+        return " -> ".join(path)
+    return " -> ".join(path[:keep]) + f" -> ... ({len(path) - 2 * keep} more) -> " + " -> ".join(path[-keep:])
+
+
+def plan_summary(plan: Plan, meta: TraceMeta) -> str:
+    """Human-readable multi-line summary of a plan."""
+    bt = plan.batch_time_ms
+    speedup = bt["no_freeze"] / bt["planned"] if bt["planned"] > 0 else float("nan")
+    lines = [
+        f"schedule {plan.schedule}: {plan.num_stages} stages x {plan.num_microbatches} microbatches, "
+        f"{len(plan.actions)} actions, r_max {plan.r_max:g}",
+        f"batch time (ms): no-freeze {bt['no_freeze']:.3f}, all-frozen {bt['all_frozen']:.3f}, "
+        f"planned {bt['planned']:.3f}  (predicted speedup x{speedup:.3f}, "
+        f"{100 * (1 - bt['planned'] / bt['no_freeze']) if bt['no_freeze'] > 0 else 0.0:.1f}% less time)",
+    ]
+    means = stage_mean_ratios(plan)
+    if means:
+        lines.append("mean freeze ratio per stage: " + ", ".join(f"{s}: {m:.3f}" for s, m in means.items()))
+    else:
+        lines.append("mean freeze ratio per stage: no freezable actions")
+    durations = {a: p.duration for a, p in plan.actions.items()}
+    try:
+        _, _, path = longest_path(build_dag(meta), durations)
+        lines.append(f"critical path ({len(path)} actions): {_abbrev(path)}")
+    except PlannerError as e:
+        lines.append(f"critical path: unavailable ({e})")
+    s = plan.solver
+    lines.append(f"solver: {s.get('name')} {s.get('method', '')} status {s.get('status')}, "
+                 f"{float(s.get('seconds', 0.0)):.3f} s".replace("  ", " "))
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""Timing traces (``timelyfreeze-trace/1``): load, validate, and reduce to per-action node weights.
+
+A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` per pipeline rank
+(see ``shared/spec/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
+that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extra fields are kept
+(meta) or ignored (records) for forward compatibility.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .actions import FREEZABLE_KINDS, parse_action
+from .errors import PlannerError
+
+TRACE_FORMAT = "timelyfreeze-trace/1"
+META_FILE = "meta.json"
+
+_META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
+_RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
+
+
+def rank_file_name(rank: int) -> str:
+    """File name of one rank's records: ``actions_rank<r>.jsonl``."""
+    return f"actions_rank{rank}.jsonl"
+
+
+@dataclass
+class TraceMeta:
+    """The validated contents of ``meta.json``."""
+
+    schedule: str
+    pp_degree: int
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: list[int]
+    rank_orders: dict[int, list[str]]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``meta.json`` dict (rank keys as strings, unknown extra fields preserved)."""
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            {
+                "format": TRACE_FORMAT,
+                "schedule": self.schedule,
+                "pp_degree": self.pp_degree,
+                "num_stages": self.num_stages,
+                "num_microbatches": self.num_microbatches,
+                "stage_to_rank": list(self.stage_to_rank),
+                "rank_orders": {str(r): list(o) for r, o in sorted(self.rank_orders.items())},
+            }
+        )
+        return d
+
+    def all_actions(self) -> list[str]:
+        """Every action of one batch, rank by rank in execution order."""
+        return [a for r in sorted(self.rank_orders) for a in self.rank_orders[r]]
+
+
+@dataclass
+class Record:
+    """One executed action: one line of ``actions_rank<r>.jsonl``."""
+
+    step: int
+    action: str
+    ms: float
+    phase: str
+    freeze_ratio: float
+    rank: int
+
+
+@dataclass
+class Trace:
+    """A whole trace: metadata plus every record of every rank; ``source`` names where it came from."""
+
+    meta: TraceMeta
+    records: list[Record]
+    source: str
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def validate_meta(d: Any, source: str) -> TraceMeta:
+    """Check a ``meta.json`` dict against the spec and return it as a :class:`TraceMeta`.
+
+    Raises :class:`PlannerError` (one line: ``<source>: <field>: <problem>``) on the first problem.
+    """
+
+    def err(msg: str) -> PlannerError:
+        return PlannerError(f"{source}: {msg}")
+
+    if not isinstance(d, dict):
+        raise err(f"expected a JSON object, got {type(d).__name__}")
+    fmt = d.get("format")
+    if fmt != TRACE_FORMAT:
+        what = "missing" if "format" not in d else f"is {fmt!r}"
+        raise err(f"field 'format' {what}, expected {TRACE_FORMAT!r}")
+    for name in _META_FIELDS:
+        if name not in d:
+            raise err(f"missing field '{name}'")
+    schedule = d["schedule"]
+    if not isinstance(schedule, str) or not schedule:
+        raise err(f"field 'schedule' must be a non-empty string, got {schedule!r}")
+    for name in ("pp_degree", "num_stages", "num_microbatches"):
+        v = d[name]
+        if not _is_int(v) or v < 1:
+            raise err(f"field '{name}' must be a positive integer, got {v!r}")
+    pp, n_stages, n_mb = d["pp_degree"], d["num_stages"], d["num_microbatches"]
+
+    s2r = d["stage_to_rank"]
+    if not isinstance(s2r, list) or not all(_is_int(x) for x in s2r):
+        raise err("field 'stage_to_rank' must be a list of integers")
+    if len(s2r) != n_stages:
+        raise err(f"field 'stage_to_rank' has {len(s2r)} entries, expected num_stages={n_stages}")
+    for s, r in enumerate(s2r):
+        if not 0 <= r < pp:
+            raise err(f"field 'stage_to_rank'[{s}] = {r} is not a rank in 0..{pp - 1}")
+
+    ro = d["rank_orders"]
+    if not isinstance(ro, dict):
+        raise err("field 'rank_orders' must be an object mapping rank -> list of action names")
+    rank_orders: dict[int, list[str]] = {}
+    for key, order in ro.items():
+        try:
+            r = int(key)
+        except (TypeError, ValueError):
+            raise err(f"field 'rank_orders' has key {key!r}, expected a rank number") from None
+        if str(r) != str(key) or not 0 <= r < pp:
+            raise err(f"field 'rank_orders' has key {key!r}, expected a rank in 0..{pp - 1}")
+        if r in rank_orders:
+            raise err(f"field 'rank_orders' lists rank {r} twice")
+        if not isinstance(order, list) or not all(isinstance(a, str) for a in order):
+            raise err(f"field 'rank_orders'[{key!r}] must be a list of action-name strings")
+        rank_orders[r] = list(order)
+    for r in range(pp):
+        rank_orders.setdefault(r, [])
+
+    # Every action: well-formed, in range, on the rank that owns its stage, listed once.
+    seen: dict[str, int] = {}
+    kinds: dict[tuple[int, int], list[str]] = {}
+    for r in sorted(rank_orders):
+        for a in rank_orders[r]:
+            try:
+                act = parse_action(a)
+            except ValueError as e:
+                raise err(f"field 'rank_orders'[{str(r)!r}]: {e}") from None
+            if str(act) != a:
+                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is not in canonical form ({str(act)!r})")
+            if act.stage >= n_stages:
+                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has stage {act.stage}, "
+                          f"but num_stages={n_stages}")
+            if act.microbatch >= n_mb:
+                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has microbatch {act.microbatch}, "
+                          f"but num_microbatches={n_mb}")
+            if s2r[act.stage] != r:
+                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is on rank {r}, "
+                          f"but stage_to_rank[{act.stage}] = {s2r[act.stage]}")
+            if a in seen:
+                raise err(f"field 'rank_orders': action {a!r} is listed more than once")
+            seen[a] = r
+            kinds.setdefault((act.stage, act.microbatch), []).append(act.kind)
+
+    # Coverage: each (stage, microbatch) has exactly one F and either one B or one I plus one W.
+    for s in range(n_stages):
+        for m in range(n_mb):
+            ks = sorted(kinds.get((s, m), []))
+            if ks not in (["B", "F"], ["F", "I", "W"]):
+                have = ", ".join(f"{s}{k}{m}" for k in ks) or "nothing"
+                raise err(f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
+                          f"exactly once, has {have}")
+
+    extra = {k: v for k, v in d.items() if k not in _META_FIELDS and k != "format"}
+    return TraceMeta(schedule, pp, n_stages, n_mb, list(s2r), rank_orders, extra)
+
+
+def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str]) -> Record:
+    """Check one JSONL record; ``where`` is ``<file>:<line>``."""
+    if not isinstance(obj, dict):
+        raise PlannerError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for name in _RECORD_FIELDS:
+        if name not in obj:
+            raise PlannerError(f"{where}: missing field '{name}'")
+    step, action, ms, phase, fr = (obj[k] for k in _RECORD_FIELDS)
+    if not _is_int(step):
+        raise PlannerError(f"{where}: field 'step' must be an integer, got {step!r}")
+    if not isinstance(action, str):
+        raise PlannerError(f"{where}: field 'action' must be a string, got {action!r}")
+    try:
+        parse_action(action)
+    except ValueError as e:
+        raise PlannerError(f"{where}: field 'action': {e}") from None
+    if action not in rank_actions:
+        raise PlannerError(f"{where}: action {action!r} is not in rank_orders[{str(rank)!r}] of meta.json")
+    if not _is_num(ms) or not math.isfinite(ms) or ms < 0:
+        raise PlannerError(f"{where}: field 'ms' must be a finite number >= 0, got {ms!r}")
+    if not isinstance(phase, str) or not phase:
+        raise PlannerError(f"{where}: field 'phase' must be a non-empty string, got {phase!r}")
+    if not _is_num(fr) or not math.isfinite(fr) or not 0.0 <= fr <= 1.0:
+        raise PlannerError(f"{where}: field 'freeze_ratio' must be a number in [0, 1], got {fr!r}")
+    return Record(step, action, float(ms), phase, float(fr), rank)
+
+
+def trace_from_records(
+    meta: dict[str, Any], records_by_rank: dict[int, list[dict[str, Any]]], source: str = "<memory>"
+) -> Trace:
+    """Validate an in-memory trace (what the runtime gathers over the process group) like :func:`load_trace`.
+
+    Error locations read ``<source>/actions_rank<r>.jsonl:<index+1>``.
+    """
+    m = validate_meta(meta, f"{source}/{META_FILE}")
+    records: list[Record] = []
+    for r in range(m.pp_degree):
+        if r not in records_by_rank:
+            raise PlannerError(f"{source}/{rank_file_name(r)}: no records for rank {r}")
+    for r, recs in records_by_rank.items():
+        if not _is_int(r) or not 0 <= r < m.pp_degree:
+            raise PlannerError(f"{source}: records given for rank {r!r}, expected 0..{m.pp_degree - 1}")
+        acts = set(m.rank_orders[r])
+        fname = f"{source}/{rank_file_name(r)}"
+        for i, obj in enumerate(recs):
+            records.append(_validate_record(obj, f"{fname}:{i + 1}", r, acts))
+    return Trace(m, records, source)
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace directory (``meta.json`` + ``actions_rank<r>.jsonl`` for every rank)."""
+    root = os.fspath(path)
+    meta_path = os.path.join(root, META_FILE)
+    if not os.path.isdir(root):
+        raise PlannerError(f"{root}: trace directory does not exist")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PlannerError(f"{meta_path}: missing (a trace directory needs meta.json)") from None
+    except OSError as e:
+        raise PlannerError(f"{meta_path}: cannot read: {e.strerror}") from None
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlannerError(f"{meta_path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    m = validate_meta(d, meta_path)
+
+    records: list[Record] = []
+    for r in range(m.pp_degree):
+        fname = os.path.join(root, rank_file_name(r))
+        acts = set(m.rank_orders[r])
+        try:
+            f = open(fname, encoding="utf-8")
+        except FileNotFoundError:
+            raise PlannerError(f"{fname}: missing (pp_degree={m.pp_degree} needs one file per rank)") from None
+        except OSError as e:
+            raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
+        with f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                where = f"{fname}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
+                records.append(_validate_record(obj, where, r, acts))
+    return Trace(m, records, root)
+
+
+@dataclass
+class NodeWeights:
+    """Per-action duration bounds (ms): ``w_max`` nothing frozen, ``w_min`` everything frozen."""
+
+    w_min: dict[str, float]
+    w_max: dict[str, float]
+
+    @property
+    def freezable(self) -> set[str]:
+        """Actions of kind B or W whose duration can shrink (``w_max - w_min > 0``)."""
+        return {
+            a
+            for a, hi in self.w_max.items()
+            if a[len(a.rstrip("0123456789")) - 1] in FREEZABLE_KINDS and hi - self.w_min[a] > 0
+        }
+
+
+def node_weights(trace: Trace) -> NodeWeights:
+    """Derive ``w_min``/``w_max`` per action exactly as the spec says (medians of ``lower``/``upper`` records)."""
+    upper: dict[str, list[float]] = {}
+    lower: dict[str, list[float]] = {}
+    for rec in trace.records:
+        if rec.phase == "upper":
+            upper.setdefault(rec.action, []).append(rec.ms)
+        elif rec.phase == "lower":
+            lower.setdefault(rec.action, []).append(rec.ms)
+    w_min: dict[str, float] = {}
+    w_max: dict[str, float] = {}
+    for r in sorted(trace.meta.rank_orders):
+        fname = os.path.join(trace.source, rank_file_name(r))
+        for a in trace.meta.rank_orders[r]:
+            if a not in upper:
+                raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
+            hi = float(statistics.median(upper[a]))
+            kind = parse_action(a).kind
+            if kind in FREEZABLE_KINDS:
+                if a not in lower:
+                    raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")
+                lo = min(float(statistics.median(lower[a])), hi)
+            else:
+                lo = hi
+            w_min[a], w_max[a] = lo, hi
+    return NodeWeights(w_min, w_max)
