@@ -1,0 +1,314 @@
+"""DAG, longest path, freeze LP and plans: a hand-solved case, random properties, and a scipy cross-check."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import networkx as nx
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from planner.dag import SINK, SOURCE, build_dag, longest_path
+from planner.errors import PlannerError
+from planner.lp import solve_freeze_lp
+from planner.plan import (
+    PLAN_FORMAT,
+    check_plan_matches,
+    load_plan,
+    make_plan,
+    plan_summary,
+    stage_mean_ratios,
+    write_plan,
+)
+from planner.synthetic import list_schedule_orders, placement, synthetic_meta, synthetic_weights
+from planner.trace import NodeWeights, TraceMeta
+
+
+def gpipe_2x2() -> TraceMeta:
+    return TraceMeta(
+        "GPipe", 2, 2, 2, [0, 1],
+        {0: ["0F0", "0F1", "0B0", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
+    )
+
+
+def weights_2x2(b00: tuple[float, float] = (2.0, 4.0)) -> NodeWeights:
+    lo = {a: 1.0 for a in ("0F0", "0F1", "1F0", "1F1")} | {"0B1": 2.0, "1B0": 2.0, "1B1": 2.0, "0B0": b00[0]}
+    hi = {a: 1.0 for a in ("0F0", "0F1", "1F0", "1F1")} | {"0B1": 4.0, "1B0": 4.0, "1B1": 4.0, "0B0": b00[1]}
+    return NodeWeights(lo, hi)
+
+
+# --- hand-solved ---------------------------------------------------------------------------------------
+# Batch time T = 3 + b(1B0) + max(b(1B1), b(0B0)) + b(0B1) (F = 1 ms each).  With every B in [2, 4]:
+# no-freeze 15, all-frozen 9.  r_max = 0.5: each stage may freeze one B-equivalent; the best use is
+# r(1B0) = r(0B1) = 1 (they are on every path), giving T = 11 with 1B1 and 0B0 unfrozen.
+
+
+def test_dag_edges_gpipe_2x2() -> None:
+    g = build_dag(gpipe_2x2())
+    expected = {
+        ("0F0", "0F1"), ("0F1", "0B0"), ("0B0", "0B1"), ("1F0", "1F1"), ("1F1", "1B0"), ("1B0", "1B1"),
+        ("0F0", "1F0"), ("0F1", "1F1"), ("1B0", "0B0"), ("1B1", "0B1"), ("0F0", "0B0"), ("0F1", "0B1"),
+        ("1F0", "1B0"), ("1F1", "1B1"), (SOURCE, "0F0"), ("0B1", SINK),
+    }
+    assert set(g.edges) == expected
+    assert g.nodes["1B0"] == {"stage": 1, "kind": "B", "microbatch": 0, "rank": 1}
+
+
+def test_hand_solved_gpipe_2x2() -> None:
+    meta, w = gpipe_2x2(), weights_2x2()
+    plan = make_plan(meta, w, 0.5)
+    assert plan.batch_time_ms["no_freeze"] == pytest.approx(15.0)
+    assert plan.batch_time_ms["all_frozen"] == pytest.approx(9.0)
+    assert plan.batch_time_ms["planned"] == pytest.approx(11.0, abs=1e-6)
+    expect = {"1B0": (2.0, 1.0), "0B1": (2.0, 1.0), "1B1": (4.0, 0.0), "0B0": (4.0, 0.0), "0F0": (1.0, 0.0)}
+    for a, (d, r) in expect.items():
+        assert plan.actions[a].duration == pytest.approx(d, abs=1e-6), a
+        assert plan.actions[a].freeze_ratio == pytest.approx(r, abs=1e-6), a
+    assert plan.actions["0B1"].start == pytest.approx(9.0, abs=1e-6)
+
+
+def test_hand_solved_second_stage_least_freezing() -> None:
+    # 0B0 in [1, 2] never dominates 1B1 once 1B1 is frozen to 2, so with r_max = 1 the optimum T = 9 is
+    # reached with 0B0 unfrozen: only the second (least-freezing) stage decides that.
+    meta, w = gpipe_2x2(), weights_2x2(b00=(1.0, 2.0))
+    plan = make_plan(meta, w, 1.0)
+    assert plan.batch_time_ms["planned"] == pytest.approx(9.0, abs=1e-6)
+    assert plan.actions["0B0"].freeze_ratio == pytest.approx(0.0, abs=1e-7)
+    for a in ("1B0", "1B1", "0B1"):
+        assert plan.actions[a].freeze_ratio == pytest.approx(1.0, abs=1e-7)
+
+
+def test_longest_path_matches_networkx_and_critical_path() -> None:
+    meta = synthetic_meta(4, 2, 6, True)
+    g = build_dag(meta)
+    w = synthetic_weights(meta, seed=7)
+    t, starts, path = longest_path(g, w.w_max)
+    h = nx.DiGraph()
+    for u, v in g.edges:
+        h.add_edge(u, v, weight=w.w_max.get(u, 0.0))
+    assert t == pytest.approx(nx.dag_longest_path_length(h))
+    assert sum(w.w_max[a] for a in path) == pytest.approx(t)
+    assert starts[path[0]] == 0.0
+    for a, b in zip(path, path[1:]):
+        assert g.has_edge(a, b)
+        assert starts[b] == pytest.approx(starts[a] + w.w_max[a])
+
+
+def test_cycle_is_reported_with_actions() -> None:
+    # rank 0 runs 0B0 before 0F0: contradicts F -> B.
+    meta = TraceMeta("GPipe", 1, 1, 1, [0], {0: ["0B0", "0F0"]})
+    with pytest.raises(PlannerError, match=r"cycle: .*0B0.*0F0|cycle: .*0F0.*0B0"):
+        build_dag(meta)
+
+
+@pytest.mark.parametrize("r_max", [-0.1, 1.5, float("nan"), "0.5"])
+def test_r_max_out_of_range(r_max) -> None:
+    with pytest.raises(PlannerError, match="r_max"):
+        solve_freeze_lp(build_dag(gpipe_2x2()), weights_2x2(), r_max)
+
+
+# --- random properties ---------------------------------------------------------------------------------
+
+
+def random_case(seed: int) -> tuple[TraceMeta, NodeWeights]:
+    rng = random.Random(seed)
+    pp = rng.randint(1, 4)
+    spr = rng.choice([1, 2]) if pp > 1 else rng.choice([1, 2, 3])
+    n_mb = rng.randint(1, 6)
+    split = rng.random() < 0.5
+    kind = rng.choice(["looped", "v", "random"])
+    if kind == "random":
+        s2r = [rng.randrange(pp) for _ in range(pp * spr)]
+        s2r[: pp] = range(pp)  # every rank holds a stage
+        rng.shuffle(s2r)
+    else:
+        s2r = placement(pp, spr, kind)
+    policy = rng.choice(["1f1b", "gpipe"])
+    orders = list_schedule_orders(s2r, n_mb, split, policy)
+    meta = TraceMeta(f"rand-{kind}-{policy}", max(s2r) + 1, len(s2r), n_mb, s2r, orders)
+    w = synthetic_weights(meta, seed=seed, lower_frac=(0.0, 1.0), jitter=0.5)
+    if rng.random() < 0.3:  # some B/W that do not shrink at all
+        for a in list(w.w_min):
+            if a[len(a.rstrip("0123456789")) - 1] in "BW" and rng.random() < 0.3:
+                w.w_min[a] = w.w_max[a]
+    return meta, w
+
+
+def check_plan_properties(meta: TraceMeta, w: NodeWeights, r_max: float) -> None:
+    plan = make_plan(meta, w, r_max)
+    bt = plan.batch_time_ms
+    tol = 1e-6 * max(1.0, bt["no_freeze"])
+    assert bt["all_frozen"] - tol <= bt["planned"] <= bt["no_freeze"] + tol
+    g = build_dag(meta)
+    durs = {a: p.duration for a, p in plan.actions.items()}
+    t, starts, _ = longest_path(g, durs)
+    assert t == pytest.approx(bt["planned"], rel=1e-6, abs=1e-6)
+    for a, p in plan.actions.items():
+        assert p.w_min - 1e-9 <= p.duration <= p.w_max + 1e-9
+        assert p.start == pytest.approx(starts[a])
+        if a in w.freezable:
+            assert p.freeze_ratio == pytest.approx((p.w_max - p.duration) / (p.w_max - p.w_min), abs=1e-9)
+        else:
+            assert p.freeze_ratio == 0.0 and p.duration == p.w_max
+    for s, mean in stage_mean_ratios(plan).items():
+        assert mean <= r_max + 1e-7, s
+    if r_max == 0.0:
+        assert bt["planned"] == pytest.approx(bt["no_freeze"], rel=1e-9, abs=1e-9)
+        assert all(p.freeze_ratio < 1e-9 for p in plan.actions.values())
+    if r_max == 1.0:
+        assert bt["planned"] == pytest.approx(bt["all_frozen"], rel=1e-7, abs=1e-7)
+    # Least freezing: un-freezing any frozen action a little must make the batch slower.
+    for a, p in plan.actions.items():
+        if p.freeze_ratio > 1e-6:
+            step = min(1e-3 * (p.w_max - p.w_min), p.w_max - p.duration)
+            t2 = longest_path(g, durs | {a: p.duration + step})[0]
+            assert t2 > bt["planned"] + 0.5 * step - 1e-7, a
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_plan_properties(seed: int) -> None:
+    meta, w = random_case(seed)
+    r_max = [0.0, 1.0, 0.3, 0.5, 0.8][seed % 5]
+    check_plan_properties(meta, w, r_max)
+
+
+def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float) -> tuple[float, float]:
+    """Independent straightforward model: a start and a duration for every node, every DAG edge a row."""
+    g = build_dag(meta)
+    nodes = list(g.nodes)
+    idx = {a: i for i, a in enumerate(nodes)}
+    n = len(nodes)
+    nv = 2 * n  # s_0..s_{n-1}, d_0..d_{n-1}
+    rows, rhs = [], []
+    for u, v in g.edges:  # s_u + d_u - s_v <= 0
+        r = np.zeros(nv)
+        r[idx[u]] += 1
+        r[n + idx[u]] += 1
+        r[idx[v]] -= 1
+        rows.append(r)
+        rhs.append(0.0)
+    frz = sorted(w.freezable)
+    by_stage: dict[int, list[str]] = {}
+    for a in frz:
+        by_stage.setdefault(g.nodes[a]["stage"], []).append(a)
+    for acts in by_stage.values():  # sum (w_max - d)/delta <= r_max * k  <=>  -sum d/delta <= r_max k - sum w_max/delta
+        r = np.zeros(nv)
+        c = 0.0
+        for a in acts:
+            dlt = w.w_max[a] - w.w_min[a]
+            r[n + idx[a]] = -1.0 / dlt
+            c += w.w_max[a] / dlt
+        rows.append(r)
+        rhs.append(r_max * len(acts) - c)
+    bounds = [(0, None)] * n
+    for a in nodes:
+        if a in (SOURCE, SINK):
+            bounds.append((0, 0))
+        else:
+            bounds.append((w.w_min[a], w.w_max[a]))
+    bounds[idx[SOURCE]] = (0, 0)
+    c1 = np.zeros(nv)
+    c1[idx[SINK]] = 1
+    A, b = np.array(rows), np.array(rhs)
+    r1 = linprog(c1, A_ub=A, b_ub=b, bounds=bounds, method="highs")
+    assert r1.status == 0
+    t_star = r1.fun
+    bounds2 = list(bounds)
+    bounds2[idx[SINK]] = (0, t_star * (1 + 1e-9) + 1e-9)
+    c2 = np.zeros(nv)
+    const = 0.0
+    for a in frz:
+        dlt = w.w_max[a] - w.w_min[a]
+        c2[n + idx[a]] = -1.0 / dlt
+        const += w.w_max[a] / dlt
+    r2 = linprog(c2, A_ub=A, b_ub=b, bounds=bounds2, method="highs")
+    assert r2.status == 0
+    return t_star, r2.fun + const
+
+
+@pytest.mark.parametrize("seed", range(100, 116))
+def test_matches_straightforward_scipy_model(seed: int) -> None:
+    meta, w = random_case(seed)
+    r_max = [0.2, 0.5, 0.7, 0.9][seed % 4]
+    plan = make_plan(meta, w, r_max)
+    t_star, total = scipy_lexicographic(meta, w, r_max)
+    assert plan.batch_time_ms["planned"] == pytest.approx(t_star, rel=1e-6, abs=1e-6)
+    ours = sum(p.freeze_ratio for p in plan.actions.values())
+    assert ours == pytest.approx(total, rel=1e-5, abs=1e-5)
+
+
+def test_medium_schedule_plans_quickly() -> None:
+    meta = synthetic_meta(8, 2, 32, True)
+    w = synthetic_weights(meta, seed=3)
+    stats: dict = {}
+    sol = solve_freeze_lp(build_dag(meta), w, 0.5, stats=stats)
+    assert stats["cols"] < 2 * len(sol.durations)  # reductions: far fewer than start+duration per node
+    assert sol.seconds < 5.0
+
+
+# --- plan files ----------------------------------------------------------------------------------------
+
+
+def test_plan_round_trip_and_atomic_write(tmp_path) -> None:
+    meta, w = gpipe_2x2(), weights_2x2()
+    plan = make_plan(meta, w, 0.5)
+    plan.extra["note"] = "kept"
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    assert os.listdir(tmp_path) == ["plan.json"]
+    d = json.loads(path.read_text())
+    assert d["format"] == PLAN_FORMAT and set(d["solver"]) >= {"name", "status", "seconds"}
+    back = load_plan(path)
+    assert back.actions == plan.actions
+    assert back.batch_time_ms == plan.batch_time_ms
+    assert back.extra == {"note": "kept"}
+    check_plan_matches(back, "GPipe", 2, 2, str(path))
+    with pytest.raises(PlannerError, match="num_microbatches"):
+        check_plan_matches(back, "GPipe", 2, 4, str(path))
+    text = plan_summary(plan, meta)
+    for s in ("no-freeze 15.000", "all-frozen 9.000", "planned 11.000", "critical path", "0: 0.500"):
+        assert s in text
+
+
+def _broken(d: dict, how: str) -> dict:
+    d = json.loads(json.dumps(d))
+    if how == "format":
+        d["format"] = "timelyfreeze-plan/0"
+    elif how == "missing":
+        del d["r_max"]
+    elif how == "duration":
+        d["actions"]["1B1"]["duration"] = 5.0
+    elif how == "ratio":
+        d["actions"]["1B1"]["freeze_ratio"] = 0.5
+    elif how == "budget":
+        a = d["actions"]["1B1"]
+        a["duration"], a["freeze_ratio"] = 2.0, 1.0
+    elif how == "type":
+        d["actions"]["0F0"]["start"] = "0"
+    elif how == "action":
+        d["actions"]["9F0"] = d["actions"]["0F0"]
+    return d
+
+
+@pytest.mark.parametrize(
+    "how,msg",
+    [("format", "format"), ("missing", "r_max"), ("duration", "outside"), ("ratio", "freeze_ratio"),
+     ("budget", "exceeds r_max"), ("type", "start"), ("action", "9F0")],
+)
+def test_load_plan_rejects_broken(tmp_path, how: str, msg: str) -> None:
+    plan = make_plan(gpipe_2x2(), weights_2x2(), 0.5)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_broken(plan.to_json(), how)))
+    with pytest.raises(PlannerError, match=msg) as e:
+        load_plan(path)
+    assert "bad.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_load_plan_bad_json(tmp_path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text("{\n oops")
+    with pytest.raises(PlannerError, match=r"p\.json:2: invalid JSON"):
+        load_plan(path)

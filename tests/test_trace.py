@@ -1,0 +1,204 @@
+"""Trace loading/validation and node weights: every bad input is a one-line PlannerError naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PlannerError
+from planner.plan import plan_from_trace
+from planner.synthetic import synthetic_meta
+from planner.trace import (
+    TRACE_FORMAT,
+    load_trace,
+    node_weights,
+    trace_from_records,
+    validate_meta,
+)
+
+
+def good_meta() -> dict:
+    return {
+        "format": TRACE_FORMAT,
+        "schedule": "GPipe",
+        "pp_degree": 2,
+        "num_stages": 2,
+        "num_microbatches": 2,
+        "stage_to_rank": [0, 1],
+        "rank_orders": {"0": ["0F0", "0F1", "0B0", "0B1"], "1": ["1F0", "1F1", "1B0", "1B1"]},
+    }
+
+
+def records(order: list[str]) -> list[dict]:
+    out = []
+    for step, phase in ((1, "warmup"), (2, "upper"), (3, "upper"), (4, "upper"), (5, "lower"), (6, "lower")):
+        for a in order:
+            base = 1.0 if "F" in a else 4.0
+            ms = base * (0.5 if phase == "lower" and "B" in a else 1.0) + 0.01 * step
+            out.append({"step": step, "action": a, "ms": ms, "phase": phase, "freeze_ratio": 0.0})
+    return out
+
+
+def write_trace(root: Path, meta: dict, recs: dict[int, list[dict]] | None = None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "meta.json").write_text(json.dumps(meta))
+    if recs is None:
+        recs = {int(r): records(o) for r, o in meta["rank_orders"].items()}
+    for r, rs in recs.items():
+        (root / f"actions_rank{r}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in rs) + "\n")
+    return root
+
+
+def test_valid_trace_loads_and_gives_weights(tmp_path) -> None:
+    meta = good_meta() | {"writer": "future-version", "torch": "2.13.0"}
+    root = write_trace(tmp_path / "t", meta)
+    tr = load_trace(root)
+    assert tr.meta.extra == {"writer": "future-version", "torch": "2.13.0"}
+    assert tr.meta.to_json()["rank_orders"]["1"] == meta["rank_orders"]["1"]
+    assert tr.meta.to_json()["format"] == TRACE_FORMAT
+    assert len(tr.records) == 6 * 8 and {r.rank for r in tr.records} == {0, 1}
+    w = node_weights(tr)
+    assert w.w_max["0F0"] == pytest.approx(1.03)  # median of the upper steps 2, 3, 4
+    assert w.w_min["0F0"] == w.w_max["0F0"]
+    assert w.w_max["1B1"] == pytest.approx(4.03)
+    assert w.w_min["1B1"] == pytest.approx(2.055)  # median of lower steps 5, 6
+    assert w.freezable == {"0B0", "0B1", "1B0", "1B1"}
+    plan = plan_from_trace(tr, 0.5)
+    assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
+
+
+def test_w_min_clamped_to_w_max(tmp_path) -> None:
+    recs = {int(r): records(o) for r, o in good_meta()["rank_orders"].items()}
+    for x in recs[1]:
+        if x["action"] == "1B0" and x["phase"] == "lower":
+            x["ms"] = 99.0
+    w = node_weights(load_trace(write_trace(tmp_path / "t", good_meta(), recs)))
+    assert w.w_min["1B0"] == w.w_max["1B0"] and "1B0" not in w.freezable
+
+
+def test_synthetic_split_meta_round_trips() -> None:
+    m = synthetic_meta(4, 2, 4, True)
+    again = validate_meta(m.to_json(), "mem")
+    assert again.rank_orders == m.rank_orders and again.stage_to_rank == [0, 1, 2, 3, 3, 2, 1, 0]
+
+
+def _meta_cases() -> list[tuple[str, dict, str]]:
+    cases = []
+
+    def case(name: str, msg: str, **changes) -> None:
+        d = good_meta()
+        for k, v in changes.items():
+            if v is None:
+                d.pop(k)
+            else:
+                d[k] = v
+        cases.append((name, d, msg))
+
+    case("no-format", "format", format=None)
+    case("bad-format", "format", format="timelyfreeze-trace/2")
+    case("missing", "pp_degree", pp_degree=None)
+    case("type", "num_stages", num_stages="2")
+    case("s2r-len", "stage_to_rank", stage_to_rank=[0])
+    case("s2r-range", "stage_to_rank", stage_to_rank=[0, 2])
+    ro = good_meta()["rank_orders"]
+    case("bad-name", "0X0", rank_orders={"0": ["0F0", "0F1", "0X0", "0B1"], "1": ro["1"]})
+    case("stage-range", "stage 2", rank_orders={"0": ro["0"] + ["2F0"], "1": ro["1"]})
+    case("mb-range", "microbatch 5", rank_orders={"0": ro["0"] + ["0F5"], "1": ro["1"]})
+    case("wrong-rank", "stage_to_rank", rank_orders={"0": ro["0"] + ["1F0"], "1": ro["1"][1:]})
+    case("duplicate", "more than once", rank_orders={"0": ro["0"] + ["0F0"], "1": ro["1"]})
+    case("missing-action", "stage 1 microbatch 1", rank_orders={"0": ro["0"], "1": ro["1"][:-1]})
+    case("B-and-I", "stage 0 microbatch 1",
+         rank_orders={"0": ["0F0", "0F1", "0B0", "0B1", "0I1"], "1": ro["1"]})
+    case("I-without-W", "stage 0 microbatch 1",
+         rank_orders={"0": ["0F0", "0F1", "0B0", "0I1"], "1": ro["1"]})
+    case("bad-rank-key", "rank", rank_orders={"0": ro["0"], "x": ro["1"]})
+    return cases
+
+
+@pytest.mark.parametrize("name,meta,msg", _meta_cases(), ids=[c[0] for c in _meta_cases()])
+def test_bad_meta(tmp_path, name: str, meta: dict, msg: str) -> None:
+    root = write_trace(tmp_path / name, meta, recs={0: [], 1: []})
+    with pytest.raises(PlannerError) as e:
+        load_trace(root)
+    text = str(e.value)
+    assert "meta.json" in text and msg in text and "\n" not in text
+
+
+def test_split_backward_meta_accepted() -> None:
+    d = good_meta() | {"rank_orders": {"0": ["0F0", "0F1", "0I0", "0W0", "0B1"],
+                                       "1": ["1F0", "1F1", "1I0", "1I1", "1W1", "1W0"]}}
+    m = validate_meta(d, "x/meta.json")
+    assert m.rank_orders[1][-1] == "1W0"
+
+
+def test_missing_meta_and_bad_json(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    with pytest.raises(PlannerError, match=r"meta\.json: missing"):
+        load_trace(tmp_path / "a")
+    (tmp_path / "a" / "meta.json").write_text("{\n\n ,")
+    with pytest.raises(PlannerError, match=r"meta\.json:3: invalid JSON"):
+        load_trace(tmp_path / "a")
+
+
+def test_missing_rank_file(tmp_path) -> None:
+    root = write_trace(tmp_path / "t", good_meta())
+    (root / "actions_rank1.jsonl").unlink()
+    with pytest.raises(PlannerError, match=r"actions_rank1\.jsonl: missing"):
+        load_trace(root)
+
+
+def _line_cases() -> list[tuple[str, object, str]]:
+    ok = {"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0}
+    return [
+        ("bad-json", '{"step": 9,', "invalid JSON"),
+        ("not-object", [1, 2], "JSON object"),
+        ("missing-field", {k: v for k, v in ok.items() if k != "phase"}, "phase"),
+        ("step-type", ok | {"step": "9"}, "step"),
+        ("unknown-action", ok | {"action": "1Q0"}, "1Q0"),
+        ("other-rank-action", ok | {"action": "0F0"}, "not in rank_orders"),
+        ("nan-ms", ok | {"ms": float("nan")}, "ms"),
+        ("inf-ms", ok | {"ms": float("inf")}, "ms"),
+        ("negative-ms", ok | {"ms": -1.0}, "ms"),
+        ("ms-type", ok | {"ms": "1.0"}, "ms"),
+        ("ratio-range", ok | {"freeze_ratio": 1.5}, "freeze_ratio"),
+        ("ratio-neg", ok | {"freeze_ratio": -0.1}, "freeze_ratio"),
+    ]
+
+
+@pytest.mark.parametrize("name,line,msg", _line_cases(), ids=[c[0] for c in _line_cases()])
+def test_bad_record_names_file_and_line(tmp_path, name: str, line: object, msg: str) -> None:
+    root = write_trace(tmp_path / name, good_meta())
+    path = root / "actions_rank1.jsonl"
+    lines = path.read_text().splitlines()
+    text = line if isinstance(line, str) else json.dumps(line)
+    lines.insert(4, text)  # becomes line 5
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(PlannerError) as e:
+        load_trace(root)
+    assert "actions_rank1.jsonl:5:" in str(e.value) and msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_weights_need_upper_and_lower_records(tmp_path) -> None:
+    recs = {int(r): records(o) for r, o in good_meta()["rank_orders"].items()}
+    recs[0] = [x for x in recs[0] if not (x["action"] == "0F1" and x["phase"] == "upper")]
+    with pytest.raises(PlannerError, match=r"actions_rank0\.jsonl: action '0F1' has no record with phase 'upper'"):
+        node_weights(load_trace(write_trace(tmp_path / "u", good_meta(), recs)))
+    recs = {int(r): records(o) for r, o in good_meta()["rank_orders"].items()}
+    recs[1] = [x for x in recs[1] if not (x["action"] == "1B1" and x["phase"] == "lower")]
+    with pytest.raises(PlannerError, match=r"'1B1' has no record with phase 'lower'"):
+        node_weights(load_trace(write_trace(tmp_path / "l", good_meta(), recs)))
+
+
+def test_trace_from_records_in_memory() -> None:
+    meta = good_meta()
+    recs = {int(r): records(o) for r, o in meta["rank_orders"].items()}
+    tr = trace_from_records(meta, recs, source="gathered")
+    assert node_weights(tr).w_max["1F1"] == pytest.approx(1.03)
+    bad = dict(recs)
+    bad[0] = recs[0][:3] + [recs[0][3] | {"ms": -2.0}]
+    with pytest.raises(PlannerError, match=r"gathered/actions_rank0\.jsonl:4: field 'ms'"):
+        trace_from_records(meta, bad, source="gathered")
+    with pytest.raises(PlannerError, match="rank 1"):
+        trace_from_records(meta, {0: recs[0]}, source="gathered")
