@@ -7,7 +7,6 @@ Every user error (bad trace, bad plan, bad argument, unwritable output) is print
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import os
@@ -125,13 +124,11 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    extra = {}
-    if args.solver != "auto":
-        if "solver" not in inspect.signature(plan_from_trace).parameters:
-            raise PlannerError("--solver: this planner.plan only supports the default solver 'auto'")
-        extra["solver"] = args.solver
-    plan = plan_from_trace(trace, args.r_max, **extra)
-    write_plan(plan, args.out)
+    plan = plan_from_trace(trace, args.r_max, solver=args.solver)
+    try:
+        write_plan(plan, args.out)
+    except OSError as e:  # write_plan lets OSError through, naming its temporary file: name the plan path
+        raise PlannerError(f"{args.out}: cannot write: {e.strerror or e}") from None
     print(plan_summary(plan, trace.meta))
     print(f"wrote {args.out}")
 
@@ -180,14 +177,10 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
     panels: list[tuple[str, dict[str, float]]] = [("measured, nothing frozen (upper bound)", weights.w_max)]
     ratios: list[dict[str, float] | None] = [None]
     if args.plan:
-        from .plan import load_plan
+        from .plan import check_plan_matches, load_plan
 
         plan = load_plan(args.plan)
-        for field, theirs, ours in (("schedule", plan.schedule, meta.schedule),
-                                    ("num_stages", plan.num_stages, meta.num_stages),
-                                    ("num_microbatches", plan.num_microbatches, meta.num_microbatches)):
-            if theirs != ours:
-                raise PlannerError(f"{args.plan}: plan has {field}={theirs!r} but the trace has {ours!r}")
+        check_plan_matches(plan, meta.schedule, meta.num_stages, meta.num_microbatches, args.plan)
         missing = [a for a in meta.all_actions() if a not in plan.actions]
         if missing:
             raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
