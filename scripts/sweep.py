@@ -55,7 +55,7 @@ KNOBS: dict[str, tuple[str, str] | None] = {
     "apf": ("threshold", "--freeze.apf.threshold"),
     "autofreeze": ("percentile", "--freeze.autofreeze.percentile"),
     "egeria": ("tolerance_coef", "--freeze.egeria.tolerance_coef"),
-    "smartpipe": ("freeze_rate", "--freeze.smartpipe.freeze_rate"),
+    "smartpipe": ("lam", "--freeze.smartpipe.lam"),
     "random": ("ratio", "--freeze.random.ratio"),
 }
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")

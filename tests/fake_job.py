@@ -38,7 +38,7 @@ def main(argv):
         return 0
     knob = None
     for name in ("r_max", "apf.threshold", "autofreeze.percentile", "egeria.tolerance_coef",
-                 "smartpipe.freeze_rate", "random.ratio"):
+                 "smartpipe.lam", "random.ratio"):
         if f"--freeze.{name}" in argv:
             knob = {"name": name.split(".")[-1], "value": float(arg(argv, f"--freeze.{name}"))}
     speed = 1000.0 * (1 + (knob["value"] if knob else 0.0))

@@ -185,7 +185,7 @@ def test_plan_for_another_schedule_is_refused(tmp_path):
     plan = plan_from_trace(synthetic_trace("GPipe", 2, 8), 0.8)
     write_plan(plan, tmp_path / "gpipe_plan.json")
     run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--freeze.plan", str(tmp_path / "gpipe_plan.json"),
-                   "--training.steps", "8", timeout=180)
+                   "--training.steps", "12", timeout=180)
     assert run.rc != 0
     lines = [l for l in run.log.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "gpipe_plan.json" in lines[0] and "GPipe" in lines[0], lines

@@ -93,7 +93,9 @@ class FreezeRuntime:
         self.step = 0
         self.profiler = ActionProfiler(self.pp_rank, use_cuda=use_cuda)
         self.hook = FreezingHook(self.views, self.method, lambda: self.step)
-        self._uninstall = [stage_hooks.install(st, [self.hook, self.profiler]) for st in stages]
+        self._stages = stages
+        self._uninstall: list = []
+        self.attach_hooks()
         self.trainable = {v.stage: sum(p.numel() for p in v.params.values()) for v in self.views}
         self.total_trainable = sum(self.all_gather(sum(self.trainable.values())))
         self.writer: TraceWriter | None = None
@@ -111,6 +113,16 @@ class FreezeRuntime:
     def log(self, msg: str) -> None:
         if self.pp_rank == 0:
             self._log(msg)
+
+    def attach_hooks(self) -> None:
+        if not self._uninstall:
+            self._uninstall = [stage_hooks.install(st, [self.hook, self.profiler]) for st in self._stages]
+
+    def detach_hooks(self) -> None:
+        """Remove the stage hooks (plain TorchTitan compute; used by the overhead benchmark)."""
+        for u in self._uninstall:
+            u()
+        self._uninstall = []
 
     # -- process group -------------------------------------------------------------------------
     def all_gather(self, obj: Any) -> list[Any]:
@@ -264,7 +276,7 @@ class FreezeRuntime:
             plan = load_plan(path)
             check_plan_matches(plan, self.schedule, self.num_stages, self.num_microbatches, path)
         except PlannerError as e:
-            raise FreezeConfigError(f"[freeze] plan = {path}: {e}") from None
+            raise FreezeConfigError(f"[freeze] plan: {e}") from None
         self.method.set_plan({a: ap.freeze_ratio for a, ap in plan.actions.items()})
         self.plan_batch_ms = dict(plan.batch_time_ms)
 
@@ -402,8 +414,7 @@ class FreezeRuntime:
         close_method = getattr(self.method, "close", None)
         if callable(close_method):
             close_method()
-        for u in self._uninstall:
-            u()
+        self.detach_hooks()
         if self.writer is not None:
             self.writer.close()
 
