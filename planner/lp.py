@@ -11,11 +11,15 @@ every start variable in from a slack basis.  Stage 2 is a fresh model, pruned wi
 hot start of the stage-1 ``Highs`` object: measured, the hot start (primal simplex after the cost change)
 was slower (pp32 x 2 x 512 split: 8.3 s / 35k iterations vs 5.6 s / 22k from the crafted basis).
 
-Measured alternatives (2-core box, pp32 x 2 stages/rank x 512 mb split, 98k actions, stage 1 + stage 2):
+Measured alternatives (2-core box, planner.synthetic list-scheduled V orders, pp32 x 2 stages/rank x
+512 mb split, 98k actions, stage 1 + stage 2):
 slack basis + default dual simplex (steepest edge) ~40 s; crafted basis + steepest edge 6.3 + 31 s;
 crafted basis + Devex 1.0-1.4 + 5.6-8 s; crafted basis + Dantzig 1.0 + 10 s; primal simplex slower
 than dual at every size; IPX 2-3x slower than simplex at 12k actions; "hipo" is not in this highspy
 build; ``_MAX_TERMS`` 0/2/4/8 within noise of each other.
+On the real torch orders (planner.schedules, pp16 x 2 x 256): Interleaved1F1B (16k actions) 4.3 s
+with this default vs 6.6 s steepest edge vs 36 s slack basis; ZBVZeroBubble (25k actions) 2.2 s vs
+5.4 s vs 10.2 s.  Real orders are harder than the synthetic ones (see scripts/bench_planner.py).
 
 Model (``r_v`` = freeze ratio of freezable action v, ``d_v = w_max_v - (w_max_v - w_min_v) * r_v``):
 
