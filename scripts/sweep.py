@@ -58,6 +58,7 @@ KNOBS: dict[str, tuple[str, str] | None] = {
     "smartpipe": ("lam", "--freeze.smartpipe.lam"),
     "random": ("ratio", "--freeze.random.ratio"),
 }
+PRETRAINED_MARKER = "pystdlib-pretrained"  # [checkpoint] initial_load_path of the fine-tuning setting
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 LOG_TAIL_LINES = 40
 
@@ -539,6 +540,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "grid.json", {**grid, "jobs": [j.job_id for j in jobs]})
+    if args.launcher is None and PRETRAINED_MARKER in base.read_text():
+        # the fine-tuning setting starts every job from the cached pre-trained checkpoint: build it once
+        from pretrain import ensure_pretrained
+
+        ensure_pretrained()
     try:
         res = run_sweep(jobs, out, command_fn, file_sha256(base), args.retry_failed, args.timeout)
     except KeyboardInterrupt:  # between jobs: nothing is running, nothing to mark

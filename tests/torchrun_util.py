@@ -29,8 +29,11 @@ class Run:
     def metrics(self) -> list[dict]:
         return [json.loads(l) for l in (self.out / "metrics.jsonl").read_text().splitlines() if l.strip()]
 
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(l for l in self.log.splitlines() if "lspci" not in l)[-6000:]
+    def tail(self) -> str:
+        """The failing rank's traceback (lines from ``[rankN]:``) and the end of the log."""
+        lines = [l for l in self.log.splitlines() if "lspci" not in l]
+        errors = [l for l in lines if l.startswith("[rank") or "Error" in l][:80]
+        return "\n".join(errors)[-8000:] + "\n...\n" + "\n".join(lines)[-3000:]
 
 
 def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420) -> Run:

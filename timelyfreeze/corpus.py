@@ -145,6 +145,41 @@ def resolve_assets(job_config) -> None:
         job_config.model.hf_assets_path = str(ensure_tokenizer())
 
 
+PRETRAINED_MARKER = "pystdlib-pretrained"
+"""Value of ``[checkpoint] initial_load_path`` that means "the cached pre-trained debug model"."""
+PRETRAIN_CONFIG = "llama3_debug_pretrain_cpu.toml"
+
+
+def pretrained_dir() -> Path:
+    """Dump folder of the cached pre-training run (``scripts/pretrain.py``)."""
+    v = sys.version_info
+    return cache_dir() / f"pretrained-llama3-debugmodel-py{v.major}{v.minor}"
+
+
+def pretrained_checkpoint() -> Path | None:
+    """The last checkpoint of the cached pre-training run, or None when it was never built."""
+    ckpt = pretrained_dir() / "checkpoint"
+    steps = sorted(
+        (int(d.name.split("-")[1]), d) for d in ckpt.glob("step-*") if d.name.split("-")[1].isdigit()
+    ) if ckpt.is_dir() else []
+    done = pretrained_dir() / "DONE"
+    return steps[-1][1] if steps and done.exists() else None
+
+
+def resolve_initial_load(job_config) -> None:
+    """Point ``initial_load_path = "pystdlib-pretrained"`` at the cached checkpoint (error if missing)."""
+    if job_config.checkpoint.initial_load_path == PRETRAINED_MARKER:
+        path = pretrained_checkpoint()
+        if path is None:
+            from timelyfreeze.config import FreezeConfigError
+
+            raise FreezeConfigError(
+                f'[checkpoint] initial_load_path = "{PRETRAINED_MARKER}": the pre-trained checkpoint is not built '
+                f"yet ({pretrained_dir()}); build it once with: python scripts/pretrain.py"
+            )
+        job_config.checkpoint.initial_load_path = str(path)
+
+
 def _load_split(split: str):
     from datasets import Dataset
 

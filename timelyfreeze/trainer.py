@@ -26,6 +26,7 @@ class TimelyFreezeTrainer(Trainer):
     def __init__(self, job_config):
         corpus.register_datasets()
         corpus.resolve_assets(job_config)
+        corpus.resolve_initial_load(job_config)
         fz = getattr(job_config, "freeze", None)
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
