@@ -327,16 +327,23 @@ class FreezeRuntime:
         return summary
 
     def _phase_medians(self) -> dict[str, dict[str, float]]:
-        """Median ms per action of this rank in the upper and stable phases (from the trace file)."""
-        out: dict[str, dict[str, list[float]]] = {}
+        """From this rank's trace file: median ms per action in the upper and stable phases, and the
+        mean applied freeze ratio per action in the stable phase (key ``stable_ratio``)."""
+        ms: dict[str, dict[str, list[float]]] = {}
+        ratio: dict[str, list[float]] = {}
         if not self.cfg.trace or self.writer is None or not self.writer.path.exists():
             return {}
         with open(self.writer.path, encoding="utf-8") as f:
             for line in f:
                 r = json.loads(line)
-                if r["phase"] in ("upper", "stable", "train"):
-                    out.setdefault(r["phase"], {}).setdefault(r["action"], []).append(r["ms"])
-        return {p: {a: statistics.median(v) for a, v in d.items()} for p, d in out.items()}
+                if r["phase"] in ("upper", "stable"):
+                    ms.setdefault(r["phase"], {}).setdefault(r["action"], []).append(r["ms"])
+                if r["phase"] == "stable":
+                    ratio.setdefault(r["action"], []).append(r["freeze_ratio"])
+        out = {p: {a: statistics.median(v) for a, v in d.items()} for p, d in ms.items()}
+        if ratio:
+            out["stable_ratio"] = {a: statistics.fmean(v) for a, v in ratio.items()}
+        return out
 
     def _summary(self) -> dict:
         hist = sorted(self.history, key=lambda h: h["step"])
@@ -394,15 +401,16 @@ class FreezeRuntime:
 
             meta = validate_meta(self.meta, str(self.trace_dir))
             panels = [("measured, nothing frozen (upper bound)", medians["upper"])]
-            ratios = None
+            ratios: list = [None]
             if self.plan_path.exists():
                 from planner.plan import load_plan
 
                 plan = load_plan(self.plan_path)
-                panels.append(("planned", {a: ap.duration for a, ap in plan.actions.items()}))
-                ratios = {a: ap.freeze_ratio for a, ap in plan.actions.items()}
+                panels.append((f"planned (r_max {plan.r_max})", {a: ap.duration for a, ap in plan.actions.items()}))
+                ratios.append({a: ap.freeze_ratio for a, ap in plan.actions.items()})
             if "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
-                panels.append(("measured, stable phase", medians["stable"]))
+                panels.append(("measured, stable phase (mean applied ratios)", medians["stable"]))
+                ratios.append(medians.get("stable_ratio"))
             out = self.out_dir / "timeline.png"
             plot_timeline(meta, panels, out, ratios=ratios)
             return str(out)
