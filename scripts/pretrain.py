@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,7 @@ def ensure_pretrained(force: bool = False, extra: list[str] | None = None) -> Pa
         for line in proc.stdout:
             log.write(line)
             if ("step:" in line or "validate" in line) and "loss: -" not in line:
-                print("  " + line.split(" - root - INFO - ")[-1].rstrip(), flush=True)
+                print("  " + re.sub(r"\x1b\[[0-9;]*m", "", line.split(" - root - INFO - ")[-1].rstrip()), flush=True)
         rc = proc.wait()
     if rc != 0:
         raise SystemExit(f"pre-training failed (exit {rc}); see {out / 'pretrain.log'}")

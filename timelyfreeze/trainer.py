@@ -67,10 +67,32 @@ class TimelyFreezeTrainer(Trainer):
             tb_log=self.metrics_processor.logger.log,
         )
         self._wrap_validation_logging()
+        self._validate_on_fixed_batches()
 
     def _pp_stages(self) -> list:
         sched = self.pp_schedule
         return list(sched._stages) if hasattr(sched, "_stages") else [sched._stage]
+
+    def _validate_on_fixed_batches(self) -> None:
+        """Every validation reads the same first batches of the held-out split.
+
+        TorchTitan 0.2.2's text dataset keeps its position between iterations, so each validation would
+        otherwise score the *next* slice of the validation set and losses from different steps (and the
+        curves of different runs) would not be comparable.
+        """
+        validator = getattr(self, "validator", None)
+        if validator is None or not hasattr(validator, "validation_dataloader"):
+            return
+        dataset = validator.validation_dataloader.dataset
+        orig = validator.validate
+
+        def validate(*args, **kwargs):
+            if hasattr(dataset, "_sample_idx"):
+                dataset._sample_idx = 0
+                dataset._token_buffer = []
+            return orig(*args, **kwargs)
+
+        validator.validate = validate
 
     def _wrap_validation_logging(self) -> None:
         mp = self.metrics_processor
