@@ -42,7 +42,7 @@ TIMELYFREEZE_FAMILY = ("timelyfreeze", "timelyfreeze_apf", "timelyfreeze_autofre
 RESULT_COLUMNS = [
     "job_id", "method", "knob_name", "knob_value", "schedule", "seed", "steps",
     "tokens_per_s_stable", "tokens_per_s_all", "mean_batch_ms_stable", "mean_batch_ms_all",
-    "predicted_batch_ms", "avg_freeze_ratio", "final_loss", "val_loss", "status",
+    "predicted_batch_ms", "speedup_in_run", "avg_freeze_ratio", "final_loss", "val_loss", "status",
 ]
 CONFIG_COLUMNS = [
     "schedule", "method", "knob_name", "knob_value", "seeds", "tokens_per_s", "loss", "avg_freeze_ratio",
@@ -149,6 +149,24 @@ def val_curve_from_metrics(metrics: list[dict[str, Any]]) -> list[list[float]]:
     return [[m["step"], float(m["val_loss"])] for m in metrics if _num(m.get("val_loss")) is not None]
 
 
+UNFROZEN_PHASES = ("warmup", "upper")
+TRANSIENT_PHASES = ("warmup", "upper", "lower", "progressive", "bootstrap")
+
+
+def in_run_speedup(metrics: list[dict[str, Any]]) -> float | None:
+    """Median batch time of the run's own unfrozen steps (warm-up after step 1, upper-bound monitoring)
+    over the median of its steady steps (``stable``, or for step-level methods every step after the
+    transient phases). Both sides come from the same job, so machine drift between jobs cancels."""
+    rows = [m for m in metrics if "phase" in m and _num(m.get("batch_ms")) is not None]
+    base = [m["batch_ms"] for m in rows if m["phase"] in UNFROZEN_PHASES and m["step"] > 1]
+    stable = [m["batch_ms"] for m in rows if m["phase"] == "stable"]
+    if not stable:
+        stable = [m["batch_ms"] for m in rows if m["phase"] not in TRANSIENT_PHASES]
+    if not base or not stable:
+        return None
+    return statistics.median(base) / statistics.median(stable)
+
+
 def load_job(job_dir: Path) -> dict[str, Any]:
     """One results row (RESULT_COLUMNS) plus private keys (leading ``_``) the plots use."""
     job = _read_json(job_dir / "job.json") or {}
@@ -178,6 +196,7 @@ def load_job(job_dir: Path) -> dict[str, Any]:
             tokens_per_s_stable=_num(tps.get("stable")), tokens_per_s_all=_num(tps.get("all")),
             mean_batch_ms_stable=_num(mb.get("stable")), mean_batch_ms_all=_num(mb.get("all")),
             predicted_batch_ms=_num(pred.get("planned")),
+            speedup_in_run=in_run_speedup(metrics),
             avg_freeze_ratio=_num(summary.get("avg_freeze_ratio")),
             final_loss=_num(summary.get("final_loss")), val_loss=_num(summary.get("val_loss")),
         )
