@@ -175,8 +175,10 @@ def test_random_plan_properties(seed: int) -> None:
     check_plan_properties(meta, w, r_max)
 
 
-def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float) -> tuple[float, float]:
-    """Independent straightforward model: a start and a duration for every node, every DAG edge a row."""
+def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float, slack: float = 1e-9) -> tuple[float, float]:
+    """Independent straightforward model: a start and a duration for every node, every DAG edge a row.
+
+    Stage 2 bounds the batch time by ``T* (1 + slack) + slack``."""
     g = build_dag(meta)
     nodes = list(g.nodes)
     idx = {a: i for i, a in enumerate(nodes)}
@@ -217,7 +219,7 @@ def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float) -> tuple[
     assert r1.status == 0
     t_star = r1.fun
     bounds2 = list(bounds)
-    bounds2[idx[SINK]] = (0, t_star * (1 + 1e-9) + 1e-9)
+    bounds2[idx[SINK]] = (0, t_star * (1 + slack) + slack)
     c2 = np.zeros(nv)
     const = 0.0
     for a in frz:
@@ -312,3 +314,39 @@ def test_load_plan_bad_json(tmp_path) -> None:
     path.write_text("{\n oops")
     with pytest.raises(PlannerError, match=r"p\.json:2: invalid JSON"):
         load_plan(path)
+
+
+# --- fast path vs the plain reference LP on the real schedule orders ----------------------------------
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize(
+    "schedule", ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"]
+)
+def test_fast_path_matches_plain_lp_on_schedules(schedule: str, seed: int) -> None:
+    from planner import schedules
+
+    rng = random.Random(seed * 7919 + len(schedule))
+    pp = rng.randint(2, 4)
+    spr = schedules.stages_per_rank(schedule)
+    n_mb = pp * rng.randint(1, 3)
+    s2r = schedules.stage_to_rank(schedule, pp, spr)
+    meta = TraceMeta(schedule, pp, len(s2r), n_mb, s2r, schedules.rank_orders(schedule, pp, n_mb, spr))
+    w = synthetic_weights(meta, seed=seed, lower_frac=(0.0, 1.0), jitter=0.5)
+    r_max = [0.2, 0.5, 0.8][seed % 3]
+    stats: dict = {}
+    sol = solve_freeze_lp(build_dag(meta), w, r_max, stats=stats)
+    assert sol.solver == "highs-fast"
+    # T <= T* exactly: the fast path's stage 2 works on the stage-1 optimal face, so a slack on T (as the
+    # previous default used) would let the reference freeze up to ~1e-5 relative less.
+    t_star, total = scipy_lexicographic(meta, w, r_max, slack=0.0)
+    assert sol.makespan == pytest.approx(t_star, rel=1e-6, abs=1e-6)
+    ratios = {a: (w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in w.freezable}
+    assert sum(ratios.values()) == pytest.approx(total, rel=1e-6, abs=1e-6)
+    by_stage: dict[int, list[float]] = {}
+    for a, r in ratios.items():
+        by_stage.setdefault(int(a[: len(a.rstrip("0123456789")) - 1]), []).append(r)
+    for s, rs in by_stage.items():
+        assert sum(rs) <= r_max * len(rs) + 1e-7, s
+    old = solve_freeze_lp(build_dag(meta), w, r_max, solver="dual")  # the previous default agrees too
+    assert old.makespan == pytest.approx(sol.makespan, rel=1e-6, abs=1e-6)
