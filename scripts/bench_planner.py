@@ -113,7 +113,7 @@ def main() -> None:
                 f"| {r['total_s']:.3f} | {r['peak_mb']:.0f} | {1024 * r['delta_mb'] / r['actions']:.1f} |",
                 flush=True,
             )
-    print("\nbuild = DAG + both LP stages' sparse assembly; solve = HiGHS stage 1 + stage 2 (incl. pruning) "
+    print("\nbuild = DAG + both LP stages' sparse assembly; solve = HiGHS stage 1 + stage 2 (on the stage-1 optimal face, presolved) "
           "+ longest-path check; orders from planner.schedules where available.")
 
 
