@@ -352,13 +352,17 @@ class EgeriaWorker:
             out, self._results = self._results, []
         return out
 
-    def close(self) -> None:
-        if self._thread is not None:
-            try:
-                self._q.put_nowait(None)
-            except queue.Full:
-                pass
-            self._thread = None
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop the thread and wait for it: a daemon thread still inside a torch kernel while the
+        interpreter shuts down aborts the process (seen as SIGABRT at the end of a run)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        try:
+            self._q.put(None, timeout=timeout_s)
+        except queue.Full:
+            pass
+        thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
