@@ -193,6 +193,9 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
 
     # Ctrl-C: the running job is stopped and marked interrupted, the sweep stops there
     jobs = [sweep.Job("1F1B", "random", 0.5, 0), sweep.Job("1F1B", "random", 0.6, 0)]
+    # a process started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # Python then raises no KeyboardInterrupt: restore the default handler as an interactive run has it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -201,6 +204,7 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
                               print_fn=lines.append)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert res.interrupted == jobs[0].job_id and res.exit_code == 130
     rec = json.loads((tmp_path / "jobs" / jobs[0].job_id / "job.json").read_text())
     assert rec["status"] == "interrupted" and rec["duration_s"] < 20
