@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .actions import parse_action
-from .atomic import replace_atomically
+from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .trace import TraceMeta

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .dag import build_dag, longest_path
 from .errors import PlannerError
+from .fileio import read_json, write_json_atomically
 from .lp import solve_freeze_lp
 from .trace import NodeWeights, Trace, TraceMeta, node_weights
 
@@ -93,23 +92,9 @@ def plan_from_trace(trace: Trace, r_max: float, **kw: Any) -> Plan:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write atomically: a temp file in the same directory, fsync, then ``os.replace``."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(plan.to_json(), f, indent=1)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    """Write atomically (temp file in the same directory, fsync, ``os.replace``); a failure is a
+    one-line PlannerError naming ``path``."""
+    write_json_atomically(path, plan.to_json())
 
 
 def stage_mean_ratios(plan: Plan) -> dict[int, float]:
@@ -209,18 +194,7 @@ def validate_plan(d: Any, source: str) -> Plan:
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read and validate a plan file."""
     path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise PlannerError(f"{path}: plan file does not exist") from None
-    except OSError as e:
-        raise PlannerError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlannerError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
-    return validate_plan(d, path)
+    return validate_plan(read_json(path, "plan file does not exist"), path)
 
 
 def check_plan_matches(plan: Plan, schedule: str, num_stages: int, num_microbatches: int, source: str) -> None:

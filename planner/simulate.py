@@ -26,7 +26,7 @@ import os
 import random
 
 from .actions import FREEZABLE_KINDS, parse_action
-from .atomic import replace_atomically
+from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .schedules import schedule_meta

@@ -12,7 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 
-from .atomic import replace_atomically
+from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .lp import solve_freeze_lp

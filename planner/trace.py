@@ -17,6 +17,7 @@ from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .errors import PlannerError
+from .fileio import read_json
 
 TRACE_FORMAT = "timelyfreeze-trace/1"
 META_FILE = "meta.json"
@@ -240,18 +241,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     meta_path = os.path.join(root, META_FILE)
     if not os.path.isdir(root):
         raise PlannerError(f"{root}: trace directory does not exist")
-    try:
-        with open(meta_path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise PlannerError(f"{meta_path}: missing (a trace directory needs meta.json)") from None
-    except OSError as e:
-        raise PlannerError(f"{meta_path}: cannot read: {e.strerror}") from None
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlannerError(f"{meta_path}:{e.lineno}: invalid JSON: {e.msg}") from None
-    m = validate_meta(d, meta_path)
+    m = validate_meta(read_json(meta_path, "missing (a trace directory needs meta.json)"), meta_path)
 
     records: list[Record] = []
     for r in range(m.pp_degree):

@@ -27,7 +27,7 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 
 from timelyfreeze import stage_hooks
 from timelyfreeze.freezing import FreezingHook
-from timelyfreeze.methods.base import FreezeMethod, MethodContext
+from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.selection import action_generator, uniform_subset
 from timelyfreeze.stage_layout import build_stage_views
 

@@ -14,9 +14,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
+
+from planner.fileio import write_json_atomically
 
 TRACE_FORMAT = "timelyfreeze-trace/1"
 
@@ -113,10 +114,7 @@ class TraceWriter:
 
     @staticmethod
     def write_meta(trace_dir: str | os.PathLike, meta: dict) -> None:
-        path = Path(trace_dir) / "meta.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path)
+        write_json_atomically(Path(trace_dir) / "meta.json", meta)
 
 
 def _truncate_after(path: Path, step: int) -> None:
@@ -146,5 +144,3 @@ def build_meta(schedule: str, pp_degree: int, num_stages: int, num_microbatches:
         "rank_orders": {str(r): list(o) for r, o in sorted(rank_orders.items())},
     }
 
-
-Gather = Callable[[object], list]

@@ -10,15 +10,15 @@ once, and the plan is broadcast so all ranks freeze by the same plan.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
+
+from planner.fileio import write_json_atomically
 
 from timelyfreeze import stage_hooks
 from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases
@@ -321,9 +321,7 @@ class FreezeRuntime:
             "timeline": timeline,
             "metrics": str(self.out_dir / "metrics.jsonl"),
         }
-        tmp = self.out_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=1))
-        os.replace(tmp, self.out_dir / "summary.json")
+        write_json_atomically(self.out_dir / "summary.json", summary)
         return summary
 
     def _phase_medians(self) -> dict[str, dict[str, float]]:

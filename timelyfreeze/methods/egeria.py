@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map_only
 
 from timelyfreeze.methods.autofreeze import Prefix
-from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.random_fixed import warmup_of
 
 

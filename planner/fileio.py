@@ -1,0 +1,55 @@
+"""File I/O with one-line errors: atomic writes (temp file, fsync, ``os.replace``) and JSON reads."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from .errors import PlannerError
+
+
+def replace_atomically(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)``, fsync the result, then move it to ``path``; readers never see a
+    partial file. An ``OSError`` becomes a one-line :class:`PlannerError` naming ``path``; the
+    temporary file is removed."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise PlannerError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def write_json_atomically(path: str | os.PathLike[str], obj: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+
+    replace_atomically(path, write)
+
+
+def read_json(path: str | os.PathLike[str], missing: str) -> Any:
+    """Parse a JSON file; a missing file, an unreadable one or bad JSON is a one-line PlannerError
+    (``missing`` says what the file is for, e.g. "plan file does not exist")."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise PlannerError(f"{path}: {missing}") from None
+    except OSError as e:
+        raise PlannerError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlannerError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
