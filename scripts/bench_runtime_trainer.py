@@ -9,10 +9,13 @@ Launched by scripts/bench_runtime.py.
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-from timelyfreeze import cpu_shims
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from timelyfreeze import cpu_shims  # noqa: E402
 
 cpu_shims.apply_if_needed()
 
