@@ -45,20 +45,16 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+from timelyfreeze.config import METHOD_KNOBS, METHODS  # noqa: E402  (one table of knobs for runtime and sweep)
+from timelyfreeze.corpus import PRETRAINED_MARKER  # noqa: E402
 
 # method -> (knob name as summary.json spells it, CLI flag); ``none`` has no knob.
 KNOBS: dict[str, tuple[str, str] | None] = {
-    "none": None,
-    "timelyfreeze": ("r_max", "--freeze.r_max"),
-    "timelyfreeze_apf": ("r_max", "--freeze.r_max"),
-    "timelyfreeze_autofreeze": ("r_max", "--freeze.r_max"),
-    "apf": ("threshold", "--freeze.apf.threshold"),
-    "autofreeze": ("percentile", "--freeze.autofreeze.percentile"),
-    "egeria": ("tolerance_coef", "--freeze.egeria.tolerance_coef"),
-    "smartpipe": ("lam", "--freeze.smartpipe.lam"),
-    "random": ("ratio", "--freeze.random.ratio"),
+    m: (METHOD_KNOBS[m].split(".")[-1], f"--freeze.{METHOD_KNOBS[m]}") if m in METHOD_KNOBS else None
+    for m in METHODS
 }
-PRETRAINED_MARKER = "pystdlib-pretrained"  # [checkpoint] initial_load_path of the fine-tuning setting
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 LOG_TAIL_LINES = 40
 

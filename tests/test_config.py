@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config import Freeze, FreezeConfigError, Phases, check_parallelism, derive_phases, validate
+from timelyfreeze.config import (
+    Freeze, FreezeConfigError, Phases, check_parallelism, derive_phases, knob_of, validate,
+)
 
 
 def test_paper_phases_from_lr_warmup():
@@ -91,3 +93,12 @@ def test_toml_and_cli_reach_the_section():
     assert cfg.freeze.r_max == 0.5 and cfg.freeze.monitor_steps == 4
     assert cfg.freeze.apf.threshold == 0.2 and cfg.freeze.smartpipe.lam == 0.75
     assert cfg.activation_checkpoint.mode == "none"
+
+
+def test_knob_of_each_method():
+    f = Freeze(method="smartpipe")
+    f.smartpipe.lam = 0.75
+    assert knob_of(f) == {"name": "lam", "value": 0.75}
+    assert knob_of(Freeze(method="timelyfreeze_apf", r_max=0.3)) == {"name": "r_max", "value": 0.3}
+    assert knob_of(Freeze(method="apf")) == {"name": "threshold", "value": 0.01}
+    assert knob_of(Freeze(method="none")) is None

@@ -26,6 +26,18 @@ METHODS = (
     "random",
 )
 PLANNED_METHODS = ("timelyfreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze")
+METHOD_KNOBS = {
+    "timelyfreeze": "r_max",
+    "timelyfreeze_apf": "r_max",
+    "timelyfreeze_autofreeze": "r_max",
+    "apf": "apf.threshold",
+    "autofreeze": "autofreeze.percentile",
+    "egeria": "egeria.tolerance_coef",
+    "smartpipe": "smartpipe.lam",
+    "random": "random.ratio",
+}
+"""Each method's main hyperparameter (its ``[freeze]`` field path); ``none`` has none. The run summary
+reports it and the sweep runner varies it."""
 
 
 @dataclass
@@ -89,6 +101,17 @@ class Freeze:
 @dataclass
 class JobConfig:
     freeze: Freeze = field(default_factory=Freeze)
+
+
+def knob_of(cfg: "Freeze") -> dict | None:
+    """``{"name", "value"}`` of the method's main hyperparameter in this config, or None."""
+    path = METHOD_KNOBS.get(cfg.method)
+    if path is None:
+        return None
+    value = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    return {"name": path.split(".")[-1], "value": value}
 
 
 class FreezeConfigError(ValueError):

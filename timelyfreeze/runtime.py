@@ -21,7 +21,7 @@ import torch.distributed as dist
 from planner.fileio import write_json_atomically
 
 from timelyfreeze import stage_hooks
-from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases
+from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases, knob_of
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
@@ -359,7 +359,7 @@ class FreezeRuntime:
         for h in hist:
             by_phase.setdefault(h["phase"], []).append(h)
         steady_rows = [h for h in hist if h["phase"] in steady]
-        knob = _knob(self.cfg)
+        knob = knob_of(self.cfg)
         losses = [[h["step"], h["loss"]] for h in hist if h["loss"] is not None]
         return {
             "format": "timelyfreeze-run/1",
@@ -444,23 +444,6 @@ def _safe_step(line: str) -> int:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return 1 << 60
-
-
-def _knob(cfg: Freeze) -> dict | None:
-    m = cfg.method
-    if m in PLANNED_METHODS:
-        return {"name": "r_max", "value": cfg.r_max}
-    table = {
-        "apf": ("threshold", lambda: cfg.apf.threshold),
-        "autofreeze": ("percentile", lambda: cfg.autofreeze.percentile),
-        "egeria": ("tolerance_coef", lambda: cfg.egeria.tolerance_coef),
-        "smartpipe": ("lam", lambda: cfg.smartpipe.lam),
-        "random": ("ratio", lambda: cfg.random.ratio),
-    }
-    if m in table:
-        name, get = table[m]
-        return {"name": name, "value": get()}
-    return None
 
 
 def _gather_to_zero(obj: Any, group) -> list[Any] | None:
