@@ -350,3 +350,69 @@ def test_fast_path_matches_plain_lp_on_schedules(schedule: str, seed: int) -> No
         assert sum(rs) <= r_max * len(rs) + 1e-7, s
     old = solve_freeze_lp(build_dag(meta), w, r_max, solver="dual")  # the previous default agrees too
     assert old.makespan == pytest.approx(sol.makespan, rel=1e-6, abs=1e-6)
+
+
+# --- region solve (auto from 20k actions) vs the plain reference LP --------------------------------------
+
+
+def _region_case(seed: int) -> tuple[TraceMeta, NodeWeights, float]:
+    from planner import schedules
+
+    rng = random.Random(seed)
+    schedule = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"][seed % 5]
+    pp = rng.randint(2, 5)
+    spr = schedules.stages_per_rank(schedule)
+    n_mb = pp * rng.randint(1, 4)
+    s2r = schedules.stage_to_rank(schedule, pp, spr)
+    meta = TraceMeta(schedule, pp, len(s2r), n_mb, s2r, schedules.rank_orders(schedule, pp, n_mb, spr))
+    w = synthetic_weights(meta, seed=seed, lower_frac=(0.0, 1.0), jitter=rng.choice([0.05, 0.5]))
+    return meta, w, [0.1, 0.3, 0.5, 0.8, 1.0][seed % 5]
+
+
+def test_region_solve_is_exact_and_grows(monkeypatch) -> None:
+    """The region loop (forced on small batches: no fallback to the whole LP) reaches the plain LP's
+    lexicographic optimum; several cases need more than one round, so the growth path is exercised."""
+    import planner.lp as lp
+
+    monkeypatch.setattr(lp, "_REGION_MAX_FRACTION", 1.0)
+    rounds = []
+    for seed in range(30):
+        meta, w, r_max = _region_case(seed)
+        stats: dict = {}
+        sol = solve_freeze_lp(build_dag(meta), w, r_max, solver="region", stats=stats)
+        assert sol.solver == "highs-region"
+        rounds.append(stats["rounds"])
+        t_star, total = scipy_lexicographic(meta, w, r_max, slack=0.0)
+        assert sol.makespan == pytest.approx(t_star, rel=1e-6, abs=1e-6), seed
+        ratios = [(w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in w.freezable]
+        assert sum(ratios) == pytest.approx(total, rel=1e-6, abs=1e-6), seed
+    assert max(rounds) >= 3 and sum(r > 1 for r in rounds) >= 5, rounds
+
+
+def test_region_falls_back_to_the_whole_lp_when_it_grows_too_large() -> None:
+    meta = synthetic_meta(4, 1, 8, False)
+    w = synthetic_weights(meta, seed=1)
+    sol = solve_freeze_lp(build_dag(meta), w, 0.5, solver="region")
+    assert sol.solver == "highs-fast"
+    ref = solve_freeze_lp(build_dag(meta), w, 0.5, solver="fast")
+    assert sol.makespan == ref.makespan and sol.durations == ref.durations
+
+
+def test_region_matches_whole_lp_on_a_long_pipeline() -> None:
+    from planner import schedules
+
+    meta = TraceMeta("ZBVZeroBubble", 8, 16, 128, schedules.stage_to_rank("ZBVZeroBubble", 8, 2),
+                     schedules.rank_orders("ZBVZeroBubble", 8, 128, 2))
+    w = synthetic_weights(meta, seed=5)
+    g = build_dag(meta)
+    stats: dict = {}
+    reg = solve_freeze_lp(g, w, 0.5, solver="region", stats=stats)
+    whole = solve_freeze_lp(g, w, 0.5, solver="fast")
+    assert reg.solver == "highs-region" and stats["region_actions"] < 0.6 * len(reg.durations)
+    assert reg.makespan == pytest.approx(whole.makespan, rel=1e-9)
+    fz = w.freezable
+
+    def total(sol):
+        return sum((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in fz)
+
+    assert total(reg) == pytest.approx(total(whole), rel=1e-6)
