@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("trace", metavar="TRACE_DIR")
     q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
     q.add_argument("--out", required=True, metavar="PLAN.json")
-    q.add_argument("--solver", default="auto", help="HiGHS method (default: auto)")
+    q.add_argument("--solver", default="auto", help="auto (default), region, fast, dual, dual-dse, primal, ipx, slack")
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")

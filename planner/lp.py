@@ -3,7 +3,18 @@
 Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T*`` and minimises the total freezing
 ``sum r_v``.  No big-M weight.
 
-Stage 1 starts dual simplex (Devex pricing) from a crafted basis: every start variable basic with the
+Large batches (``solver="auto"`` from ``_REGION_MIN_ACTIONS`` actions) are solved on a region of
+near-critical actions that grows until it provably holds the optimum (:func:`_solve_region`): the LP on a
+region, with every path through the left-out actions replaced by its all-frozen length, is a relaxation;
+when its freeze ratios, with everything outside unfrozen, give the whole batch that same batch time, they
+are the whole LP's lexicographic optimum.  Why: the simplex on these DAGs costs O(actions) per
+iteration (a duration change moves every later start in the basis tree), so a 5-10x smaller model with
+5-10x fewer iterations is ~50x cheaper.  Measured (pp32 x 2 x 512 ZBV, 98k actions): 2 rounds, 38k
+actions in the last region, 2.1 s vs 12.1 s for the whole LP.  Interleaved1F1B's near-critical set is
+most of the batch (its unfrozen schedule is within 1 % of critical almost everywhere), so there the
+region grows past ``_REGION_MAX_FRACTION`` and the whole LP is solved.
+
+The whole LP: stage 1 starts dual simplex (Devex pricing) from a crafted basis: every start variable basic with the
 row of one predecessor at bound (the earliest-start schedule's tree), every freeze ratio nonbasic at a
 bound.  Such a basis is dual feasible as soon as the freeze ratios on the tree path from ``T`` back to
 the source are at 1 (they are the only ones with a nonzero reduced cost, ``-delta``); the rest may sit
