@@ -253,6 +253,14 @@ class _Paths:
         return np.asarray(head), np.asarray(tail)
 
 
+def _stage_counts(ar: _Arrays) -> dict[int, int]:
+    """Freezable actions per stage, the base of each stage's budget (``ar.stage_counts`` when given)."""
+    if ar.stage_counts is not None:
+        return ar.stage_counts
+    st, cn = np.unique(ar.stage[ar.delta > 0], return_counts=True)
+    return dict(zip(st.tolist(), cn.tolist()))
+
+
 def _head_tail(ar: _Arrays) -> tuple[np.ndarray, np.ndarray]:
     """Longest path (all durations at ``w_max``, kept edges) to each node's start and from its end."""
     return _Paths(ar).head_tail(ar.wmax)
@@ -379,10 +387,7 @@ def build_lp(
     n_prec = len(rows_lo)
 
     # Per-stage budget rows: sum of the stage's freeze ratios <= r_max * (its number of freezable actions).
-    st_all, cnt_all = np.unique(ar.stage[frz_all], return_counts=True)
-    budget = dict(zip(st_all.tolist(), (r_max * cnt_all).tolist()))
-    if ar.stage_counts is not None:
-        budget = {k: r_max * c for k, c in ar.stage_counts.items()}
+    budget = {k: r_max * c for k, c in _stage_counts(ar).items()}
     f_stage = ar.stage[frz]
     stages, counts = np.unique(f_stage, return_counts=True)
     lengths = np.fromiter((len(c) for c in rows_cols), dtype=np.int64, count=n_prec)
@@ -630,8 +635,7 @@ def _solve_region(
     n = len(ar.names)
     wmin = ar.wmax - ar.delta
     head_min, tail_min = paths.head_tail(wmin)
-    st, cn = np.unique(ar.stage[ar.delta > 0], return_counts=True)
-    counts = dict(zip(st.tolist(), cn.tolist()))
+    counts = _stage_counts(ar)
     ref = ar.wmax - r_max * ar.delta
     h, t = paths.head_tail(ref)
     through = h + ref + t
