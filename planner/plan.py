@@ -1,4 +1,5 @@
-"""Freeze plans (``timelyfreeze-plan/1``): make one from node weights, write/load/check it, summarise it."""
+"""Freeze plans (``timelyfreeze-plan/1``, see ``docs/formats.md``): make one from node weights, write/load/check
+it, summarise it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ PLAN_FORMAT = "timelyfreeze-plan/1"
 _TOL = 1e-9  # relative tolerance of load-time checks
 _ACTION_FIELDS = ("w_min", "w_max", "start", "duration", "freeze_ratio")
 _PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
+_BATCH_TIME_FIELDS = ("no_freeze", "all_frozen", "planned")
+_SOLVER_FIELDS = ("name", "status", "seconds")
+# Required field names: top level (_PLAN_FIELDS, plus "format"), per action (_ACTION_FIELDS), in
+# batch_time_ms (_BATCH_TIME_FIELDS) and in solver (_SOLVER_FIELDS); see docs/formats.md.
 
 
 @dataclass
@@ -140,14 +145,14 @@ def validate_plan(d: Any, source: str) -> Plan:
     bt = d["batch_time_ms"]
     if not isinstance(bt, dict):
         raise err("field 'batch_time_ms' must be an object")
-    for k in ("no_freeze", "all_frozen", "planned"):
+    for k in _BATCH_TIME_FIELDS:
         if not _num(bt.get(k)) or bt[k] < 0:
             raise err(f"field 'batch_time_ms.{k}' must be a finite number >= 0, got {bt.get(k)!r}")
     if not (_close_le(bt["all_frozen"], bt["planned"]) and _close_le(bt["planned"], bt["no_freeze"])):
         raise err(f"batch_time_ms: planned {bt['planned']} is not between all_frozen {bt['all_frozen']} "
                   f"and no_freeze {bt['no_freeze']}")
     solver = d["solver"]
-    if not isinstance(solver, dict) or not all(k in solver for k in ("name", "status", "seconds")):
+    if not isinstance(solver, dict) or not all(k in solver for k in _SOLVER_FIELDS):
         raise err("field 'solver' must be an object with name, status and seconds")
     acts = d["actions"]
     if not isinstance(acts, dict) or not acts:
@@ -182,8 +187,8 @@ def validate_plan(d: Any, source: str) -> Plan:
         actions[a] = ap
     extra = {k: v for k, v in d.items() if k not in _PLAN_FIELDS and k != "format"}
     plan = Plan(d["schedule"], d["num_stages"], d["num_microbatches"], float(r_max),
-                {k: float(bt[k]) for k in ("no_freeze", "all_frozen", "planned")} | {
-                    k: v for k, v in bt.items() if k not in ("no_freeze", "all_frozen", "planned")},
+                {k: float(bt[k]) for k in _BATCH_TIME_FIELDS} | {
+                    k: v for k, v in bt.items() if k not in _BATCH_TIME_FIELDS},
                 actions, dict(solver), extra)
     for s, mean in stage_mean_ratios(plan).items():
         if mean > r_max + 1e-6:

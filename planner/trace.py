@@ -1,7 +1,7 @@
 """Timing traces (``timelyfreeze-trace/1``): load, validate, and reduce to per-action node weights.
 
 A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` per pipeline rank
-(see ``shared/spec/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
+(see ``docs/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
 that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extra fields are kept
 (meta) or ignored (records) for forward compatibility.
 """

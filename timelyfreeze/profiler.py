@@ -1,4 +1,4 @@
-"""Per-action compute timing and the on-disk trace of ``shared/spec/formats.md``.
+"""Per-action compute timing and the on-disk trace of ``docs/formats.md``.
 
 ``ActionProfiler`` is a stage-hook listener: it times every F/B/I/W action (compute only; receives
 happen before the hooked call) and remembers the order this rank executed them in. On CPU it uses

@@ -1,0 +1,91 @@
+"""docs/formats.md stays in step with the validators: every field they check is documented (as checked)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from planner import plan as plan_mod
+from planner import trace as trace_mod
+from planner.simulate import synthetic_trace, write_trace
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|.*\|\s*([^|]*?)\s*\|\s*$")
+
+
+@pytest.fixture(scope="module")
+def doc() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+def table(doc: str, heading: str) -> dict[str, bool]:
+    """``{field: checked}`` of the first table under the heading line ``heading`` (rows whose first cell is
+    one backticked name; ``checked`` is the last cell starting with ``yes``)."""
+    lines = doc.splitlines()
+    assert heading in lines, f"docs/formats.md has no heading {heading!r}"
+    out: dict[str, bool] = {}
+    for line in lines[lines.index(heading) + 1:]:
+        if line.startswith("#"):
+            break
+        m = _ROW.match(line)
+        if m:
+            out[m.group(1)] = m.group(2).startswith("yes")
+        elif out and not line.startswith("|"):
+            break  # end of the first table
+    assert out, f"no field table under {heading!r}"
+    return out
+
+
+def checked(fields: tuple[str, ...], *, with_format: bool = False) -> set[str]:
+    return set(fields) | ({"format"} if with_format else set())
+
+
+def test_versions_and_backticked_fields(doc: str) -> None:
+    assert trace_mod.TRACE_FORMAT == "timelyfreeze-trace/1" and plan_mod.PLAN_FORMAT == "timelyfreeze-plan/1"
+    for version in (trace_mod.TRACE_FORMAT, plan_mod.PLAN_FORMAT):
+        assert version in doc
+    fields = (
+        trace_mod._META_FIELDS + trace_mod._RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
+        + plan_mod._BATCH_TIME_FIELDS + plan_mod._SOLVER_FIELDS + ("format",)
+    )
+    for name in fields:
+        assert f"`{name}`" in doc, f"docs/formats.md does not mention `{name}`"
+
+
+@pytest.mark.parametrize(
+    "heading,fields",
+    [
+        ("### `meta.json`", checked(trace_mod._META_FIELDS, with_format=True)),
+        ("### `actions_rank<r>.jsonl`", checked(trace_mod._RECORD_FIELDS)),
+        ("### `plan.json`", checked(plan_mod._PLAN_FIELDS, with_format=True)),
+        ("### `plan.json`: `batch_time_ms`", checked(plan_mod._BATCH_TIME_FIELDS)),
+        ("### `plan.json`: `actions.<action>`", checked(plan_mod._ACTION_FIELDS)),
+        ("### `plan.json`: `solver`", checked(plan_mod._SOLVER_FIELDS)),
+    ],
+)
+def test_tables_mark_exactly_the_validated_fields(doc: str, heading: str, fields: set[str]) -> None:
+    rows = table(doc, heading)
+    assert {f for f, yes in rows.items() if yes} == fields
+
+
+def test_runtime_extras_documented_as_unchecked(doc: str) -> None:
+    meta = table(doc, "### `meta.json`")
+    assert meta.get("freezable_tensors") is False and meta.get("method") is False
+    assert table(doc, "### `actions_rank<r>.jsonl`").get("frozen_tensors") is False
+    assert "docs/run-outputs.md" in doc and (DOC.parent / "run-outputs.md").is_file()
+
+
+@pytest.mark.parametrize("schedule,pp,mb", [("1F1B", 2, 4), ("ZBVZeroBubble", 2, 4)])
+def test_synthetic_trace_uses_only_documented_fields(doc: str, tmp_path, schedule: str, pp: int, mb: int) -> None:
+    root = Path(write_trace(synthetic_trace(schedule, pp, mb, stable_ratio=0.5), tmp_path / "t"))
+    meta = json.loads((root / trace_mod.META_FILE).read_text())
+    assert set(meta) <= set(table(doc, "### `meta.json`"))
+    assert meta["format"] == trace_mod.TRACE_FORMAT
+    record_fields = set(table(doc, "### `actions_rank<r>.jsonl`"))
+    for r in range(pp):
+        for line in (root / trace_mod.rank_file_name(r)).read_text().splitlines():
+            assert set(json.loads(line)) <= record_fields
+    trace_mod.load_trace(root)  # and the validator accepts it
