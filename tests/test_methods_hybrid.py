@@ -1,4 +1,4 @@
-"""TimelyFreeze+APF / +AutoFreeze: exact count of TimelyFreeze's budget, selection biased by the metric."""
+"""TimelyFreeze+APF / +AutoFreeze: TimelyFreeze's element budget in expectation, selection biased by the metric."""
 
 import math
 
@@ -8,53 +8,66 @@ from test_methods_common import make_cfg, make_ctx, make_stages, set_layer_grads
 from timelyfreeze.config import Phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
-from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze, hybrid_select
+from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze, hybrid_probabilities, hybrid_select
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.selection import action_generator
 
 NAMES = [f"t{i}" for i in range(20)]
+# sizes over four orders of magnitude: an embedding-like first tensor, matrices, norms
+SIZES = [50_000] + [4096, 4096, 16384, 16384, 64] * 3 + [64, 4096, 4096, 64]
 
 
-def test_exact_count_rule():
+def _frozen_share(sel, names=NAMES, sizes=SIZES):
+    size = dict(zip(names, sizes))
+    return sum(size[x] for x in sel) / sum(sizes)
+
+
+def test_element_budget_rule():
     marked = set(NAMES[:10])
     for ratio in (0.0, 0.05, 0.33, 0.5, 0.77, 1.0):
-        counts = [len(hybrid_select(NAMES, marked, ratio, action_generator(0, s, 0, 0))) for s in range(400)]
-        target = ratio * len(NAMES)
-        assert set(counts) <= {math.floor(target), math.ceil(target)}
-        assert abs(sum(counts) / len(counts) - target) < 0.08
-    assert hybrid_select(NAMES, marked, 1.0, action_generator(0, 1, 0, 0)) == frozenset(NAMES)
-    assert hybrid_select([], marked, 0.5, action_generator(0, 1, 0, 0)) == frozenset()
+        p = hybrid_probabilities(NAMES, SIZES, marked, ratio)
+        assert abs(math.fsum(x * n for x, n in zip(p, SIZES)) - ratio * sum(SIZES)) <= 1e-9 * sum(SIZES)
+        trials = 2000
+        mean = sum(_frozen_share(hybrid_select(NAMES, SIZES, marked, ratio, action_generator(0, s, 0, 0)))
+                   for s in range(trials)) / trials
+        assert abs(mean - ratio) <= 7 * math.sqrt(ratio * (1 - ratio) / trials)  # share in [0, 1], mean ratio
+    assert hybrid_select(NAMES, SIZES, marked, 1.0, action_generator(0, 1, 0, 0)) == frozenset(NAMES)
+    assert hybrid_select(NAMES, SIZES, marked, 0.0, action_generator(0, 1, 0, 0)) == frozenset()
+    assert hybrid_select([], [], marked, 0.5, action_generator(0, 1, 0, 0)) == frozenset()
+    # no marks, or all marked: every tensor with probability ratio, as plain TimelyFreeze
+    assert hybrid_probabilities(NAMES, SIZES, set(), 0.3) == [0.3] * 20
+    assert hybrid_probabilities(NAMES, SIZES, set(NAMES), 0.3) == [0.3] * 20
 
 
 def test_marked_tensors_are_strongly_preferred():
+    sizes = [1000] * 20
     marked = set(NAMES[:10])
-    # ratio * n = 5 <= |marked| = 10: nearly only marked tensors. Per draw the unmarked mass is
-    # 10 * 0.01 = 0.1 against >= 6 marked, so an unmarked pick is < 2% per draw.
+    # ratio 0.25 of the elements < the marked share 0.5: marked p = 100 x unmarked p, 10 p + 0.1 p = 5
+    p = hybrid_probabilities(NAMES, sizes, marked, 0.25)
+    assert math.isclose(p[0], 5 / 10.1) and math.isclose(p[19], 0.05 / 10.1)
     picks = {x: 0 for x in NAMES}
-    trials = 400
+    trials = 2000
     for s in range(trials):
-        for x in hybrid_select(NAMES, marked, 0.25, action_generator(0, s, 0, 0)):
+        for x in hybrid_select(NAMES, sizes, marked, 0.25, action_generator(0, s, 0, 0)):
             picks[x] += 1
-    frac_unmarked = sum(picks[x] for x in NAMES[10:]) / (5 * trials)
-    assert frac_unmarked < 0.03
-    assert all(picks[x] > 0.35 * trials for x in NAMES[:10])  # each marked one ~ 5/10 of the time
-    # ratio * n > |marked|: all marked are taken (almost always), the rest uniform among unmarked
-    full = 0
+    assert sum(picks[x] for x in NAMES[10:]) / (10 * trials) < 0.02  # 0.005 expected
+    assert all(abs(picks[x] / trials - p[0]) < 7 * math.sqrt(p[0] * (1 - p[0]) / trials) for x in NAMES[:10])
+    # ratio above the marked share: all marked are always taken, the rest equally likely
+    p = hybrid_probabilities(NAMES, sizes, set(NAMES[:4]), 0.5)
+    assert p[:4] == [1.0] * 4 and all(math.isclose(x, 6 / 16) for x in p[4:])
     for s in range(200):
-        sel = hybrid_select(NAMES, set(NAMES[:4]), 0.5, action_generator(0, s, 0, 0))
-        full += set(NAMES[:4]) <= sel
-    assert full > 0.9 * 200
-    # no marks: a uniform draw
-    picks = {x: 0 for x in NAMES}
-    for s in range(1000):
-        for x in hybrid_select(NAMES, set(), 0.3, action_generator(0, s, 0, 0)):
-            picks[x] += 1
-    assert all(abs(c / 1000 - 0.3) < 0.07 for c in picks.values())
+        assert set(NAMES[:4]) <= hybrid_select(NAMES, sizes, set(NAMES[:4]), 0.5, action_generator(0, s, 0, 0))
+    # sizes differ: still 100:1 at equal size, and a marked tensor is preferred to an unmarked one
+    p = hybrid_probabilities(NAMES, SIZES, marked, 0.2)
+    for i in range(20):
+        for j in range(20):
+            if SIZES[i] == SIZES[j] and NAMES[i] in marked and NAMES[j] not in marked:
+                assert p[i] > p[j] and (p[i] == 1.0 or math.isclose(p[i], 100 * p[j]))
 
 
 def test_same_generator_same_selection():
-    a = hybrid_select(NAMES, set(NAMES[::3]), 0.4, action_generator(7, 3, 1, 2))
-    b = hybrid_select(NAMES, set(NAMES[::3]), 0.4, action_generator(7, 3, 1, 2))
+    a = hybrid_select(NAMES, SIZES, set(NAMES[::3]), 0.4, action_generator(7, 3, 1, 2))
+    b = hybrid_select(NAMES, SIZES, set(NAMES[::3]), 0.4, action_generator(7, 3, 1, 2))
     assert a == b
 
 
@@ -80,18 +93,24 @@ def test_timely_autofreeze_uses_the_plan_budget_and_the_prefix():
     assert m.metric.boundary == 3  # layers 0-2 marked
     marked = m.metric.marked(0)
     assert marked == {n for n in names if v.layer_of[n] in (1, 2)}
-    # stable phase: ratio 0.5 of n tensors per microbatch 0, exact count; marked preferred
-    k = 0.5 * len(names)
-    in_marked, total = 0, 0
-    for step in range(7, 207):
+    numels = [v.params[n].numel() for n in names]
+    total = sum(numels)
+    # stable phase: ratio 0.5 of the elements per microbatch 0; the marked layers (40 of 143 elements)
+    # are always in, the rest shares the remainder
+    p = hybrid_probabilities(names, numels, marked, 0.5)
+    assert all(p[i] == 1.0 for i, n in enumerate(names) if n in marked)
+    shares, trials = [], 2000
+    for step in range(7, 7 + trials):
         s = m.frozen_tensors(step, 0, 0)
-        assert len(s) in (math.floor(k), math.ceil(k)) and v.anchor not in s
-        in_marked += len(s & marked)
-        total += len(s)
-        assert len(m.frozen_tensors(step, 0, 1)) in (math.floor(0.25 * len(names)), math.ceil(0.25 * len(names)))
-    assert len(marked) < k and in_marked / total > len(marked) / k * 0.95  # marked nearly always in
+        assert marked <= s and v.anchor not in s
+        shares.append(sum(v.params[n].numel() for n in s) / total)
+        if step < 50:
+            assert m.frozen_tensors(step, 0, 1) == hybrid_select(
+                names, numels, marked, 0.25, action_generator(m.cfg.seed, step, 0, 1))
+    assert abs(sum(shares) / trials - 0.5) <= 7 * math.sqrt(0.25 / trials)
     # ramp: half the budget at step 5
-    assert len(m.frozen_tensors(5, 0, 0)) in (math.floor(k / 2), math.ceil(k / 2))
+    assert m.action_ratio(5, 0, 0) == 0.25
+    assert m.frozen_tensors(5, 0, 0) == hybrid_select(names, numels, marked, 0.25, action_generator(0, 5, 0, 0))
     assert m.frozen_tensors(2, 0, 0) == frozenset()  # warm-up
     st = m.state_dict()
     m2, _ = _planned(TimelyAutoFreeze)
@@ -105,17 +124,19 @@ def test_timely_apf_updates_the_metric_and_biases_to_apf_frozen():
     v = stages[0]
     bias_names = {n for n in v.params if n.endswith("bias")}
     names = [n for n in v.params if n != v.anchor]
+    numels = [v.params[n].numel() for n in names]
     sign = {n: 1.0 for n in v.params}
-    k = 0.25 * len(names)
     share, seen = [], set()
     for t in range(1, 60):
         marked = m.metric.marked(0, t)
         seen |= marked
         sel = m.frozen_tensors(t, 0, 1)  # microbatch 1: ratio 0.25 once ramped
         if t > 6:
-            assert len(sel) in (math.floor(k), math.ceil(k))
-            if len(marked) >= k:
-                share.append(len(sel & marked) / len(sel))
+            probs = hybrid_probabilities(names, numels, marked, 0.25)
+            assert abs(math.fsum(x * n for x, n in zip(probs, numels)) - 0.25 * sum(numels)) < 1e-9 * sum(numels)
+            assert sel == hybrid_select(names, numels, marked, 0.25, action_generator(m.cfg.seed, t, 0, 1))
+            if marked:
+                share.append(len(sel & marked) / max(1, len(sel)))
         with torch.no_grad():  # biases oscillate, weights trend; APF-frozen tensors do not move
             for n, p in v.params.items():
                 if n != v.anchor and m.metric.is_frozen((0, n), t):

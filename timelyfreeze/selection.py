@@ -1,11 +1,18 @@
 """Random choice of which parameter tensors a backward action leaves out.
 
-Freezing works on whole parameter tensors. ``uniform_subset`` gives every tensor the same inclusion
-probability ``ratio`` (so every *element* is frozen with probability ``ratio`` and the expected frozen
-element count is exactly ``ratio`` times the stage's trainable elements), while drawing a fixed count
-``floor(ratio * n)`` or ``ceil(ratio * n)`` of tensors to keep the variance low.
-``weighted_subset`` is the hybrids' biased draw: ``k`` tensors without replacement, each pick
-proportional to its weight among those left.
+Freezing works on whole parameter tensors, so a planned ratio ``r`` is met in expectation: tensor ``i``
+(``n_i`` elements) is frozen with a marginal probability ``p_i`` and the expected frozen element count
+``sum_i p_i * n_i`` is ``r * sum_i n_i``.
+
+``uniform_subset`` (TimelyFreeze, the random control) gives every tensor ``p_i = r``, so every *element*
+is frozen with probability ``r``; it draws a fixed count ``floor(r * n)`` or ``ceil(r * n)`` of tensors to
+keep the variance low.
+
+The hybrids prefer some tensors (weight ``w_i > 0``) without changing the element budget:
+``inclusion_probabilities`` gives ``p_i = min(1, c * w_i)`` with the one ``c`` that makes
+``sum_i p_i * n_i = r * sum_i n_i`` (exact: piecewise-linear water-filling solved in closed form on the
+right segment), and ``systematic_subset`` draws a subset with exactly those marginals. With equal weights
+``p_i = r`` for every tensor, which is ``uniform_subset``'s distribution.
 """
 
 from __future__ import annotations
@@ -25,11 +32,15 @@ def action_generator(seed: int, step: int, stage: int, microbatch: int) -> torch
     return g
 
 
+def _clamp_ratio(ratio: float) -> float:
+    return min(max(float(ratio), 0.0), 1.0)
+
+
 def uniform_subset(names: Sequence[str], ratio: float, gen: torch.Generator) -> frozenset[str]:
     """Each of ``names`` is chosen with probability ``ratio`` (clamped to [0, 1]); the count chosen is
     ``floor(ratio * n)`` plus one more with probability equal to the fractional part."""
     n = len(names)
-    ratio = min(max(float(ratio), 0.0), 1.0)
+    ratio = _clamp_ratio(ratio)
     if n == 0 or ratio == 0.0:
         return frozenset()
     target = ratio * n
@@ -43,23 +54,82 @@ def uniform_subset(names: Sequence[str], ratio: float, gen: torch.Generator) -> 
     return frozenset(names[i] for i in perm[:k])
 
 
-def weighted_subset(
-    names: Sequence[str], weights: Sequence[float], k: int, gen: torch.Generator
-) -> frozenset[str]:
-    """``k`` distinct names drawn without replacement, each draw proportional to the remaining weights."""
-    n = len(names)
-    k = max(0, min(int(k), n))
-    if k == 0:
-        return frozenset()
-    if k == n:
-        return frozenset(names)
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    if (w < 0).any() or not torch.isfinite(w).all() or w.sum() <= 0:
-        raise ValueError("weights must be finite, non-negative and not all zero")
-    idx = torch.multinomial(w, k, replacement=False, generator=gen).tolist()
-    return frozenset(names[i] for i in idx)
+def inclusion_probabilities(
+    numels: Sequence[int], weights: Sequence[float], ratio: float
+) -> list[float]:
+    """Per-tensor inclusion probabilities ``p_i = min(1, c * w_i)`` whose expected element count is the
+    ratio's: ``sum_i p_i * numels[i] == ratio * sum_i numels[i]`` (up to float rounding).
+
+    ``ratio`` is clamped to [0, 1]; 0 gives all zeros, 1 all ones. Weights must be finite and > 0, so
+    every tensor can be frozen and the budget can always be met. ``f(c) = sum_i min(1, c w_i) n_i`` is
+    continuous, non-decreasing and linear between the breakpoints ``c = 1 / w``; the levels are
+    saturated (``p = 1``) from the heaviest weight down while the solution on the current segment,
+    ``c = (target - saturated elements) / sum_unsaturated(w_i n_i)``, would exceed ``1 / w`` of the
+    heaviest unsaturated level. Equal weights give ``p_i = ratio`` exactly (no division); tensors
+    without elements do not affect the budget and get ``min(1, c w_i)``; if no tensor has elements,
+    every ``p_i`` is ``ratio``."""
+    n = len(numels)
+    if len(weights) != n:
+        raise ValueError(f"{n} tensor sizes but {len(weights)} weights")
+    sizes = [int(x) for x in numels]
+    w = [float(x) for x in weights]
+    if any(s < 0 for s in sizes):
+        raise ValueError("tensor sizes must be non-negative")
+    if not all(math.isfinite(x) and x > 0 for x in w):
+        raise ValueError("weights must be finite and positive")
+    ratio = _clamp_ratio(ratio)
+    if ratio == 0.0:
+        return [0.0] * n
+    if ratio == 1.0:
+        return [1.0] * n
+    total = sum(sizes)
+    if n == 0 or min(w) == max(w) or total == 0:
+        return [ratio] * n
+    target = ratio * total
+    # elements and weighted elements per weight level, heaviest first
+    level_n: dict[float, int] = {}
+    level_wn: dict[float, list[float]] = {}
+    for s, x in zip(sizes, w):
+        if s > 0:
+            level_n[x] = level_n.get(x, 0) + s
+            level_wn.setdefault(x, []).append(x * s)
+    levels = sorted(level_n, reverse=True)
+    saturated = 0
+    c = math.inf
+    for k, wl in enumerate(levels):
+        rest = math.fsum(v for lv in levels[k:] for v in level_wn[lv])
+        c = (target - saturated) / rest
+        # target < total, so the lightest level is never saturated (past rounding, which min() absorbs)
+        if c * wl <= 1.0 or k == len(levels) - 1:
+            break
+        saturated += level_n[wl]
+    return [min(1.0, c * x) for x in w]
 
 
-def expected_count(ratio: float, n: int) -> float:
-    """The expected number of tensors ``uniform_subset`` returns (``ratio * n``, ratio clamped)."""
-    return min(max(float(ratio), 0.0), 1.0) * n
+def systematic_subset(names: Sequence[str], probs: Sequence[float], gen: torch.Generator) -> frozenset[str]:
+    """A subset of ``names`` that contains ``names[i]`` with probability exactly ``probs[i]``.
+
+    Systematic (Madow) sampling on a random order: names with ``p >= 1`` are always in, ``p <= 0``
+    never; the others are put in a random order (``torch.randperm``), their probabilities laid end to
+    end on [0, sum p), and those whose interval holds one of the points ``u, u + 1, u + 2, ...`` (one
+    uniform ``u`` in [0, 1)) are chosen. Each interval is shorter than 1, so it holds a point with
+    probability equal to its length: the marginals are exact by construction (conditional Poisson
+    sampling only reaches them to a solver tolerance). The count drawn is ``floor(sum p)`` or
+    ``ceil(sum p)``, the least variance any design with these marginals has, as ``uniform_subset``'s
+    count; the random order keeps pairs of tensors from always (or never) being drawn together.
+    Two draws from ``gen`` (the permutation, then ``u``), so the result is a function of its state."""
+    if len(probs) != len(names):
+        raise ValueError(f"{len(names)} names but {len(probs)} probabilities")
+    chosen = [x for x, p in zip(names, probs) if p >= 1.0]
+    frac = [(x, float(p)) for x, p in zip(names, probs) if 0.0 < p < 1.0]
+    if frac:
+        perm = torch.randperm(len(frac), generator=gen).tolist()
+        u = torch.rand((), dtype=torch.float64, generator=gen).item()
+        lo = 0.0
+        for i in perm:
+            x, p = frac[i]
+            hi = lo + p
+            if math.ceil(hi - u) > math.ceil(lo - u):  # an integer in [lo - u, hi - u)
+                chosen.append(x)
+            lo = hi
+    return frozenset(chosen)

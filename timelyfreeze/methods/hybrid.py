@@ -1,10 +1,15 @@
 """TimelyFreeze+APF and TimelyFreeze+AutoFreeze (TimelyFreeze Sec. 4.1; digest 1.9).
 
-TimelyFreeze decides how much each backward action freezes (its planned, ramped ratio); the baseline's
-metric decides which tensors: ``k`` tensors (``floor(ratio * n)`` plus one more with probability of the
-fractional part, the count rule of ``uniform_subset``) are drawn without replacement by ``weighted_subset``
-with weight 1.0 for the tensors the metric currently marks and 0.01 for the rest (the authors' code). So
-the budget stays exactly TimelyFreeze's and the metric only biases the choice.
+TimelyFreeze decides how much each backward action freezes (its planned, ramped ratio ``r``); the
+baseline's metric decides which tensors are preferred. Tensor ``i`` of the stage (``n_i`` elements,
+weight ``w_i`` = 1.0 if the metric currently marks it, 0.01 otherwise: the authors' weights) is frozen
+with probability ``p_i = min(1, c * w_i)``, where ``c`` is the one value that makes the expected frozen
+elements the plan's, ``sum_i p_i * n_i = r * sum_i n_i`` (``selection.inclusion_probabilities``); the
+subset is drawn with exactly these marginals by systematic sampling on a random order
+(``selection.systematic_subset``). So the element budget is exactly TimelyFreeze's in expectation, as
+``uniform_subset``'s, and the metric only biases the choice: a marked tensor is 100 times as likely to
+be frozen as an unmarked one unless it is frozen for sure. With no tensor marked (or all of them) every
+tensor is frozen with probability ``r``, as in plain TimelyFreeze.
 
 The metrics run exactly as in the stand-alone baselines (``APFMetric``, ``AutoFreezeMetric``), updated in
 the same hooks; their marks only bias the selection, they never freeze anything by themselves.
@@ -19,41 +24,46 @@ from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.random_fixed import warmup_of
 from timelyfreeze.methods.timely import TimelyFreezeMethod
-from timelyfreeze.selection import action_generator, uniform_subset, weighted_subset
+from timelyfreeze.selection import action_generator, inclusion_probabilities, systematic_subset
 
 MARKED_WEIGHT = 1.0
-"""Draw weight of a tensor the baseline metric marks as stable (authors' code, digest 1.9)."""
+"""Preference weight of a tensor the baseline metric marks as stable (authors' code, digest 1.9)."""
 UNMARKED_WEIGHT = 0.01
-"""Draw weight of every other freezable tensor (authors' code, digest 1.9)."""
+"""Preference weight of every other freezable tensor (authors' code, digest 1.9)."""
+
+
+def hybrid_probabilities(
+    names: Sequence[str], numels: Sequence[int], marked: Collection[str], ratio: float
+) -> list[float]:
+    """Each of ``names``' probability of being frozen: ``min(1, c * w)`` with ``w`` 1.0 for ``marked``
+    names and 0.01 for the rest, ``c`` such that the expected frozen elements are ``ratio`` of
+    ``sum(numels)`` (``numels[i]`` is ``names[i]``'s element count)."""
+    marked = set(marked)
+    weights = [MARKED_WEIGHT if x in marked else UNMARKED_WEIGHT for x in names]
+    return inclusion_probabilities(numels, weights, ratio)
 
 
 def hybrid_select(
-    names: Sequence[str], marked: Collection[str], ratio: float, gen: torch.Generator
+    names: Sequence[str], numels: Sequence[int], marked: Collection[str], ratio: float, gen: torch.Generator
 ) -> frozenset[str]:
-    """``floor(ratio * n)`` (+1 with probability of the fractional part) of ``names``, drawn without
-    replacement with weight 1 for ``marked`` names and 0.01 for the rest."""
-    # the count by uniform_subset's own rule (floor, +1 with the fractional part's probability)
-    k = len(uniform_subset(names, ratio, gen))
-    if k == 0 or k >= len(names):
-        return frozenset(names) if k else frozenset()
-    marked = set(marked)
-    weights = [MARKED_WEIGHT if x in marked else UNMARKED_WEIGHT for x in names]
-    return weighted_subset(names, weights, k, gen)
+    """A subset of ``names`` drawn with ``hybrid_probabilities`` as its exact marginals."""
+    return systematic_subset(names, hybrid_probabilities(names, numels, marked, ratio), gen)
 
 
 class _MetricHybrid(TimelyFreezeMethod):
     """``select`` draws with the metric's marks as weights; subclasses own the metric."""
 
+    def __init__(self, cfg: Any, ctx: MethodContext):
+        super().__init__(cfg, ctx)
+        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
+        """Element count of every freezable tensor, aligned with ``self._names[stage]``."""
+
     def _marked(self, step: int, stage: int) -> Collection[str]:
         raise NotImplementedError
 
-    def _names_of(self, stage: int) -> list[str]:
-        return self._names[stage]
-
     def select(self, step: int, stage: int, microbatch: int, ratio: float) -> frozenset[str]:
-        mask_step = self.mask_step(step) if hasattr(self, "mask_step") else step
-        gen = action_generator(self.cfg.seed, mask_step, stage, microbatch)
-        return hybrid_select(self._names_of(stage), self._marked(step, stage), ratio, gen)
+        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch)
+        return hybrid_select(self._names[stage], self._numels[stage], self._marked(step, stage), ratio, gen)
 
 
 class TimelyAPF(_MetricHybrid):
