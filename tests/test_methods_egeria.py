@@ -210,7 +210,9 @@ def test_two_ranks_agree_on_readings_from_the_owner_and_freeze_the_prefix():
     assert ls.calls == calls
     st = ranks[1].state_dict()
     fresh = Egeria(cfg, make_ctx([views[1]]))
-    fresh.load_state_dict(st)
+    from timelyfreeze.state_codec import decode, encode
+
+    fresh.load_state_dict(decode(encode(st)))  # through the checkpoint's plain-data form
     assert fresh.ctrl.cur == 1 and fresh.n == 2 and fresh.phase(5) == "active"
     for m in ranks:
         m.close()

@@ -54,13 +54,16 @@ def test_fresh_masks_every_step_or_every_k_steps():
     assert m3.frozen_tensors(13, 0, 1) == m3.frozen_tensors(14, 0, 1) == m3.frozen_tensors(15, 0, 1)
 
 
+from timelyfreeze.state_codec import decode, encode  # noqa: E402  (checkpoint round trips)
+
+
 def test_failed_plan_means_no_freezing_and_is_remembered():
     m = make()
     m.set_plan(None, "planning failed: infeasible")
     assert not m.needs_plan(8)
     assert m.phase(8) == "noplan" and m.frozen_tensors(12, 0, 0) == frozenset()
     m2 = make()
-    m2.load_state_dict(m.state_dict())
+    m2.load_state_dict(decode(encode(m.state_dict())))
     assert m2.plan_failed == "planning failed: infeasible" and m2.phase(12) == "noplan"
 
 
@@ -68,6 +71,6 @@ def test_plan_survives_a_checkpoint_round_trip():
     m = make()
     m.set_plan({"0B0": 0.9, "0B3": 0.3})
     m2 = make()
-    m2.load_state_dict(m.state_dict())
+    m2.load_state_dict(decode(encode(m.state_dict())))
     assert m2.frozen_tensors(14, 0, 0) == m.frozen_tensors(14, 0, 0)
     assert m2.action_ratio(14, 0, 3) == 0.3

@@ -10,7 +10,7 @@ once, and the plan is broadcast so all ranks freeze by the same plan.
 from __future__ import annotations
 
 import json
-import pickle
+import math
 import statistics
 import time
 from pathlib import Path
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from planner.fileio import write_json_atomically
 
-from timelyfreeze import stage_hooks
+from timelyfreeze import stage_hooks, state_codec
 from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases, knob_of
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
@@ -28,6 +28,7 @@ from timelyfreeze.methods.registry import method_class
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 from timelyfreeze.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.stage_layout import build_stage_views
+from timelyfreeze.state_codec import FreezeStateError
 
 OUT_SUBDIR = "timelyfreeze"
 
@@ -107,6 +108,8 @@ class FreezeRuntime:
         self._batch_s = 0.0
         self._step_t0 = 0.0
         self._losses: list[float] = []
+        self.failures: list[str] = []
+        """Problems the run survived (e.g. no plan): reported in the summary, and a sweep marks the job failed."""
         if cfg.plan and isinstance(self.method, TimelyFreezeMethod):
             self._install_given_plan(cfg.plan)
 
@@ -257,7 +260,8 @@ class FreezeRuntime:
         result = self._broadcast(result)
         if "failure" in result:
             self.method.set_plan(None, result["failure"])
-            self.log(f"[freeze] {result['failure']}; training continues without freezing")
+            self.failures.append(f"{result['failure']} (step {self.step}); the run trained on without freezing")
+            self.log(f"[freeze] ERROR {result['failure']}; training continues without freezing")
             return
         self.method.set_plan(result["ratios"])
         self.plan_batch_ms = result["batch_time_ms"]
@@ -281,24 +285,46 @@ class FreezeRuntime:
         self.plan_batch_ms = dict(plan.batch_time_ms)
 
     # -- checkpoint ------------------------------------------------------------------------------
-    def state_dict(self) -> bytes:
-        return pickle.dumps({
+    def state_dict(self) -> str:
+        """This rank's freezing state as JSON text (``timelyfreeze.state_codec``; no pickle)."""
+        return state_codec.encode({
+            "format": state_codec.STATE_FORMAT,
+            "step": self.step,
+            "run": self._identity(),
             "method": self.method.state_dict(),
             "monitor_records": self.monitor_records,
             "plan_batch_ms": self.plan_batch_ms,
             "history": self.history,
             "val_curve": self.val_curve,
             "meta": self.meta,
+            "failures": self.failures,
         })
 
-    def load_state_dict(self, blob: bytes) -> None:
-        st = pickle.loads(blob)
-        self.method.load_state_dict(st["method"])
+    def load_state_dict(self, text: Any, step: int) -> None:
+        """Restore what ``state_dict`` saved at ``step`` (TorchTitan's restored step). A state that is not
+        this run's, or whose contents do not check out, raises ``FreezeStateError`` naming what is wrong."""
+        st = state_codec.decode(text)
+        _check_state(st, self._identity(), step)
+        for rec in st["monitor_records"]:
+            if self.phases.phase(rec["step"]) != rec["phase"]:
+                raise FreezeStateError(
+                    f"saved freezing state: a {rec['phase']} measurement of step {rec['step']}, which is in the "
+                    f"{self.phases.phase(rec['step'])} phase of this run's [freeze] settings (changed since the checkpoint?)")
+        try:
+            self.method.load_state_dict(st["method"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise FreezeStateError(f"the {self.cfg.method} method state does not load: {_one_line(e)}") from None
         self.monitor_records = st["monitor_records"]
         self.plan_batch_ms = st["plan_batch_ms"]
         self.history = st["history"]
         self.val_curve = st["val_curve"]
         self.meta = st["meta"]
+        self.failures = st["failures"]
+        self.step = step
+
+    def _identity(self) -> dict:
+        return {"method": self.cfg.method, "schedule": self.schedule, "num_stages": self.num_stages,
+                "num_microbatches": self.num_microbatches, "pp_rank": self.pp_rank, "pp_size": self.pp_size}
 
     # -- end of run --------------------------------------------------------------------------------
     def finish(self) -> dict | None:
@@ -383,6 +409,7 @@ class FreezeRuntime:
             "loss_curve": losses,
             "val_curve": self.val_curve,
             "method_summary": self.method.summary(),
+            "failures": list(self.failures),
         }
 
     def _steady_phase(self) -> tuple[str, ...]:
@@ -451,3 +478,50 @@ def _gather_to_zero(obj: Any, group) -> list[Any] | None:
     out = [None] * dist.get_world_size(group) if rank == 0 else None
     dist.gather_object(obj, out, group_dst=0, group=group)
     return out
+
+
+_RECORD_TYPES = {"step": int, "action": str, "ms": (int, float), "phase": str, "freeze_ratio": (int, float)}
+
+
+def _check_state(st: Any, identity: dict, step: int) -> None:
+    """Structure and consistency of a decoded freezing state (see ``FreezeRuntime.state_dict``)."""
+    def fail(msg: str):
+        raise FreezeStateError(f"saved freezing state: {msg}")
+
+    if not isinstance(st, dict):
+        fail("not an object")
+    if st.get("format") != state_codec.STATE_FORMAT:
+        fail(f"format {st.get('format')!r}, expected {state_codec.STATE_FORMAT!r}")
+    fields = {"step": int, "run": dict, "method": dict, "monitor_records": list, "plan_batch_ms": (dict, type(None)),
+              "history": list, "val_curve": list, "meta": (dict, type(None)), "failures": list}
+    for name, typ in fields.items():
+        if name not in st:
+            fail(f"field {name!r} is missing")
+        if not isinstance(st[name], typ) or isinstance(st[name], bool):
+            fail(f"field {name!r} has the wrong type ({type(st[name]).__name__})")
+    for k, v in identity.items():
+        if st["run"].get(k) != v:
+            fail(f"saved by a run with {k} = {st['run'].get(k)!r}, this run has {v!r}")
+    if st["step"] != step:
+        fail(f"saved at step {st['step']}, but the checkpoint restores step {step}")
+    for i, rec in enumerate(st["monitor_records"]):
+        if not isinstance(rec, dict) or any(not isinstance(rec.get(f), t) or isinstance(rec.get(f), bool)
+                                            for f, t in _RECORD_TYPES.items()):
+            fail(f"monitor_records[{i}] is not a trace record ({', '.join(_RECORD_TYPES)})")
+        if rec["phase"] not in ("upper", "lower") or not 1 <= rec["step"] <= step or not math.isfinite(rec["ms"]):
+            fail(f"monitor_records[{i}] = {rec}: must be an upper/lower record of a step <= {step} with finite ms")
+    steps = []
+    for i, row in enumerate(st["history"]):
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int) or not isinstance(row.get("phase"), str):
+            fail(f"history[{i}] needs an integer step and a phase")
+        steps.append(row["step"])
+    if steps != list(range(1, len(steps) + 1)) or len(steps) > step:
+        fail(f"history covers steps {steps[:3]}...{steps[-3:]}, expected 1..{step} in order")
+    for i, v in enumerate(st["val_curve"]):
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], (int, float))):
+            fail(f"val_curve[{i}] must be [step, loss]")
+    if st["plan_batch_ms"] is not None and not all(
+            isinstance(v, (int, float)) and math.isfinite(v) for v in st["plan_batch_ms"].values()):
+        fail("plan_batch_ms must map names to finite numbers")
+    if not all(isinstance(f, str) for f in st["failures"]):
+        fail("failures must be strings")

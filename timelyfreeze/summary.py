@@ -32,6 +32,8 @@ def format_summary(s: dict) -> str:
     if lc:
         lines.append(f"  loss: {lc[0][1]:.3f} (step {lc[0][0]}) -> {lc[-1][1]:.3f} (step {lc[-1][0]})"
                      + (f", validation {s['val_loss']:.3f}" if s.get("val_loss") is not None else ""))
+    for failure in s.get("failures") or []:
+        lines.append(f"  FAILED: {failure}")
     for k, v in s.get("paths", {}).items():
         if v:
             lines.append(f"  {k}: {v}")

@@ -15,11 +15,12 @@ def main() -> None:
     from torchtitan.train import main as titan_main
 
     from timelyfreeze.config import FreezeConfigError
+    from timelyfreeze.state_codec import FreezeStateError
     from timelyfreeze.trainer import TimelyFreezeTrainer
 
     try:
         titan_main(TimelyFreezeTrainer)
-    except FreezeConfigError as e:
+    except (FreezeConfigError, FreezeStateError) as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)

@@ -84,9 +84,16 @@ class TimelyFreezeMethod(FreezeMethod):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pr = state.get("planned_ratio")
-        self.planned_ratio = None if pr is None else {tuple(k): v for k, v in pr.items()}
-        self.plan_failed = state.get("plan_failed")
+        pr = state["planned_ratio"]
+        if pr is not None:
+            bad = [(k, v) for k, v in pr.items()
+                   if not (isinstance(k, tuple) and len(k) == 2 and 0 <= k[0] < self.ctx.num_stages
+                           and 0 <= k[1] < self.ctx.num_microbatches and isinstance(v, (int, float)) and 0 <= v <= 1)]
+            if bad:
+                raise ValueError(f"planned_ratio entry {bad[0]} is not (stage, microbatch) -> ratio in [0, 1]")
+            pr = {(int(s), int(m)): float(v) for (s, m), v in pr.items()}
+        self.planned_ratio = pr
+        self.plan_failed = state["plan_failed"]
 
     def summary(self) -> dict[str, Any]:
         return {"plan_failed": self.plan_failed}
