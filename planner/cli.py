@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import PlannerError
+from .lp import SOLVERS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,14 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("trace", metavar="TRACE_DIR")
     q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
     q.add_argument("--out", required=True, metavar="PLAN.json")
-    q.add_argument("--solver", default="auto", help="auto (default), region, fast, dual, dual-dse, primal, ipx, slack")
+    q.add_argument("--solver", default="auto", choices=SOLVERS, help=f"LP solver: {', '.join(SOLVERS)} (default auto)")
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
     q.add_argument("--r-max", type=_unit_float_list, required=True, metavar="R1,R2,...")
     q.add_argument("--csv", metavar="PATH")
     q.add_argument("--png", metavar="PATH")
-    q.add_argument("--solver", default="auto")
+    q.add_argument("--solver", default="auto", choices=SOLVERS)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")

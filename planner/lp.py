@@ -90,6 +90,8 @@ _SOLVER_OPTIONS: dict[str, tuple[dict[str, object], bool, str, bool]] = {
     "ipx": ({"solver": "ipx"}, False, "frozen", False),
 }
 _AUTO = "fast"
+SOLVERS: tuple[str, ...] = ("auto", "region", *_SOLVER_OPTIONS)
+"""Every solver name ``solve_freeze_lp`` accepts: the one list the CLI and ``[freeze] solver`` check against."""
 _REGION_MIN_ACTIONS = 20_000
 """From this many actions on, ``solver="auto"`` solves on a growing near-critical region (see
 :func:`_solve_region`)."""
@@ -688,8 +690,8 @@ def solve_freeze_lp(
     """
     if not isinstance(r_max, (int, float)) or isinstance(r_max, bool) or not 0.0 <= float(r_max) <= 1.0:
         raise PlannerError(f"r_max must be a number in [0, 1], got {r_max!r}")
-    if solver != "auto" and solver != "region" and solver not in _SOLVER_OPTIONS:
-        raise PlannerError(f"unknown solver {solver!r} (choose auto, region, {', '.join(_SOLVER_OPTIONS)})")
+    if solver not in SOLVERS:
+        raise PlannerError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
     r_max = float(r_max)
     t0 = time.perf_counter()
     ar = _arrays(dag, weights)

@@ -386,6 +386,15 @@ CommandFn = Callable[[Job, Path], list[str]]
 """(job, dump_folder) -> command; the injection point for tests and other launchers."""
 
 
+def _summary_failures(path: Path) -> list[str]:
+    """The failures a finished run survived and reported in its summary (e.g. no plan)."""
+    try:
+        failures = json.loads(path.read_text()).get("failures") or []
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"unreadable summary.json: {e}"]
+    return [str(f) for f in failures]
+
+
 def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
             timeout_s: float | None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one job to completion; returns its job.json record (written too). KeyboardInterrupt
@@ -423,6 +432,8 @@ def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
                status=status)
     if status == "ok" and not summary.is_file():
         rec.update(status="failed", reason="exit 0 but no timelyfreeze/summary.json in the dump folder")
+    elif status == "ok" and (failures := _summary_failures(summary)):
+        rec.update(status="failed", reason="the run reported: " + "; ".join(failures))
     elif status == "timeout":
         rec["reason"] = f"timed out after {timeout_s:g} s"
     if rec["status"] != "ok":
@@ -485,7 +496,8 @@ def run_sweep(
             res.failed.append(job.job_id)
             what = {"failed": f"FAILED (exit {rec['exit_code']}", "timeout": "TIMEOUT ("}[rec["status"]]
             if rec["status"] == "failed" and rec["exit_code"] == 0:
-                what = "FAILED (exit 0 but no summary.json"
+                what = ("FAILED (exit 0 but no summary.json" if "no timelyfreeze/summary.json" in rec.get("reason", "")
+                        else f"FAILED ({rec.get('reason', 'exit 0')}")
             sep = ", " if not what.endswith("(") else ""
             print_fn(f"{tag} ... {what}{sep}see {rec['log']}) {rec['duration_s']:.1f} s{eta}")
     print_fn(res.line())

@@ -5,6 +5,7 @@ Environment knobs for the tests:
 - ``FAKE_JOB_FAIL``: comma-separated methods that exit 1 (after printing to the log);
 - ``FAKE_JOB_NO_SUMMARY``: comma-separated methods that exit 0 without writing summary.json;
 - ``FAKE_JOB_SLEEP``: seconds to sleep before finishing;
+- ``FAKE_JOB_PLAN_FAILED``: comma-separated methods that exit 0 with a summary reporting a failed plan;
 - ``FAKE_JOB_CALLS``: a file to which every call appends its job folder name.
 """
 
@@ -59,6 +60,8 @@ def main(argv):
         "predicted_batch_ms": None, "avg_freeze_ratio": knob["value"] / 2 if knob else 0.0,
         "final_loss": 7.0 - 0.05 * steps, "val_loss": val_curve[-1][1] if val_curve else None,
         "loss_curve": [], "val_curve": val_curve, "paths": {},
+        "failures": (["planning failed: fake (step 8); the run trained on without freezing"]
+                     if method in os.environ.get("FAKE_JOB_PLAN_FAILED", "").split(",") else []),
     }
     (tf / "summary.json").write_text(json.dumps(summary))
     return 0

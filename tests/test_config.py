@@ -41,6 +41,8 @@ def test_given_plan_skips_monitoring():
         ({"monitor_steps": 0}, 100, 10, "monitor_steps = 0"),
         ({"resample_every": 0}, 100, 10, "resample_every = 0"),
         ({"solver": "cplex"}, 100, 10, "solver = 'cplex'"),
+        ({"solver": "simplex"}, 100, 10, "solver = 'simplex'"),  # names the README once listed
+        ({"solver": "ipm"}, 100, 10, "solver = 'ipm'"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 5}, 15, 0, "plan step must come before the last step"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 10}, 18, 0, "ramp ends at step 25"),
         ({}, 100, 0, "derived from [lr_scheduler] warmup_steps"),
@@ -67,7 +69,11 @@ def _par(pp=2, shard=-1, rep=1, tp=1, cp=1):
 
 def test_parallelism_checks():
     check_parallelism(_par(), world_size=2)
-    check_parallelism(_par(rep=2), world_size=4)
+    with pytest.raises(FreezeConfigError, match=r"data_parallel_replicate_degree = 2: .*HSDP"):
+        check_parallelism(_par(rep=2, shard=1), world_size=4)  # TorchTitan 0.2.2: no DDP with PP
+    with pytest.raises(FreezeConfigError, match=r"data_parallel_replicate_degree = 2"):
+        check_parallelism(_par(rep=2, shard=1), world_size=4, freezing=False)
+    check_parallelism(_par(pp=1, rep=2, shard=1), world_size=2, freezing=False)  # plain DDP is TorchTitan's
     with pytest.raises(FreezeConfigError, match="pipeline_parallel_degree = 1"):
         check_parallelism(_par(pp=1), world_size=2)
     with pytest.raises(FreezeConfigError, match="resolves to 2"):
@@ -76,6 +82,14 @@ def test_parallelism_checks():
         check_parallelism(_par(shard=2), world_size=4)
     with pytest.raises(FreezeConfigError, match="tensor or context"):
         check_parallelism(_par(tp=2, shard=1), world_size=4)
+
+
+def test_torch_compile_is_refused_with_freezing():
+    from timelyfreeze.config import check_compile
+
+    check_compile(SimpleNamespace(enable=False))
+    with pytest.raises(FreezeConfigError, match=r"\[compile\] enable = true"):
+        check_compile(SimpleNamespace(enable=True))
 
 
 def test_toml_and_cli_reach_the_section():
@@ -102,3 +116,10 @@ def test_knob_of_each_method():
     assert knob_of(Freeze(method="timelyfreeze_apf", r_max=0.3)) == {"name": "r_max", "value": 0.3}
     assert knob_of(Freeze(method="apf")) == {"name": "threshold", "value": 0.01}
     assert knob_of(Freeze(method="none")) is None
+
+
+def test_every_planner_solver_name_is_accepted():
+    from planner.lp import SOLVERS
+
+    for name in SOLVERS:
+        validate(Freeze(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)

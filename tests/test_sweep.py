@@ -180,6 +180,15 @@ def test_no_retry_failed_and_missing_summary(base_toml, tmp_path, monkeypatch, c
     assert _calls(calls) == []
 
 
+def test_a_run_that_survived_a_failed_plan_is_a_failed_job(base_toml, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "o"
+    monkeypatch.setenv("FAKE_JOB_PLAN_FAILED", "none")
+    assert _run(base_toml, out) == 1
+    rec = json.loads((out / "jobs" / "1F1B__none__seed=0" / "job.json").read_text())
+    assert rec["status"] == "failed" and rec["exit_code"] == 0 and "planning failed: fake" in rec["reason"]
+    assert "FAILED (the run reported: planning failed: fake" in capsys.readouterr().out
+
+
 def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_JOB_SLEEP", "30")
     job = sweep.Job("1F1B", "none", None, 0)

@@ -8,6 +8,8 @@ inspecting real dataclass types.
 import math
 from dataclasses import dataclass, field
 
+from planner.lp import SOLVERS
+
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.egeria import EgeriaConfig
@@ -80,7 +82,10 @@ class Freeze:
     """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
 
     solver: str = "auto"
-    """HiGHS algorithm for the plan LP (``auto``, ``simplex``, ``ipm``)."""
+    """LP solver of the plan (``planner.lp.SOLVERS``): ``auto`` (the default, exact lexicographic optimum:
+    the crafted-basis dual simplex, on a growing near-critical region from 20,000 actions), ``region``,
+    or one of the fixed HiGHS configurations ``fast``, ``dual``, ``dual-dse``, ``primal``, ``slack``,
+    ``ipx`` (all exact; kept for benchmarking)."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
@@ -194,8 +199,8 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         )
     if cfg.resample_every < 1:
         raise FreezeConfigError(f"[freeze] resample_every = {cfg.resample_every}: must be >= 1")
-    if cfg.solver not in ("auto", "simplex", "ipm"):
-        raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose auto, simplex or ipm")
+    if cfg.solver not in SOLVERS:
+        raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose one of {', '.join(SOLVERS)}")
     if not 0.0 <= cfg.random.ratio <= 1.0:
         raise FreezeConfigError(f"[freeze.random] ratio = {cfg.random.ratio}: must lie in [0, 1]")
     phases = derive_phases(cfg, total_steps, lr_warmup_steps)
@@ -212,23 +217,47 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     return phases
 
 
-def check_parallelism(parallelism, world_size: int) -> None:
-    """Freezing needs pipeline parallelism and cannot work under FSDP/TP/CP (yet)."""
+def check_parallelism(parallelism, world_size: int, *, freezing: bool = True) -> None:
+    """Refuse, before TorchTitan builds anything, the layouts that cannot work: DDP combined with
+    pipeline parallelism (TorchTitan 0.2.2 raises "DDP has not supported > 1D parallelism" deep inside
+    model setup) always; with freezing on, also no pipeline, FSDP sharding, tensor and context
+    parallelism, which the freezing runtime does not support yet."""
     pp = parallelism.pipeline_parallel_degree
+    rep = parallelism.data_parallel_replicate_degree
+    if pp > 1 and rep > 1:
+        raise FreezeConfigError(
+            f"[parallelism] data_parallel_replicate_degree = {rep}: TorchTitan 0.2.2 cannot combine DDP with "
+            "pipeline parallelism (\"DDP has not supported > 1D parallelism\"); HSDP "
+            "(data_parallel_shard_degree > 1) is the data-parallel layout that composes with PP"
+            + ("" if not freezing else ", and TimelyFreeze does not support it yet: train one pipeline")
+        )
+    if not freezing:
+        return
     if pp < 2:
         raise FreezeConfigError(
             f"[freeze] enable = true needs pipeline parallelism: [parallelism] pipeline_parallel_degree = {pp}, set it >= 2"
         )
-    others = pp * parallelism.tensor_parallel_degree * parallelism.context_parallel_degree
-    others *= parallelism.data_parallel_replicate_degree
+    others = pp * parallelism.tensor_parallel_degree * parallelism.context_parallel_degree * rep
     shard = parallelism.data_parallel_shard_degree
     if shard == -1:
         shard = world_size // max(1, others)
     if shard > 1:
         raise FreezeConfigError(
-            f"[freeze] does not support data-parallel sharding yet (data_parallel_shard_degree resolves to {shard}): "
-            "FSDP keeps gradients on unsharded parameters the freezing hook does not see; "
-            "use data_parallel_replicate_degree for data parallelism"
+            f"[parallelism] data_parallel_shard_degree resolves to {shard}: TimelyFreeze does not support "
+            "data-parallel sharding (FSDP/HSDP) yet; set it to 1 and run one pipeline"
         )
     if parallelism.tensor_parallel_degree > 1 or parallelism.context_parallel_degree > 1:
-        raise FreezeConfigError("[freeze] does not support tensor or context parallelism yet")
+        raise FreezeConfigError(
+            f"[parallelism] tensor_parallel_degree = {parallelism.tensor_parallel_degree}, context_parallel_degree = "
+            f"{parallelism.context_parallel_degree}: TimelyFreeze does not support tensor or context parallelism yet"
+        )
+
+
+def check_compile(compile_cfg) -> None:
+    """Freezing toggles ``requires_grad`` per microbatch; torch.compile guards on it and would recompile
+    (or fall back) for every new frozen set, so the two are not combined."""
+    if getattr(compile_cfg, "enable", False):
+        raise FreezeConfigError(
+            "[compile] enable = true: per-microbatch freezing changes requires_grad on parameters, which breaks "
+            "torch.compile's guards (a recompile per frozen set); set [compile] enable = false with [freeze] enable"
+        )

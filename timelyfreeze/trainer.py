@@ -16,7 +16,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus
-from timelyfreeze.config import check_parallelism, validate
+from timelyfreeze.config import check_compile, check_parallelism, validate
 from timelyfreeze.runtime import FreezeRuntime
 from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import patch_v_schedule_eval
@@ -30,11 +30,13 @@ class TimelyFreezeTrainer(Trainer):
         fz = getattr(job_config, "freeze", None)
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
-        if fz is not None and fz.enable:
+        freezing = fz is not None and fz.enable
+        check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing)
+        if freezing:
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
-            check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")))
+            check_compile(job_config.compile)
         super().__init__(job_config)
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled:
@@ -144,7 +146,7 @@ class TimelyFreezeTrainer(Trainer):
     def load_state_dict(self, state_dict: dict[str, Any]):
         super().load_state_dict(state_dict)
         if getattr(self, "freeze_rt", None) is not None and self._freeze_key() in state_dict:
-            self.freeze_rt.load_state_dict(state_dict[self._freeze_key()])
+            self.freeze_rt.load_state_dict(state_dict[self._freeze_key()], self.step)
             logger.info(f"[freeze] restored freezing state at step {self.step}")
 
     def close(self) -> None:
