@@ -12,7 +12,8 @@ checkpointing that changes nothing; with it, the forward is recomputed inside th
 recomputation must see the same ``requires_grad`` flags as the original forward (otherwise autograd
 would save a different set of tensors and the checkpoint's recomputed graph would not match).
 
-The hook also records, per backward action, the applied freeze ratio by elements.
+The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
+by elements.
 """
 
 from __future__ import annotations
@@ -27,22 +28,25 @@ from timelyfreeze.methods.base import FreezeMethod, StageView
 class FreezingHook:
     """Stage-hook listener applying ``method``'s choices; one instance per rank."""
 
-    def __init__(self, views: list[StageView], method: FreezeMethod, get_step: Callable[[], int]):
+    def __init__(self, views: list[StageView], method: FreezeMethod, get_step: Callable[[], int],
+                 get_accum: Callable[[], int] = lambda: 0):
         self.views = {v.stage: v for v in views}
         self.method = method
         self.get_step = get_step
+        self.get_accum = get_accum
         self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
         self._frozen: dict[tuple[int, int], tuple[torch.nn.Parameter, ...]] = {}
         self._ratio: dict[tuple[int, int], float] = {}
-        self.applied: dict[str, tuple[float, int]] = {}
+        self.applied: dict[str, list[tuple[float, int]]] = {}
         """(applied ratio = frozen elements / stage's trainable elements, frozen tensor count) of every
-        B/W action of the current step, by action name."""
+        B/W action of the current step, by action name, one entry per gradient-accumulation batch in the
+        order they ran."""
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
         if kind == "F":
             view = self.views[stage]
-            names = self.method.frozen_tensors(self.get_step(), stage, microbatch)
+            names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
             if view.anchor is not None:
                 names = names - {view.anchor}
             params = tuple(view.params[n] for n in names)
@@ -57,11 +61,11 @@ class FreezingHook:
         for p in params:
             p.requires_grad_(True)
         if kind in ("B", "W"):
-            self.applied[f"{stage}{kind}{microbatch}"] = (self._ratio.pop(key, 0.0), len(params))
+            self.applied.setdefault(f"{stage}{kind}{microbatch}", []).append((self._ratio.pop(key, 0.0), len(params)))
             self._frozen.pop(key, None)
 
-    def end_step(self) -> dict[str, tuple[float, int]]:
-        """(ratio, tensor count) of the step's backward actions; resets the per-step state."""
+    def end_step(self) -> dict[str, list[tuple[float, int]]]:
+        """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state."""
         out, self.applied = self.applied, {}
         self._frozen.clear()
         self._ratio.clear()

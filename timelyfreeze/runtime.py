@@ -93,7 +93,9 @@ class FreezeRuntime:
         self.method: FreezeMethod = method_class(cfg.method)(cfg, self.ctx)
         self.step = 0
         self.profiler = ActionProfiler(self.pp_rank, use_cuda=use_cuda)
-        self.hook = FreezingHook(self.views, self.method, lambda: self.step)
+        self.accum = 0
+        """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
+        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum)
         self._stages = stages
         self._uninstall: list = []
         self.attach_hooks()
@@ -145,11 +147,16 @@ class FreezeRuntime:
             if step > 1:
                 self.history = [h for h in self.history if h["step"] < step]
         self.step = step
+        self.accum = 0
         self._batch_s = 0.0
         self._losses = []
         self.profiler.reset_order()
         self.method.begin_step(step)
         self._step_t0 = time.perf_counter()
+
+    def begin_batch(self, index: int) -> None:
+        """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks."""
+        self.accum = index
 
     def add_batch(self, seconds: float, loss: float | None) -> None:
         """One pipeline batch (``schedule.step`` call) finished: its wall time and local loss."""
@@ -166,14 +173,17 @@ class FreezeRuntime:
         step_s = time.perf_counter() - self._step_t0
         phase = self.method.phase(step)
         applied = self.hook.end_step()
+        pending = {a: list(v) for a, v in applied.items()}
         records = [
-            ActionRecord(step, a, ms, phase, *applied.get(a, (0.0, None))) for a, ms in self.profiler.collect()
+            ActionRecord(step, a, ms, phase, *(pending[a].pop(0) if pending.get(a) else (0.0, None)))
+            for a, ms in self.profiler.collect()
         ]
         if self.writer is not None:
             self.writer.write(records)
         if phase in ("upper", "lower"):
             self.monitor_records.extend(r.to_json() for r in records)
-        frozen = sum(r * self.trainable[int(_stage_of(a))] for a, (r, _) in applied.items())
+        batches = max(1, self.accum + 1)
+        frozen = sum(r * self.trainable[int(_stage_of(a))] for a, rs in applied.items() for r, _ in rs) / batches
         loss = sum(self._losses) if self._losses else None
         gathered = self.all_gather(
             {"order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s,

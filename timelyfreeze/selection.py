@@ -24,9 +24,12 @@ from typing import Sequence
 import torch
 
 
-def action_generator(seed: int, step: int, stage: int, microbatch: int) -> torch.Generator:
-    """A CPU generator seeded by (seed, step, stage, microbatch): reproducible across runs and ranks."""
-    digest = hashlib.blake2b(f"{seed}/{step}/{stage}/{microbatch}".encode(), digest_size=8).digest()
+def action_generator(seed: int, step: int, stage: int, microbatch: int, accum: int = 0) -> torch.Generator:
+    """A CPU generator seeded by (seed, step, stage, microbatch, accumulation step): reproducible across
+    runs and ranks, and a fresh draw for every gradient-accumulation batch of a step (``accum`` 0 keeps
+    the seed of a run without accumulation)."""
+    key = f"{seed}/{step}/{stage}/{microbatch}" + (f"/{accum}" if accum else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     g = torch.Generator()
     g.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
     return g

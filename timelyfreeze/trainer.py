@@ -123,6 +123,7 @@ class TimelyFreezeTrainer(Trainer):
             return super().forward_backward_step(
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
+        rt.begin_batch(self._batch_in_step)
         t0 = time.perf_counter()
         loss = super().forward_backward_step(
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens

@@ -219,7 +219,7 @@ class AutoFreeze(FreezeMethod):
     def phase(self, step: int) -> str:
         return "warmup" if step <= self.warmup_steps else "active"
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         if step <= self.warmup_steps:
             return frozenset()
         return self.metric.marked(stage)

@@ -88,8 +88,10 @@ class FreezeMethod:
     def begin_step(self, step: int) -> None:
         pass
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
-        """Names of stage ``stage``'s parameter tensors frozen for this microbatch's backward."""
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
+        """Names of stage ``stage``'s parameter tensors frozen for this microbatch's backward. ``accum`` is
+        the gradient-accumulation batch of the step (0-based; always 0 without accumulation): methods that
+        draw per microbatch draw afresh for each."""
         return frozenset()
 
     def after_backward(self, step: int) -> None:

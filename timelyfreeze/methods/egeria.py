@@ -491,7 +491,7 @@ class Egeria(FreezeMethod):
             return "warmup"
         return "active" if self.ctrl.bootstrapped else "bootstrap"
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         if step <= self.warmup_steps or self.ctrl.cur == 0:
             return frozenset()
         return self.prefix.names(stage, self.ctrl.cur)

@@ -61,8 +61,8 @@ class _MetricHybrid(TimelyFreezeMethod):
     def _marked(self, step: int, stage: int) -> Collection[str]:
         raise NotImplementedError
 
-    def select(self, step: int, stage: int, microbatch: int, ratio: float) -> frozenset[str]:
-        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch)
+    def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
+        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
         return hybrid_select(self._names[stage], self._numels[stage], self._marked(step, stage), ratio, gen)
 
 

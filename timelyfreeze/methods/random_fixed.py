@@ -51,10 +51,10 @@ class RandomFixed(FreezeMethod):
     def phase(self, step: int) -> str:
         return "warmup" if step <= self.warmup_steps else "active"
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         if step <= self.warmup_steps or self.ratio == 0.0:
             return frozenset()
-        gen = action_generator(self.seed, step, stage, microbatch)
+        gen = action_generator(self.seed, step, stage, microbatch, accum)
         return uniform_subset(self._names[stage], self.ratio, gen)
 
     def summary(self) -> dict[str, Any]:

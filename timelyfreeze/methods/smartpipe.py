@@ -80,7 +80,7 @@ class SmartPipe(FreezeMethod):
     def phase(self, step: int) -> str:
         return "warmup" if step <= self.start else "active"
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         if step <= self.start:
             return frozenset()
         return self.prefix.names(stage, self.boundary)

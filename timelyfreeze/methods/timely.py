@@ -64,17 +64,17 @@ class TimelyFreezeMethod(FreezeMethod):
         every = max(1, int(self.cfg.resample_every))
         return ((step - 1) // every) * every + 1
 
-    def select(self, step: int, stage: int, microbatch: int, ratio: float) -> frozenset[str]:
-        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch)
+    def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
+        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
         return uniform_subset(self._names[stage], ratio, gen)
 
-    def frozen_tensors(self, step: int, stage: int, microbatch: int) -> frozenset[str]:
+    def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         ratio = self.action_ratio(step, stage, microbatch)
         if ratio <= 0.0:
             return frozenset()
         if ratio >= 1.0 and self.phases.phase(step) == "lower":
             return frozenset(self._names[stage])
-        return self.select(step, stage, microbatch, ratio)
+        return self.select(step, stage, microbatch, ratio, accum)
 
     # -- checkpoint -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,55 @@
+"""The freezing hook under gradient accumulation: every accumulation batch of a step draws its own
+masks, and the applied ratios of all batches are kept, not only the last one's."""
+
+from __future__ import annotations
+
+import torch
+
+from tests.test_timely_method import PH, make
+from timelyfreeze.freezing import FreezingHook
+from timelyfreeze.selection import action_generator, uniform_subset
+
+
+def run_step(hook: FreezingHook, accum_box: list[int], batches: int, step_box: list[int], step: int):
+    step_box[0] = step
+    for b in range(batches):
+        accum_box[0] = b
+        for mb in range(4):
+            hook.before_action(0, "F", mb)
+            hook.after_action(0, "F", mb)
+            hook.before_action(0, "B", mb)
+            hook.after_action(0, "B", mb)
+    return hook.end_step()
+
+
+def test_each_accumulation_batch_draws_its_own_masks():
+    m = make()
+    m.set_plan({f"0B{mb}": 0.5 for mb in range(4)})
+    view = m.ctx.stages[0]
+    accum, step = [0], [0]
+    hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0])
+    stable = PH.ramp_end + 1
+    applied = run_step(hook, accum, 3, step, stable)
+    assert set(applied) == {f"0B{mb}" for mb in range(4)}
+    names = [n for n in view.params if n != view.anchor]
+    for mb in range(4):
+        assert len(applied[f"0B{mb}"]) == 3
+        for b, (ratio, count) in enumerate(applied[f"0B{mb}"]):
+            expect = uniform_subset(names, 0.5, action_generator(0, stable, 0, mb, b))
+            assert count == len(expect)
+            assert ratio == sum(view.params[n].numel() for n in expect) / sum(p.numel() for p in view.params.values())
+        draws = {uniform_subset(names, 0.5, action_generator(0, stable, 0, mb, b)) for b in range(3)}
+        assert m.frozen_tensors(stable, 0, mb, accum=1) in draws
+    # batch 0 keeps the seed of a run without accumulation
+    assert m.frozen_tensors(stable, 0, 2) == m.frozen_tensors(stable, 0, 2, accum=0)
+
+
+def test_flags_are_restored_after_every_batch():
+    m = make()
+    m.set_plan({f"0B{mb}": 1.0 for mb in range(4)})
+    view = m.ctx.stages[0]
+    accum, step = [0], [0]
+    hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0])
+    run_step(hook, accum, 2, step, PH.ramp_end + 1)
+    assert all(p.requires_grad for p in view.params.values())
+    assert isinstance(next(iter(view.params.values())), torch.nn.Parameter)
