@@ -93,7 +93,7 @@ class RandomPerAction(FreezeMethod):
         self.ratio = ratio
         self.chosen: dict[tuple[int, int], frozenset[str]] = {}
 
-    def frozen_tensors(self, step, stage, microbatch):
+    def frozen_tensors(self, step, stage, microbatch, accum=0):
         s = uniform_subset(self.names[stage], self.ratio, action_generator(7, step, stage, microbatch))
         self.chosen[(stage, microbatch)] = s
         return s
@@ -224,7 +224,7 @@ def test_graph_of_a_frozen_microbatch_does_not_reach_frozen_tensors():
         def __init__(self):
             pass
 
-        def frozen_tensors(self, step, stage, mb):
+        def frozen_tensors(self, step, stage, mb, accum=0):
             return frozen
 
     hook = FreezingHook([view], Fixed(), lambda: 1)
