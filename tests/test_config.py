@@ -123,3 +123,41 @@ def test_every_planner_solver_name_is_accepted():
 
     for name in SOLVERS:
         validate(Freeze(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)
+
+
+def test_layer_order_of_parameter_names():
+    from timelyfreeze.stage_layout import layer_index
+
+    assert layer_index("tok_embeddings.weight", 6) == 0
+    assert layer_index("layers.0.attention.wq.weight", 6) == 1
+    assert layer_index("model.layers.5.mlp.w1.weight", 6) == 6
+    assert layer_index("norm.weight", 6) == layer_index("output.weight", 6) == 7
+    with pytest.raises(FreezeConfigError, match="parameter 'adapter.proj.weight'"):
+        layer_index("adapter.proj.weight", 6)
+
+
+@pytest.mark.parametrize(
+    "section,name,value,needle",
+    [
+        ("apf", "threshold", -0.1, "[freeze.apf] threshold = -0.1"),
+        ("apf", "ema_alpha", 1.0, "[freeze.apf] ema_alpha = 1.0"),
+        ("autofreeze", "percentile", 120.0, "[freeze.autofreeze] percentile = 120.0"),
+        ("autofreeze", "check_every", 0, "[freeze.autofreeze] check_every = 0"),
+        ("egeria", "window", 1, "[freeze.egeria] window = 1"),
+        ("egeria", "unfreeze_lr_drop", 0.5, "[freeze.egeria] unfreeze_lr_drop = 0.5"),
+        ("smartpipe", "lam", 0.0, "[freeze.smartpipe] lam = 0.0"),
+        ("smartpipe", "check_every", -2, "[freeze.smartpipe] check_every = -2"),
+        ("random", "ratio", float("nan"), "[freeze.random] ratio = nan"),
+    ],
+)
+def test_bad_method_knobs_name_the_field(section, name, value, needle):
+    f = Freeze(enable=True)
+    setattr(getattr(f, section), name, value)
+    with pytest.raises(FreezeConfigError) as e:
+        validate(f, total_steps=100, lr_warmup_steps=10)
+    assert needle in str(e.value)
+
+
+def test_a_plan_for_a_method_that_ignores_it_is_refused():
+    with pytest.raises(FreezeConfigError, match="only the TimelyFreeze methods"):
+        validate(Freeze(enable=True, method="random", plan="p.json"), total_steps=100, lr_warmup_steps=10)

@@ -182,6 +182,29 @@ def derive_phases(cfg: Freeze, total_steps: int, lr_warmup_steps: int) -> Phases
     return Phases(warmup_end=w, upper_end=w + m, lower_end=w + 2 * m, ramp_end=w + 2 * m + r)
 
 
+_METHOD_FIELD_RULES = (
+    ("random", "ratio", lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),
+    ("apf", "threshold", lambda v: v >= 0.0, "must be >= 0"),
+    ("apf", "ema_alpha", lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
+    ("apf", "check_every", lambda v: v >= 1, "must be >= 1"),
+    ("autofreeze", "percentile", lambda v: 0.0 <= v <= 100.0, "must lie in [0, 100]"),
+    ("autofreeze", "check_every", lambda v: v >= 1, "must be >= 1"),
+    ("egeria", "eval_every", lambda v: v >= 0, "must be >= 0 (0: the paper's formula)"),
+    ("egeria", "window", lambda v: v >= 2, "must be >= 2"),
+    ("egeria", "tolerance_coef", lambda v: v > 0.0, "must be > 0"),
+    ("egeria", "tolerance_readings", lambda v: v >= 1, "must be >= 1"),
+    ("egeria", "bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
+    ("egeria", "unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
+    ("egeria", "sp_max_rows", lambda v: v >= 2, "must be >= 2"),
+    ("smartpipe", "tau", lambda v: v >= 0.0, "must be >= 0"),
+    ("smartpipe", "lam", lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),
+    ("smartpipe", "e1", lambda v: v >= 0, "must be >= 0"),
+    ("smartpipe", "check_every", lambda v: v >= 1, "must be >= 1"),
+)
+"""(section, field, rule, what the rule says) of every method knob: a bad value is one error line, not a
+crash or a silent no-op mid-run."""
+
+
 def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     """Check the section on its own (the plan/schedule match is checked once the pipeline exists)."""
     if cfg.method not in METHODS:
@@ -201,8 +224,15 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         raise FreezeConfigError(f"[freeze] resample_every = {cfg.resample_every}: must be >= 1")
     if cfg.solver not in SOLVERS:
         raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose one of {', '.join(SOLVERS)}")
-    if not 0.0 <= cfg.random.ratio <= 1.0:
-        raise FreezeConfigError(f"[freeze.random] ratio = {cfg.random.ratio}: must lie in [0, 1]")
+    if cfg.plan and cfg.method not in PLANNED_METHODS:
+        raise FreezeConfigError(
+            f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
+            f"method = {cfg.method!r} would ignore it"
+        )
+    for section, name, ok, rule in _METHOD_FIELD_RULES:
+        value = getattr(getattr(cfg, section), name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+            raise FreezeConfigError(f"[freeze.{section}] {name} = {value!r}: {rule}")
     phases = derive_phases(cfg, total_steps, lr_warmup_steps)
     if cfg.method in PLANNED_METHODS and phases.lower_end >= total_steps:
         raise FreezeConfigError(

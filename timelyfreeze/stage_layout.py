@@ -2,7 +2,8 @@
 
 Builds the ``StageView`` of every stage this rank runs: trainable tensors by name, their global
 layer index (embedding 0, transformer block k -> k + 1, final norm and output head last; the names
-TorchTitan's llama3/llama4/qwen/deepseek models use, with a positional fallback for anything else),
+TorchTitan's llama3/llama4/qwen/deepseek models use; a parameter with any other name ends the run with
+one error line naming it, rather than being placed at layer 0 by a guess),
 the per-layer modules (for methods that hook activations), and the first stage's *anchor*.
 
 The anchor: a stage whose input needs no gradient (the first) would have nothing left to
@@ -23,6 +24,7 @@ from timelyfreeze.methods.base import StageView
 
 _BLOCK = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")
 _HEAD_PREFIXES = ("norm.", "output.", "final_norm.", "lm_head.")
+_EMBED_PREFIXES = ("tok_embeddings.", "embed_tokens.", "embeddings.")
 
 
 def layer_index(name: str, n_layers: int) -> int:
@@ -32,7 +34,15 @@ def layer_index(name: str, n_layers: int) -> int:
         return int(m.group(1)) + 1
     if name.startswith(_HEAD_PREFIXES):
         return n_layers + 1
-    return 0
+    if name.startswith(_EMBED_PREFIXES):
+        return 0
+    from timelyfreeze.config import FreezeConfigError
+
+    raise FreezeConfigError(
+        f"[model] parameter {name!r}: the freezing runtime cannot place it in the model's layer order (it knows "
+        f"TorchTitan's names: {', '.join(p + '*' for p in _EMBED_PREFIXES)} layers.<k>.*, "
+        f"{', '.join(p + '*' for p in _HEAD_PREFIXES)})"
+    )
 
 
 def choose_anchor(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int]) -> str | None:
