@@ -158,8 +158,9 @@ class FreezeRuntime:
         """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks."""
         self.accum = index
 
-    def add_batch(self, seconds: float, loss: float | None) -> None:
-        """One pipeline batch (``schedule.step`` call) finished: its wall time and local loss."""
+    def add_batch(self, seconds: float, loss: Any | None) -> None:
+        """One pipeline batch (``schedule.step`` call) finished: its wall time and local loss (a float or a
+        0-d tensor, read once at the end of the step)."""
         self._batch_s += seconds
         if loss is not None:
             self._losses.append(loss)
@@ -184,7 +185,7 @@ class FreezeRuntime:
             self.monitor_records.extend(r.to_json() for r in records)
         batches = max(1, self.accum + 1)
         frozen = sum(r * self.trainable[int(_stage_of(a))] for a, rs in applied.items() for r, _ in rs) / batches
-        loss = sum(self._losses) if self._losses else None
+        loss = sum(float(x) for x in self._losses) if self._losses else None
         gathered = self.all_gather(
             {"order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s,
              "step_s": step_s, "loss": loss, "tensors": self.hook.freezable_tensors() if self.meta is None else None}
