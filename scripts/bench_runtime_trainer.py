@@ -1,4 +1,5 @@
-"""Trainer for the overhead benchmark: alternates plain TorchTitan steps with TimelyFreeze steps.
+"""Trainer for the overhead benchmark: alternates steps with the freezing hooks detached (TorchTitan's
+compute through this trainer subclass) with TimelyFreeze steps.
 
 Odd steps run the full freezing runtime at ratio 0 (``[freeze] method = "none"``: stage hooks,
 per-action profiler, freezing hook, trace flush, per-step gather and metrics); even steps detach
