@@ -3,7 +3,14 @@
 Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
 default (llama3 debug model, Python stdlib corpus). Checked: the trace follows the spec and the
 planner accepts it, the plan exists and matches, every backward action froze exactly the number of
-tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite and falls.
+tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite.
+
+What is asserted about the loss is what holds for every plan. The plan (hence which tensors freeze)
+depends on measured timings, so the loss after the plan differs from run to run, and a 14-step loss
+curve on changing batches does not fall reliably anyway (8.04 at step 1, 8.11 at step 8 in one seeded
+run). Everything before the plan is deterministic (seeded weights and masks, nothing frozen, then
+everything frozen), so the resume test checks that a resumed run recomputes those steps' losses bit
+for bit.
 """
 
 from __future__ import annotations
@@ -76,14 +83,31 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
     assert summary["avg_freeze_ratio"] > 0
     assert summary["predicted_batch_ms"]["planned"] == pytest.approx(plan.batch_time_ms["planned"])
     assert (run.out / "timeline.png").stat().st_size > 10_000
-    # the loss is finite and falls
+    # the loss is finite (see the module docstring for why nothing noisier is asserted)
     losses = [l for _, l in summary["loss_curve"]]
     assert len(losses) == steps and all(math.isfinite(l) for l in losses)
-    assert min(losses[-3:]) < losses[0] - 0.3, losses
+    assert not summary["failures"]
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
     metrics = run.metrics()
     assert [m["phase"] for m in metrics if "phase" in m][LOWER_END] == "progressive"
     return plan, trace
+
+
+def check_tensorboard(dump, steps: int) -> None:
+    """TensorBoard got the runtime's per-step figures (``timelyfreeze/*``) for every step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(dump.rglob("events.out.tfevents*"))
+    assert files, f"no TensorBoard event file under {dump}"
+    tags: dict[str, list[int]] = {}
+    for f in files:
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            tags.setdefault(tag, []).extend(e.step for e in acc.Scalars(tag))
+    for tag in ("timelyfreeze/freeze_ratio", "timelyfreeze/batch_ms", "timelyfreeze/step_ms"):
+        assert sorted(set(tags.get(tag, []))) == list(range(1, steps + 1)), (tag, sorted(tags))
+    assert "timelyfreeze/predicted_batch_ms" in tags
 
 
 @pytest.mark.parametrize(
@@ -96,8 +120,11 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
     ],
 )
 def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
-    run = torchrun(config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE))
+    tensorboard = schedule == "GPipe"  # one run checks the TensorBoard output
+    run = torchrun(config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), tensorboard=tensorboard)
     plan, trace = check_full_cycle(run, schedule, num_stages)
+    if tensorboard:
+        check_tensorboard(run.dump, WARMUP + 2 * MONITOR + RAMP + STABLE)
     if schedule == "ZBVZeroBubble":
         # split backward: only W actions carry freezing
         assert all(a[a.index(next(c for c in a if c.isalpha()))] != "B" for a in plan.actions)
@@ -146,6 +173,11 @@ def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     summary = second.summary()
     assert summary["phases"]["lower"] == [WARMUP + MONITOR + 1, LOWER_END]
     assert summary["steps"] == steps
+    # the resumed run recomputes the deterministic steps before the plan (step 8) bit for bit
+    before = dict((s, l) for s, l in first.summary()["loss_curve"])
+    after = dict((s, l) for s, l in summary["loss_curve"])
+    assert all(math.isfinite(l) for l in after.values())
+    assert [after[s] for s in range(1, LOWER_END + 1)] == [before[s] for s in range(1, LOWER_END + 1)]
 
 
 def test_resume_after_plan_keeps_the_plan(tmp_path):
@@ -189,3 +221,45 @@ def test_plan_for_another_schedule_is_refused(tmp_path):
     assert run.rc != 0
     lines = [l for l in run.log.splitlines() if l.startswith("error:")]
     assert len(lines) == 1 and "gpipe_plan.json" in lines[0] and "GPipe" in lines[0], lines
+
+
+def test_given_plan_with_gradient_accumulation(tmp_path):
+    """``[freeze] plan`` in a real run: no monitoring, no re-planning, every backward action freezes what
+    the given plan (times the ramp) asks for. With gradient accumulation (2 batches per step) each batch
+    draws and records its own masks, and the per-step metric covers both batches."""
+    from planner.plan import write_plan
+    from planner.simulate import synthetic_trace
+
+    given = plan_from_trace(synthetic_trace("1F1B", 2, 8), 0.8)
+    write_plan(given, tmp_path / "plan.json")
+    warmup, ramp_steps, stable = 2, 2, 2
+    steps = warmup + ramp_steps + stable
+    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--freeze.plan", str(tmp_path / "plan.json"),
+                   *short_cycle(warmup, 0, ramp_steps, stable), "--training.global_batch_size", "16")
+    assert run.rc == 0, run.tail()
+    assert "plan written" not in run.log
+    summary = run.summary()
+    assert summary["predicted_batch_ms"]["planned"] == pytest.approx(given.batch_time_ms["planned"])
+    assert summary["phases"] == {"warmup": [1, 2], "progressive": [3, 4], "stable": [5, 6]}
+    assert not summary["failures"]
+    meta = json.loads((run.out / "trace" / "meta.json").read_text())
+    counts: dict[tuple[int, str], list[int]] = {}
+    for r in range(2):
+        for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            counts.setdefault((rec["step"], rec["action"]), []).append(rec.get("frozen_tensors"))
+    assert {len(v) for v in counts.values()} == {2}  # one record per accumulation batch
+    assert {s for s, _ in counts} == set(range(1, steps + 1))
+    checked = 0
+    for (step, a), frozen in counts.items():
+        if a[a.index(next(c for c in a if c.isalpha()))] != "B":
+            continue
+        n = meta["freezable_tensors"][a[: a.index("B")]]
+        target = given.actions[a].freeze_ratio * min(1.0, max(0.0, (step - warmup) / ramp_steps)) * n
+        for f in frozen:
+            assert math.floor(target - 1e-9) <= f <= math.ceil(target + 1e-9), (step, a, frozen, target)
+            checked += 1
+    assert checked == steps * 16 * 2
+    rows = [m for m in run.metrics() if "phase" in m]
+    assert [m["phase"] for m in rows] == ["warmup"] * 2 + ["progressive"] * 2 + ["stable"] * 2
+    assert all(0 < m["freeze_ratio"] < 1 for m in rows[warmup:]) and all(m["freeze_ratio"] == 0 for m in rows[:2])

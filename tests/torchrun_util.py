@@ -36,21 +36,31 @@ class Run:
         return "\n".join(errors)[-8000:] + "\n...\n" + "\n".join(lines)[-3000:]
 
 
-def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420) -> Run:
-    """Run ``timelyfreeze.train`` on ``nproc`` CPU processes; returns exit code, log and dump folder."""
-    cmd = [
+def command(config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False) -> list[str]:
+    """The ``torchrun ... -m timelyfreeze.train`` command line of a test run. The model's initial
+    weights are seeded (``--debug.seed 0``), so everything before the plan is the same in every run."""
+    return [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
         "-m", "timelyfreeze.train",
         "--job.config_file", str(CONFIGS / config),
         "--job.dump_folder", str(dump),
-        "--metrics.no-enable-tensorboard",
+        "--metrics.enable-tensorboard" if tensorboard else "--metrics.no-enable-tensorboard",
+        "--debug.seed", "0",
         "--comm.init_timeout_seconds", "120",
         "--comm.train_timeout_seconds", "120",
         *args,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+
+
+def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420,
+             tensorboard: bool = False) -> Run:
+    """Run ``timelyfreeze.train`` on ``nproc`` CPU processes; returns exit code, log and dump folder."""
+    cmd = command(config, dump, *args, nproc=nproc, tensorboard=tensorboard)
+    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
     return Run(p.returncode, p.stdout + p.stderr, Path(dump))
 
 
