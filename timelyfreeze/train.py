@@ -1,9 +1,11 @@
 """Entry point: ``torchrun ... -m timelyfreeze.train --job.config_file torchtitan_configs/X.toml``.
 
 CPU-only hosts get the shims of ``timelyfreeze.cpu_shims`` before TorchTitan is imported. A bad
-``[freeze]`` setting ends the run with one line naming the field (exit code 2), not a traceback.
+``[freeze]`` setting or saved freezing state ends the run with one line naming the field (exit code 2),
+not a traceback. A finished run exits through normal interpreter teardown (atexit handlers, log flushes).
 """
 
+import faulthandler
 import os
 import sys
 
@@ -11,6 +13,9 @@ from timelyfreeze import cpu_shims
 
 
 def main() -> None:
+    # A native abort (SIGABRT/SIGSEGV) prints every Python thread's stack before the process dies, so a
+    # crash in teardown names the thread that was running.
+    faulthandler.enable(all_threads=True)
     cpu_shims.apply_if_needed()
     from torchtitan.train import main as titan_main
 
@@ -24,12 +29,6 @@ def main() -> None:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
-    # Training finished, every output is written and flushed, the process group is destroyed. About one
-    # run in twenty then aborted in interpreter teardown ("terminate called without an active exception",
-    # no Python frame: a native thread destroyed while joinable), failing a completed run. Skip teardown.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
