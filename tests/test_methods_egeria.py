@@ -7,7 +7,9 @@ import time
 import torch
 from test_methods_common import LockStep, make_cfg, make_ctx, make_stages
 
-from timelyfreeze.methods.egeria import Egeria, EgeriaConfig, EgeriaController, linear_slope, sp_loss
+from timelyfreeze.methods.egeria import Egeria, EgeriaConfig
+from timelyfreeze.methods.egeria_controller import EgeriaController
+from timelyfreeze.methods.egeria_sp_loss import linear_slope, sp_loss
 
 
 def test_sp_loss_by_hand():
