@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from timelyfreeze.runtime import _check_state
+from timelyfreeze.freeze_state import check as _check_state
 from timelyfreeze.state_codec import STATE_FORMAT, FreezeStateError, decode, encode
 
 
@@ -150,20 +150,20 @@ def test_no_pickle_in_the_runtime():
 def test_a_failed_plan_is_reported_in_the_summary(monkeypatch):
     """The runtime survives a planning failure, trains on without freezing, and says so in
     ``summary.json`` (``failures``) and the printed summary."""
+    import types
+
     import timelyfreeze.runtime as rt_mod
     from tests.test_timely_method import make
     from timelyfreeze.config import Freeze
     from timelyfreeze.summary import format_summary
 
     rt = rt_mod.FreezeRuntime.__new__(rt_mod.FreezeRuntime)
-    rt.cfg, rt.pp_rank, rt.step, rt.failures = Freeze(enable=True), 0, 6, []
+    rt.cfg, rt.step, rt.failures = Freeze(enable=True), 6, []
     rt.method, rt.meta, rt.monitor_records = make(), {"schedule": "1F1B"}, []  # meta the planner rejects
     rt.trace_dir = rt.plan_path = None
+    rt.pg = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: [obj], broadcast=lambda obj: obj)
     logged = []
     rt._log = logged.append
-    rt._broadcast = lambda obj: obj
-    monkeypatch.setattr(rt_mod, "_gather_to_zero", lambda obj, group: [obj])
-    rt.group = None
     rt._make_plan()
     assert rt.method.plan_failed and rt.method.phase(12) == "noplan"
     assert len(rt.failures) == 1 and rt.failures[0].startswith("planning failed") and "step 6" in rt.failures[0]

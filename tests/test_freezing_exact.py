@@ -86,7 +86,6 @@ def loss_fn(logits, target):
 
 class RandomPerAction(FreezeMethod):
     name = "test_random"
-    step_level = False
 
     def __init__(self, views, ratio):
         self.names = {v.stage: [n for n in v.params if n != v.anchor] for v in views}

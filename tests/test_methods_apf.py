@@ -1,7 +1,7 @@
 """APF: effective perturbation, TCP-like period, warm-up, checkpoint round trip."""
 
 import torch
-from test_methods_common import make_cfg, make_ctx, make_stages
+from test_methods_common import make_cfg, make_ctx, make_stages, same_set_for_every_microbatch
 from torch import nn
 
 from timelyfreeze.methods.apf import APF, APFConfig, APFMetric
@@ -124,8 +124,9 @@ def test_apf_method_warmup_step_level_anchor_and_resume():
     stages = make_stages(4, (2,))
     cfg = make_cfg(apf=APFConfig(threshold=0.2, ema_alpha=0.9, check_every=2), warmup_steps=6)
     m = APF(cfg, make_ctx(stages))
-    assert m.name == "apf" and m.step_level
+    assert m.name == "apf"
     first = run(m, range(1, 21), stages)
+    assert same_set_for_every_microbatch(m, stages, range(1, 21))
     assert all(s == frozenset() for s in first[:6])  # warm-up: nothing
     assert any(first[6:])
     assert all(n.endswith("bias") for s in first for n in s)

@@ -1,7 +1,7 @@
 """AutoFreeze: percentile + prefix rule, accumulation between checks, multi-rank agreement."""
 
 import numpy as np
-from test_methods_common import LockStep, make_cfg, make_ctx, make_stages, set_layer_grads
+from test_methods_common import LockStep, make_cfg, make_ctx, make_stages, same_set_for_every_microbatch, set_layer_grads
 
 from timelyfreeze.methods.autofreeze import AutoFreeze, AutoFreezeConfig, autofreeze_boundary
 
@@ -33,7 +33,7 @@ def test_autofreeze_accumulates_between_checks_and_freezes_prefix():
     stages = make_stages(4)  # layers 0..5 on one stage; anchor = tok.weight (layer 0's only tensor)
     cfg = make_cfg(autofreeze=AutoFreezeConfig(percentile=50, check_every=2), warmup_steps=0)
     m = AutoFreeze(cfg, make_ctx(stages))
-    assert m.name == "autofreeze" and m.step_level
+    assert m.name == "autofreeze" and same_set_for_every_microbatch(m, stages)
     # interval 1 (steps 1-2): all layers grad 1 per element -> per-step L1 = numel
     for t in (1, 2):
         _drive(m, stages, t, {k: 1.0 for k in range(6)})

@@ -1,7 +1,7 @@
 """SmartPipe: gradient-norm difference, tau prefix, lambda cap, never the head, multi-rank agreement."""
 
 import torch
-from test_methods_common import LockStep, make_cfg, make_ctx, make_stages, set_layer_grads
+from test_methods_common import same_set_for_every_microbatch, LockStep, make_cfg, make_ctx, make_stages, set_layer_grads
 
 from timelyfreeze.methods.smartpipe import SmartPipe, SmartPipeConfig, smartpipe_boundary
 
@@ -32,7 +32,7 @@ def test_gradient_norm_difference_and_freezing():
     stages = make_stages(4)  # layers 0..5, head = 5
     cfg = make_cfg(smartpipe=SmartPipeConfig(tau=0.5, lam=0.5, e1=3, check_every=1), warmup_steps=2)
     m = SmartPipe(cfg, make_ctx(stages))
-    assert m.name == "smartpipe" and m.step_level and m.start == 3
+    assert m.name == "smartpipe" and same_set_for_every_microbatch(m, stages) and m.start == 3
     v = stages[0]
     # layers 0-2: gradient moves from 1.0 to 0.9 (eta = 0.1); layers 3-5: sign flips (eta = 2)
     set_layer_grads(v, {k: 1.0 for k in range(6)})

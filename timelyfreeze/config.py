@@ -10,34 +10,18 @@ from dataclasses import dataclass, field
 
 from planner.lp import SOLVERS
 
+from timelyfreeze.methods.registry import METHODS as _REGISTRY
+
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.egeria import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
 
-METHODS = (
-    "none",
-    "timelyfreeze",
-    "timelyfreeze_apf",
-    "timelyfreeze_autofreeze",
-    "apf",
-    "autofreeze",
-    "egeria",
-    "smartpipe",
-    "random",
-)
-PLANNED_METHODS = ("timelyfreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze")
-METHOD_KNOBS = {
-    "timelyfreeze": "r_max",
-    "timelyfreeze_apf": "r_max",
-    "timelyfreeze_autofreeze": "r_max",
-    "apf": "apf.threshold",
-    "autofreeze": "autofreeze.percentile",
-    "egeria": "egeria.tolerance_coef",
-    "smartpipe": "smartpipe.lam",
-    "random": "random.ratio",
-}
+METHODS: tuple[str, ...] = tuple(_REGISTRY)
+"""Every ``[freeze] method`` name (the table is ``timelyfreeze.methods.registry.METHODS``)."""
+PLANNED_METHODS: tuple[str, ...] = tuple(n for n, spec in _REGISTRY.items() if spec.planned)
+METHOD_KNOBS: dict[str, str] = {n: spec.knob for n, spec in _REGISTRY.items() if spec.knob}
 """Each method's main hyperparameter (its ``[freeze]`` field path); ``none`` has none. The run summary
 reports it and the sweep runner varies it."""
 

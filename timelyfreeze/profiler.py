@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from planner.fileio import write_json_atomically
-
-TRACE_FORMAT = "timelyfreeze-trace/1"
+from planner.trace import TRACE_FORMAT, TraceMeta, rank_file_name  # noqa: F401  (one home for the format)
 
 
 @dataclass
@@ -96,7 +95,7 @@ class TraceWriter:
     def __init__(self, trace_dir: str | os.PathLike, rank: int, *, resume_step: int = 0):
         self.dir = Path(trace_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"actions_rank{rank}.jsonl"
+        self.path = self.dir / rank_file_name(rank)
         if resume_step > 0 and self.path.exists():
             _truncate_after(self.path, resume_step)
         elif resume_step == 0 and self.path.exists():
@@ -134,13 +133,6 @@ def _truncate_after(path: Path, step: int) -> None:
 
 def build_meta(schedule: str, pp_degree: int, num_stages: int, num_microbatches: int,
                stage_to_rank: list[int], rank_orders: dict[int, list[str]], **extra) -> dict:
-    return extra | {
-        "format": TRACE_FORMAT,
-        "schedule": schedule,
-        "pp_degree": pp_degree,
-        "num_stages": num_stages,
-        "num_microbatches": num_microbatches,
-        "stage_to_rank": stage_to_rank,
-        "rank_orders": {str(r): list(o) for r, o in sorted(rank_orders.items())},
-    }
-
+    """``meta.json``'s dict (the planner's ``TraceMeta``: one home for the format), with runtime extras."""
+    return TraceMeta(schedule, pp_degree, num_stages, num_microbatches, list(stage_to_rank),
+                     {int(r): list(o) for r, o in rank_orders.items()}, extra=extra).to_json()

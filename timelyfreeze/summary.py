@@ -1,6 +1,52 @@
-"""Human-readable end-of-run summary (from ``summary.json``; see ``docs/run-outputs.md``)."""
+"""The end-of-run summary: ``build`` makes ``summary.json``'s dict, ``format_summary`` the printed text.
+
+See ``docs/run-outputs.md`` for every field.
+"""
 
 from __future__ import annotations
+
+import statistics
+from typing import Any
+
+SUMMARY_FORMAT = "timelyfreeze-run/1"
+
+
+def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_step: int, run: dict[str, Any],
+          predicted_batch_ms: dict | None, val_curve: list, method_summary: dict, failures: list[str]) -> dict:
+    """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
+    (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed)."""
+    hist = sorted(history, key=lambda h: h["step"])
+    ranges: dict[str, list[int]] = {}
+    by_phase: dict[str, list[dict]] = {}
+    for h in hist:
+        rng = ranges.setdefault(h["phase"], [h["step"], h["step"]])
+        rng[1] = h["step"]
+        by_phase.setdefault(h["phase"], []).append(h)
+
+    def tps(rows):
+        t = sum(r["step_ms"] for r in rows) / 1e3
+        return tokens_per_step * len(rows) / t if rows and t > 0 else None
+
+    steady_rows = [h for h in hist if h["phase"] in steady_phases]
+    losses = [[h["step"], h["loss"]] for h in hist if h["loss"] is not None]
+    return {
+        "format": SUMMARY_FORMAT,
+        **run,
+        "steps": len(hist),
+        "tokens_per_step": tokens_per_step,
+        "phases": ranges,
+        "tokens_per_s": {"all": tps(hist), "stable": tps(steady_rows)},
+        "mean_batch_ms": {p: statistics.fmean(r["batch_ms"] for r in rows) for p, rows in by_phase.items()}
+        | {"all": statistics.fmean(h["batch_ms"] for h in hist) if hist else None},
+        "predicted_batch_ms": predicted_batch_ms,
+        "avg_freeze_ratio": statistics.fmean(h["freeze_ratio"] for h in hist) if hist else 0.0,
+        "final_loss": losses[-1][1] if losses else None,
+        "val_loss": val_curve[-1][1] if val_curve else None,
+        "loss_curve": losses,
+        "val_curve": val_curve,
+        "method_summary": method_summary,
+        "failures": list(failures),
+    }
 
 
 def format_summary(s: dict) -> str:

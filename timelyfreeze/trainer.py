@@ -17,7 +17,7 @@ from torchtitan.train import Trainer
 
 from timelyfreeze import corpus
 from timelyfreeze.config import check_compile, check_parallelism, validate
-from timelyfreeze.runtime import FreezeRuntime
+from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import patch_v_schedule_eval
 
@@ -44,32 +44,31 @@ class TimelyFreezeTrainer(Trainer):
                 patch_v_schedule_eval(st)
         if phases is None:
             return
+        self.freeze_rt = self._build_freeze_runtime(job_config, phases)
+        self._wrap_validation_logging()
+        self._validate_on_fixed_batches()
+
+    def _build_freeze_runtime(self, job_config, phases) -> FreezeRuntime:
         pd = self.parallel_dims
-        stages = self._pp_stages()
-        n_mb = self.pp_schedule._n_microbatches
         tcfg = job_config.training
         tokens_per_step = tcfg.local_batch_size * tcfg.seq_len * self.gradient_accumulation_steps
         if pd.dp_enabled:
             tokens_per_step *= pd.get_mesh("batch").size()
-        self.freeze_rt = FreezeRuntime(
-            fz,
-            phases,
-            stages=stages,
-            n_layers=getattr(self.model_args, "n_layers", 0),
+        info = RunInfo(
             schedule=job_config.parallelism.pipeline_parallel_schedule,
-            num_microbatches=n_mb,
-            pp_group=pd.get_mesh("pp").get_group(),
-            dump_folder=job_config.job.dump_folder,
+            num_microbatches=self.pp_schedule._n_microbatches,
             total_steps=tcfg.steps,
             tokens_per_step=tokens_per_step,
-            get_lr=lambda: self.lr_schedulers.schedulers[0].get_last_lr()[0],
             lr_warmup_steps=job_config.lr_scheduler.warmup_steps,
+            dump_folder=job_config.job.dump_folder,
+            n_layers=getattr(self.model_args, "n_layers", 0),
             use_cuda=torch.cuda.is_available(),
-            log=logger.info,
-            tb_log=self.metrics_processor.logger.log,
         )
-        self._wrap_validation_logging()
-        self._validate_on_fixed_batches()
+        schedulers = self.lr_schedulers.schedulers
+        return FreezeRuntime(
+            job_config.freeze, phases, info, self._pp_stages(), pd.get_mesh("pp").get_group(),
+            get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log,
+        )
 
     def _pp_stages(self) -> list:
         sched = self.pp_schedule

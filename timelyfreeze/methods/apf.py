@@ -172,7 +172,6 @@ class APF(FreezeMethod):
     """APF baseline: every microbatch of a step freezes the tensors APF currently holds frozen."""
 
     name = "apf"
-    step_level = True
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

@@ -209,7 +209,6 @@ class AutoFreeze(FreezeMethod):
     """AutoFreeze baseline: every microbatch of a step freezes the current global prefix of layers."""
 
     name = "autofreeze"
-    step_level = True
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

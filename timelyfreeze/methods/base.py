@@ -71,11 +71,14 @@ class MethodContext:
 
 
 class FreezeMethod:
-    """Base class: freezes nothing. Subclasses override what they need."""
+    """Base class: freezes nothing. Subclasses override what they need, and declare what the runtime must
+    serve them: a plan made from measurements (``monitor_phases`` + ``needs_plan``/``set_plan``), gradient
+    statistics (read in ``after_backward``), the pipeline group (``ctx.all_gather``)."""
 
     name: ClassVar[str] = "none"
-    step_level: ClassVar[bool] = True
-    """True when the frozen set is the same for every microbatch of a step."""
+    monitor_phases: ClassVar[tuple[str, ...]] = ()
+    """Phases whose per-action timings this method's plan is made from; the runtime keeps those trace
+    records (and checkpoints them) and hands them to the planner when ``needs_plan`` says so."""
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         self.cfg = cfg
@@ -84,6 +87,11 @@ class FreezeMethod:
     def phase(self, step: int) -> str:
         """Phase name written to the trace and metrics for ``step``."""
         return "train"
+
+    def steady_phases(self, seen: set[str]) -> tuple[str, ...]:
+        """Of the phases the run went through, those whose throughput the summary reports as steady
+        (default: everything after warm-up and monitoring)."""
+        return tuple(sorted(seen - {"warmup", "bootstrap", "upper", "lower"}))
 
     def begin_step(self, step: int) -> None:
         pass
@@ -100,9 +108,19 @@ class FreezeMethod:
     def after_optimizer_step(self, step: int) -> None:
         pass
 
+    # -- the plan (methods with ``monitor_phases``) -------------------------------------------------
+    def needs_plan(self, step: int) -> bool:
+        """True at the end of ``step`` when the runtime must make the plan and call ``set_plan``."""
+        return False
+
+    def set_plan(self, action_ratios: dict[str, float] | None, failure: str | None = None) -> None:
+        """Install a plan's per-action freeze ratios (``{"1B3": 0.4, ...}``), or record why there is none."""
+        raise NotImplementedError(f"method {self.name!r} takes no plan")
+
+    # -- checkpoint and end of run ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Picklable state saved with TorchTitan checkpoints (identical on every rank of the group
-        is not required: the runtime stores it per rank)."""
+        """State saved with TorchTitan checkpoints, per rank: plain data (dicts, lists, tuples, numbers,
+        strings, None) and tensors only (``timelyfreeze.state_codec`` stores it as JSON)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -111,3 +129,6 @@ class FreezeMethod:
     def summary(self) -> dict[str, Any]:
         """Method-specific figures for the end-of-run summary (JSON-serialisable)."""
         return {}
+
+    def close(self) -> None:
+        """Release what the method started (e.g. a worker thread); called once at the end of the run."""

@@ -70,7 +70,6 @@ class TimelyAPF(_MetricHybrid):
     """TimelyFreeze's per-action budget, APF's currently-frozen tensors preferred."""
 
     name = "timelyfreeze_apf"
-    step_level = False
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
@@ -99,7 +98,6 @@ class TimelyAutoFreeze(_MetricHybrid):
     """TimelyFreeze's per-action budget, AutoFreeze's frozen prefix preferred."""
 
     name = "timelyfreeze_autofreeze"
-    step_level = False
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

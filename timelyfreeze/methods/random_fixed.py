@@ -37,7 +37,6 @@ class RandomFixed(FreezeMethod):
     drawn uniformly per (step, stage, microbatch); no profiling, no planning, no metric."""
 
     name = "random"
-    step_level = False
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

@@ -1,30 +1,46 @@
-"""``[freeze] method`` name -> method class."""
+"""The freezing methods: one table, the only place their names are written.
+
+``[freeze] method`` name -> where its class lives, its main hyperparameter (the ``[freeze]`` field the run
+summary reports and the sweep varies), and whether it plans from measurements (the TimelyFreeze
+family, which needs the monitoring phases). ``timelyfreeze.config`` and the experiments read it from here.
+"""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+from dataclasses import dataclass
 
 from timelyfreeze.methods.base import FreezeMethod
 
-_MODULES = {
-    "none": "timelyfreeze.methods.base",
-    "timelyfreeze": "timelyfreeze.methods.timely",
-    "timelyfreeze_apf": "timelyfreeze.methods.hybrid",
-    "timelyfreeze_autofreeze": "timelyfreeze.methods.hybrid",
-    "apf": "timelyfreeze.methods.apf",
-    "autofreeze": "timelyfreeze.methods.autofreeze",
-    "egeria": "timelyfreeze.methods.egeria",
-    "smartpipe": "timelyfreeze.methods.smartpipe",
-    "random": "timelyfreeze.methods.random_fixed",
+
+@dataclass(frozen=True)
+class MethodSpec:
+    module: str
+    knob: str | None
+    """Field path of the main hyperparameter under ``[freeze]`` (``None`` for ``none``)."""
+    planned: bool = False
+    """True for methods that profile, plan and ramp (TimelyFreeze and its hybrids)."""
+
+
+METHODS: dict[str, MethodSpec] = {
+    "none": MethodSpec("timelyfreeze.methods.base", None),
+    "timelyfreeze": MethodSpec("timelyfreeze.methods.timely", "r_max", planned=True),
+    "timelyfreeze_apf": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
+    "timelyfreeze_autofreeze": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
+    "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold"),
+    "autofreeze": MethodSpec("timelyfreeze.methods.autofreeze", "autofreeze.percentile"),
+    "egeria": MethodSpec("timelyfreeze.methods.egeria", "egeria.tolerance_coef"),
+    "smartpipe": MethodSpec("timelyfreeze.methods.smartpipe", "smartpipe.lam"),
+    "random": MethodSpec("timelyfreeze.methods.random_fixed", "random.ratio"),
 }
 
 
 def method_class(name: str) -> type[FreezeMethod]:
-    if name not in _MODULES:
-        raise ValueError(f"unknown freezing method {name!r}; choose one of {', '.join(_MODULES)}")
-    module = importlib.import_module(_MODULES[name])
+    if name not in METHODS:
+        raise ValueError(f"unknown freezing method {name!r}; choose one of {', '.join(METHODS)}")
+    module = importlib.import_module(METHODS[name].module)
     for _, obj in inspect.getmembers(module, inspect.isclass):
         if issubclass(obj, FreezeMethod) and obj.__dict__.get("name") == name:
             return obj
-    raise ValueError(f"freezing method {name!r}: no class with name = {name!r} in {_MODULES[name]}")
+    raise ValueError(f"freezing method {name!r}: no class with name = {name!r} in {METHODS[name].module}")

@@ -56,7 +56,6 @@ class SmartPipe(FreezeMethod):
     """SmartPipe baseline: every microbatch of a step freezes the current global prefix of layers."""
 
     name = "smartpipe"
-    step_level = True
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.actions import FREEZABLE_KINDS, parse_action
+
 from timelyfreeze.config import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.selection import action_generator, uniform_subset
@@ -17,7 +19,7 @@ from timelyfreeze.selection import action_generator, uniform_subset
 
 class TimelyFreezeMethod(FreezeMethod):
     name = "timelyfreeze"
-    step_level = False
+    monitor_phases = ("upper", "lower")
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
@@ -39,10 +41,13 @@ class TimelyFreezeMethod(FreezeMethod):
             return
         ratios: dict[tuple[int, int], float] = {}
         for name, r in action_ratios.items():
-            kind_pos = next(i for i, c in enumerate(name) if c.isalpha())
-            if name[kind_pos] in ("B", "W"):
-                ratios[(int(name[:kind_pos]), int(name[kind_pos + 1:]))] = float(r)
+            a = parse_action(name)
+            if a.kind in FREEZABLE_KINDS:
+                ratios[(a.stage, a.microbatch)] = float(r)
         self.planned_ratio = ratios
+
+    def steady_phases(self, seen: set[str]) -> tuple[str, ...]:
+        return ("stable",)
 
     # -- decisions --------------------------------------------------------------------------
     def phase(self, step: int) -> str:

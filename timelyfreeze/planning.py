@@ -1,0 +1,51 @@
+"""The plan step of the runtime: measurements of every pipeline rank in, one plan out.
+
+``solve`` runs on pipeline rank 0 with every rank's monitoring records (trace records of the upper- and
+lower-bound phases): it builds the trace the offline planner would load, solves the LP, writes
+``plan.json`` atomically and returns what every rank needs. It never raises: the LP must not take
+training down, so a failure comes back as ``{"failure": "planning failed: ..."}`` and the run reports it.
+``load_given`` installs a plan file given with ``[freeze] plan``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.errors import PlannerError
+
+
+def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solver: str,
+          trace_dir: Path, plan_path: Path) -> dict:
+    """``{"ratios", "batch_time_ms", "summary"}`` of the plan, or ``{"failure": message}``."""
+    try:
+        from planner.plan import make_plan, plan_summary, write_plan
+        from planner.trace import node_weights, trace_from_records
+
+        trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
+        plan = make_plan(trace.meta, node_weights(trace), r_max, solver=solver)
+        write_plan(plan, plan_path)
+        return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
+                "batch_time_ms": dict(plan.batch_time_ms), "summary": plan_summary(plan, trace.meta)}
+    except Exception as e:  # noqa: BLE001 -- reported in the summary, training goes on
+        return {"failure": f"planning failed: {one_line(e)}"}
+
+
+def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int) -> tuple[dict, dict]:
+    """(action ratios, batch_time_ms) of the plan file ``path``; ``FreezeConfigError`` naming the file
+    if it cannot be read or does not match this run."""
+    from planner.plan import check_plan_matches, load_plan
+
+    from timelyfreeze.config import FreezeConfigError
+
+    try:
+        plan = load_plan(path)
+        check_plan_matches(plan, schedule, num_stages, num_microbatches, path)
+    except PlannerError as e:
+        raise FreezeConfigError(f"[freeze] plan: {e}") from None
+    return {a: ap.freeze_ratio for a, ap in plan.actions.items()}, dict(plan.batch_time_ms)
+
+
+def one_line(e: Exception) -> str:
+    """A planner error's own one-line message; other exceptions with their type."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return msg if isinstance(e, PlannerError) else f"{type(e).__name__}: {msg}"

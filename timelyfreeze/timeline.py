@@ -1,0 +1,68 @@
+"""The end-of-run timeline PNG: measured upper-bound batch, planned batch, measured stable batch.
+
+``phase_medians`` reads one rank's trace file (median ms per action in the upper and stable phases, and
+the mean applied ratio per action in the stable phase); pipeline rank 0 merges every rank's and calls
+``draw``. A plot must never fail a finished run: ``draw`` returns None and logs why instead.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Callable
+
+
+def phase_medians(trace_file: Path | None) -> dict[str, dict[str, float]]:
+    """``{"upper": {action: ms}, "stable": {...}, "stable_ratio": {action: mean ratio}}`` of one rank."""
+    if trace_file is None or not Path(trace_file).exists():
+        return {}
+    ms: dict[str, dict[str, list[float]]] = {}
+    ratio: dict[str, list[float]] = {}
+    with open(trace_file, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            if r["phase"] in ("upper", "stable"):
+                ms.setdefault(r["phase"], {}).setdefault(r["action"], []).append(r["ms"])
+            if r["phase"] == "stable":
+                ratio.setdefault(r["action"], []).append(r["freeze_ratio"])
+    out = {p: {a: statistics.median(v) for a, v in d.items()} for p, d in ms.items()}
+    if ratio:
+        out["stable_ratio"] = {a: statistics.fmean(v) for a, v in ratio.items()}
+    return out
+
+
+def merge(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    merged: dict[str, dict[str, float]] = {}
+    for g in per_rank:
+        for phase, d in g.items():
+            merged.setdefault(phase, {}).update(d)
+    return merged
+
+
+def draw(meta: dict | None, medians: dict[str, dict[str, float]], plan_path: Path, trace_dir: Path,
+         out: Path, log: Callable[[str], None]) -> str | None:
+    """Write the timeline PNG to ``out``; its path, or None when there is nothing to draw or it failed."""
+    if meta is None or "upper" not in medians:
+        return None
+    try:
+        from planner.gantt import plot_timeline
+        from planner.trace import validate_meta
+
+        vmeta = validate_meta(meta, str(trace_dir))
+        panels = [("measured, nothing frozen (upper bound)", medians["upper"])]
+        ratios: list = [None]
+        if plan_path.exists():
+            from planner.plan import load_plan
+
+            plan = load_plan(plan_path)
+            panels.append((f"planned (r_max {plan.r_max})", {a: ap.duration for a, ap in plan.actions.items()}))
+            ratios.append({a: ap.freeze_ratio for a, ap in plan.actions.items()})
+        if "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
+            panels.append(("measured, stable phase (mean applied ratios)", medians["stable"]))
+            ratios.append(medians.get("stable_ratio"))
+        plot_timeline(vmeta, panels, out, ratios=ratios)
+        return str(out)
+    except Exception as e:  # noqa: BLE001 -- a plot must never fail a finished run
+        log(f"[freeze] timeline not drawn: {type(e).__name__}: {e}")
+        return None
