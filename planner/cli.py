@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from collections.abc import Sequence
 
@@ -69,6 +68,9 @@ def _finite_float(text: str) -> float:
     return v
 
 
+_SOLVER_HELP = f"LP solver: {', '.join(SOLVERS)} (default auto; all give the same optimum)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m planner", description="TimelyFreeze offline planner: traces -> freeze plans.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
@@ -77,14 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("trace", metavar="TRACE_DIR")
     q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
     q.add_argument("--out", required=True, metavar="PLAN.json")
-    q.add_argument("--solver", default="auto", choices=SOLVERS, help=f"LP solver: {', '.join(SOLVERS)} (default auto)")
+    q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
     q.add_argument("--r-max", type=_unit_float_list, required=True, metavar="R1,R2,...")
     q.add_argument("--csv", metavar="PATH")
     q.add_argument("--png", metavar="PATH")
-    q.add_argument("--solver", default="auto", choices=SOLVERS)
+    q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -125,10 +127,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
     trace = load_trace(args.trace)
     plan = plan_from_trace(trace, args.r_max, solver=args.solver)
-    try:
-        write_plan(plan, args.out)
-    except OSError as e:  # write_plan lets OSError through, naming its temporary file: name the plan path
-        raise PlannerError(f"{args.out}: cannot write: {e.strerror or e}") from None
+    write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"wrote {args.out}")
 
@@ -149,26 +148,8 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         print(f"wrote {args.png}")
 
 
-def _stable_panel(trace) -> tuple[dict[str, float], dict[str, float]] | None:  # noqa: ANN001 - Trace
-    """Median ms and freeze ratio per action over the ``stable`` records, if every action has some."""
-    ms: dict[str, list[float]] = {}
-    ratio: dict[str, list[float]] = {}
-    for rec in trace.records:
-        if rec.phase == "stable":
-            ms.setdefault(rec.action, []).append(rec.ms)
-            ratio.setdefault(rec.action, []).append(rec.freeze_ratio)
-    if not ms:
-        return None
-    missing = [a for a in trace.meta.all_actions() if a not in ms]
-    if missing:
-        print(f"note: no stable panel: {len(missing)} actions have no 'stable' record (e.g. {missing[0]})")
-        return None
-    return ({a: float(statistics.median(v)) for a, v in ms.items()},
-            {a: float(statistics.median(v)) for a, v in ratio.items()})
-
-
 def _cmd_gantt(args: argparse.Namespace) -> None:
-    from .gantt import plot_timeline
+    from .gantt import plot_timeline, stable_panel
     from .trace import load_trace, node_weights
 
     trace = load_trace(args.trace)
@@ -187,7 +168,10 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
         panels.append((f"planned, r_max={plan.r_max:g}",
                        {a: plan.actions[a].duration for a in meta.all_actions()}))
         ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
-    stable = _stable_panel(trace)
+    stable = stable_panel(trace)
+    if stable is not None and stable[2]:
+        print(f"note: no stable panel: {len(stable[2])} actions have no 'stable' record (e.g. {stable[2][0]})")
+        stable = None
     if stable is not None:
         panels.append(("measured, stable phase (median)", stable[0]))
         ratios.append(stable[1])

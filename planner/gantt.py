@@ -11,6 +11,7 @@ path get a black outline. All panels share the time axis so batch times compare 
 from __future__ import annotations
 
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 
 from .actions import parse_action
@@ -24,6 +25,23 @@ FROZEN_COLOR = "#222222"
 KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
 
 Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
+
+
+def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:  # noqa: ANN001 - Trace
+    """The measured stable-phase panel of a timeline: median ms and median freeze ratio per action over the
+    trace's ``stable`` records, and the actions that have none (the panel needs every action). None when
+    the trace has no stable record at all."""
+    ms: dict[str, list[float]] = {}
+    ratio: dict[str, list[float]] = {}
+    for rec in trace.records:
+        if rec.phase == "stable":
+            ms.setdefault(rec.action, []).append(rec.ms)
+            ratio.setdefault(rec.action, []).append(rec.freeze_ratio)
+    if not ms:
+        return None
+    missing = [a for a in trace.meta.all_actions() if a not in ms]
+    return ({a: float(statistics.median(v)) for a, v in ms.items()},
+            {a: float(statistics.median(v)) for a, v in ratio.items()}, missing)
 
 
 def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | None]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 
+from .actions import parse_action
 from .errors import PlannerError
 from .trace import NodeWeights, TraceMeta
 
@@ -147,8 +148,8 @@ def synthetic_weights(
     w_max: dict[str, float] = {}
     for order in meta.rank_orders.values():
         for a in order:
-            kind = a[len(a.rstrip("0123456789")) - 1]
-            s = int(a[: a.index(kind)])
+            act = parse_action(a)
+            kind, s = act.kind, act.stage
             hi = base[s][kind] * (1.0 + rng.uniform(-jitter, jitter))
             lo = hi * rng.uniform(*lower_frac) if kind in ("B", "W") else hi
             w_min[a], w_max[a] = lo, hi

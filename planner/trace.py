@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from .actions import FREEZABLE_KINDS, parse_action
+from .actions import FREEZABLE_KINDS, action_kind, parse_action
 from .errors import PlannerError
 from .fileio import read_json
 
@@ -279,7 +279,7 @@ class NodeWeights:
         return {
             a
             for a, hi in self.w_max.items()
-            if a[len(a.rstrip("0123456789")) - 1] in FREEZABLE_KINDS and hi - self.w_min[a] > 0
+            if action_kind(a) in FREEZABLE_KINDS and hi - self.w_min[a] > 0
         }
 
 
@@ -300,7 +300,7 @@ def node_weights(trace: Trace) -> NodeWeights:
             if a not in upper:
                 raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
             hi = float(statistics.median(upper[a]))
-            kind = parse_action(a).kind
+            kind = action_kind(a)
             if kind in FREEZABLE_KINDS:
                 if a not in lower:
                     raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")

@@ -7,6 +7,10 @@ importable, else from ``planner.synthetic`` (list-scheduled 1F1B-like orders).  
 (seeded): per-stage F/I/W ms with B/W lower bounds 30-60% of the upper bound.
 
     .venv/bin/python scripts/bench_planner.py [--quick] [--max-actions N] [--solver auto]
+
+``--solver`` takes a name of ``planner.lp.SOLVERS`` or, to time the whole LP under another HiGHS
+configuration, a key of ``planner.lp_solve.CONFIGS`` (``dual``, ``dual-dse``, ``primal``, ``slack``,
+``ipx``; ``fast`` is the default one).  Measured history: ``docs/planner-solver-notes.md``.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ def make_meta(pp: int, spr: int, mb: int, split: bool):
 def run_one(pp: int, spr: int, mb: int, split: bool, solver: str) -> dict:
     """One measurement, in this process."""
     from planner.dag import build_dag
-    from planner.lp import solve_freeze_lp
+    from planner.lp import SOLVERS, solve_freeze_lp
     from planner.synthetic import synthetic_weights
 
     base = _rss_mb()
@@ -64,7 +68,8 @@ def run_one(pp: int, spr: int, mb: int, split: bool, solver: str) -> dict:
     dag = build_dag(meta)
     t_dag = time.perf_counter() - t0
     st: dict = {}
-    solve_freeze_lp(dag, w, 0.5, solver=solver, stats=st)
+    kw = {"solver": solver} if solver in SOLVERS else {"solver": "whole", "_config": solver}
+    solve_freeze_lp(dag, w, 0.5, stats=st, **kw)
     method = "whole LP"
     if "rounds" in st:
         method = f"region: {st['rounds']} round{'s' if st['rounds'] > 1 else ''}, {st['region_actions']:,} actions"
@@ -80,7 +85,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the small sizes")
     ap.add_argument("--max-actions", type=int, default=None, help="skip sizes with more actions than this")
-    ap.add_argument("--solver", default="auto")
+    ap.add_argument("--solver", default="auto", help="planner.lp.SOLVERS name or planner.lp_solve.CONFIGS key")
     ap.add_argument("--split", choices=["both", "yes", "no"], default="both")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()

@@ -348,7 +348,7 @@ def test_fast_path_matches_plain_lp_on_schedules(schedule: str, seed: int) -> No
         by_stage.setdefault(int(a[: len(a.rstrip("0123456789")) - 1]), []).append(r)
     for s, rs in by_stage.items():
         assert sum(rs) <= r_max * len(rs) + 1e-7, s
-    old = solve_freeze_lp(build_dag(meta), w, r_max, solver="dual")  # the previous default agrees too
+    old = solve_freeze_lp(build_dag(meta), w, r_max, solver="whole", _config="dual")  # the previous default agrees too
     assert old.makespan == pytest.approx(sol.makespan, rel=1e-6, abs=1e-6)
 
 
@@ -372,7 +372,7 @@ def _region_case(seed: int) -> tuple[TraceMeta, NodeWeights, float]:
 def test_region_solve_is_exact_and_grows(monkeypatch) -> None:
     """The region loop (forced on small batches: no fallback to the whole LP) reaches the plain LP's
     lexicographic optimum; several cases need more than one round, so the growth path is exercised."""
-    import planner.lp as lp
+    import planner.lp_region as lp
 
     monkeypatch.setattr(lp, "_REGION_MAX_FRACTION", 1.0)
     rounds = []
@@ -394,7 +394,7 @@ def test_region_falls_back_to_the_whole_lp_when_it_grows_too_large() -> None:
     w = synthetic_weights(meta, seed=1)
     sol = solve_freeze_lp(build_dag(meta), w, 0.5, solver="region")
     assert sol.solver == "highs-fast"
-    ref = solve_freeze_lp(build_dag(meta), w, 0.5, solver="fast")
+    ref = solve_freeze_lp(build_dag(meta), w, 0.5, solver="whole")
     assert sol.makespan == ref.makespan and sol.durations == ref.durations
 
 
@@ -407,7 +407,7 @@ def test_region_matches_whole_lp_on_a_long_pipeline() -> None:
     g = build_dag(meta)
     stats: dict = {}
     reg = solve_freeze_lp(g, w, 0.5, solver="region", stats=stats)
-    whole = solve_freeze_lp(g, w, 0.5, solver="fast")
+    whole = solve_freeze_lp(g, w, 0.5, solver="whole")
     assert reg.solver == "highs-region" and stats["region_actions"] < 0.6 * len(reg.durations)
     assert reg.makespan == pytest.approx(whole.makespan, rel=1e-9)
     fz = w.freezable

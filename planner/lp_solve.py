@@ -1,0 +1,213 @@
+"""The lexicographic two-stage HiGHS solve of the freeze LP built by :mod:`planner.lp_model`.
+
+Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T*`` and minimises the total freezing
+``sum r_v``.  No big-M weight.
+
+Invariants:
+
+* with ``use_basis`` (the default configuration), stage 1 starts dual simplex from the model's crafted
+  basis (every start variable and ``T`` basic with one tight predecessor row, every freeze ratio
+  nonbasic at a bound), which is dual feasible;
+* stage 2 bounds ``T`` by ``T* (1 + 1e-9) + 1e-9``.  With ``on_face`` (the default configuration) it
+  runs on the stage-1 optimal face (complementary slackness, exact): columns with a stage-1 reduced cost
+  above ``_FIX_TOL`` are fixed at their value and rows with a dual above it become equalities, so every
+  feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.  Without it, stage 2 is
+  a fresh model pruned to the paths that can reach ``T*``;
+* every configuration in :data:`CONFIGS` reaches the same lexicographic optimum; they differ only in
+  speed (measurements: ``docs/planner-solver-notes.md``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import PlannerError
+from .lp_model import DagArrays, LPModel, build_lp
+
+
+class Config(NamedTuple):
+    """One HiGHS configuration of the whole-LP solve."""
+
+    options: dict[str, object]  # HiGHS options
+    use_basis: bool  # start from the model's crafted basis
+    basis_start: str  # stage-1 crafted start: "frozen", "critical" or "auto" (by schedule, see solve_whole)
+    on_face: bool  # stage 2 on the stage-1 optimal face
+
+
+_DUAL_DEVEX = {"solver": "simplex", "simplex_strategy": 1, "simplex_dual_edge_weight_strategy": 1}
+CONFIGS: dict[str, Config] = {
+    "fast": Config(_DUAL_DEVEX, True, "auto", True),
+    "dual": Config(_DUAL_DEVEX, True, "frozen", False),
+    "dual-dse": Config({"solver": "simplex", "simplex_strategy": 1}, True, "frozen", False),
+    "primal": Config({"solver": "simplex", "simplex_strategy": 4}, True, "frozen", False),
+    "slack": Config({"solver": "simplex"}, False, "frozen", False),
+    "ipx": Config({"solver": "ipx"}, False, "frozen", False),
+}
+"""Whole-LP configurations by name.  Users get :data:`DEFAULT_CONFIG`; the others (all exact) are kept
+for the tests and ``scripts/bench_planner.py`` (private ``_config`` of :func:`planner.lp.solve_freeze_lp`)."""
+DEFAULT_CONFIG = "fast"
+_FIX_TOL = 1e-6
+"""A stage-1 reduced cost or row dual larger than this (objective: T in ms) fixes its column / row in
+stage 2.  Genuine duals here are flows and freeze prices (>= ~1e-4); numerical zeros are ~1e-9."""
+
+
+def _status_name(h, status) -> str:  # noqa: ANN001 - highspy types
+    try:
+        return h.modelStatusToString(status)
+    except Exception:  # pragma: no cover - older highspy
+        return str(status)
+
+
+def _highs_lp(m: LPModel, col_lower=None, col_upper=None, row_lower=None, row_upper=None, cost=None):  # noqa: ANN001
+    import highspy
+
+    lp = highspy.HighsLp()
+    lp.num_col_ = m.num_col
+    lp.num_row_ = m.num_row
+    lp.col_cost_ = m.col_cost if cost is None else cost
+    lp.col_lower_ = m.col_lower if col_lower is None else col_lower
+    lp.col_upper_ = m.col_upper if col_upper is None else col_upper
+    lp.row_lower_ = m.row_lower if row_lower is None else row_lower
+    lp.row_upper_ = m.row_upper if row_upper is None else row_upper
+    a = lp.a_matrix_
+    a.format_ = highspy.MatrixFormat.kRowwise
+    a.num_col_ = m.num_col
+    a.num_row_ = m.num_row
+    a.start_ = m.start.astype(np.int32)
+    a.index_ = m.index
+    a.value_ = m.value
+    return lp
+
+
+def _run(
+    m: LPModel, opts: dict[str, object], use_basis: bool, what: str, lp=None,  # noqa: ANN001
+) -> tuple[np.ndarray, int, object]:
+    """Solve one stage with HiGHS; returns the column values, the simplex iteration count and the solution
+    (with duals).  ``lp`` (a ``HighsLp``) replaces the model built from ``m``."""
+    import highspy
+
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    for k, v in opts.items():
+        if h.setOptionValue(k, v) != highspy.HighsStatus.kOk:
+            raise PlannerError(f"HiGHS rejected option {k}={v!r}")
+    if lp is None:
+        lp = _highs_lp(m)
+    if h.passModel(lp) != highspy.HighsStatus.kOk:
+        raise PlannerError(f"HiGHS rejected the {what} model")
+    if use_basis:
+        # Start variables and T basic, each with its tight tree row at bound; budget rows and the other
+        # precedence rows basic; freeze ratios at 1 (stage 1) or 0 (stage 2).
+        S = highspy.HighsBasisStatus
+        nr = len(m.r_actions)
+        b = highspy.HighsBasis()
+        if m.r_upper is not None:
+            b.col_status = [S.kUpper if x else S.kLower for x in m.r_upper.tolist()] + [S.kBasic] * (m.num_col - nr)
+        else:
+            b.col_status = [S.kUpper if m.r_at_upper else S.kLower] * nr + [S.kBasic] * (m.num_col - nr)
+        rs = [S.kBasic] * m.num_row
+        for r in m.tree_rows.tolist():
+            rs[r] = S.kLower
+        b.row_status = rs
+        b.valid = True
+        if h.setBasis(b) != highspy.HighsStatus.kOk:  # pragma: no cover - the basis is square by construction
+            raise PlannerError(f"HiGHS rejected the {what} starting basis")
+    h.run()
+    st = h.getModelStatus()
+    if st != highspy.HighsModelStatus.kOptimal:
+        raise PlannerError(f"HiGHS {what} solve failed: model status {_status_name(h, st)!r}")
+    sol = h.getSolution()
+    return np.asarray(sol.col_value), int(h.getInfo().simplex_iteration_count), sol
+
+
+def _face_lp(m: LPModel, sol, t_bound: float):  # noqa: ANN001 - highspy solution
+    """Stage 2 on the stage-1 model: objective ``sum r``, ``T <= t_bound``, restricted to the optimal face.
+
+    Complementary slackness: with ``(y, d)`` one optimal dual of stage 1, the optimal solutions of stage 1
+    are exactly the feasible points with every column of nonzero reduced cost at its bound and every row
+    of nonzero dual tight.  Fixing those (exact) lets presolve remove most of the model.
+    Returns the ``HighsLp`` and the numbers of fixed columns and rows.
+    """
+    x = np.asarray(sol.col_value)
+    cd = np.asarray(sol.col_dual)
+    rd = np.asarray(sol.row_dual)
+    cl, cu = m.col_lower.copy(), m.col_upper.copy()
+    fc = np.abs(cd) > _FIX_TOL
+    fc[m.t_col] = False
+    xv = np.clip(x[fc], cl[fc], cu[fc])
+    cl[fc] = xv
+    cu[fc] = xv
+    cu[m.t_col] = t_bound
+    rl, ru = m.row_lower.copy(), m.row_upper.copy()
+    fr = np.abs(rd) > _FIX_TOL
+    lo_side = fr & np.isfinite(rl) & ~np.isfinite(ru)
+    hi_side = fr & np.isfinite(ru) & ~np.isfinite(rl)
+    ru[lo_side] = rl[lo_side]
+    rl[hi_side] = ru[hi_side]
+    cost = np.zeros(m.num_col)
+    cost[: len(m.r_actions)] = 1.0
+    return _highs_lp(m, cl, cu, rl, ru, cost), int(fc.sum()), int((lo_side | hi_side).sum())
+
+
+def solve_lexicographic(
+    ar: DagArrays, r_max: float, opts: dict[str, object], use_basis: bool, basis_start: str, on_face: bool,
+) -> tuple[float, np.ndarray, dict[str, object]]:
+    """Both LP stages on ``ar``: returns ``T*``, the freeze ratio of every node of ``ar`` (0 for fixed
+    actions) and sizes/timings."""
+    t0 = time.perf_counter()
+    m1 = build_lp(None, None, r_max, arrays=ar, basis_start=basis_start)  # type: ignore[arg-type]
+    t1 = time.perf_counter()
+    col, it1, sol1 = _run(m1, opts, use_basis, "batch-time")
+    t_star = float(col[m1.t_col])
+    t2 = time.perf_counter()
+    r = np.zeros(len(ar.names))
+    m2 = None
+    it2 = 0
+    fixed = (0, 0)
+    t_bound = t_star * (1 + 1e-9) + 1e-9
+    build2 = 0.0
+    frz = np.flatnonzero(ar.delta > 0)
+    if m1.r_actions and on_face:
+        tb = time.perf_counter()
+        lp2, fc, fr = _face_lp(m1, sol1, t_bound)
+        fixed = (fc, fr)
+        build2 = time.perf_counter() - tb
+        try:
+            col2, it2, _ = _run(m1, {**opts, "presolve": "on"}, False, "least-freezing", lp=lp2)
+            r[frz] = np.clip(col2[: frz.size], 0.0, 1.0)  # stage 1 keeps every freezable action (same order)
+            m2 = m1
+        except PlannerError:  # pragma: no cover - numerical trouble on the face: solve stage 2 in full
+            on_face = False
+    if m1.r_actions and not on_face:
+        m2 = build_lp(None, None, r_max, t_bound=t_bound, arrays=ar)  # type: ignore[arg-type]
+        build2 += m2.build_seconds
+        if m2.r_actions:
+            col2, it2, _ = _run(m2, opts, use_basis, "least-freezing")
+            idx = {a: i for i, a in enumerate(ar.names)}
+            r[[idx[a] for a in m2.r_actions]] = np.clip(col2[: len(m2.r_actions)], 0.0, 1.0)
+    t3 = time.perf_counter()
+    info = dict(
+        cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz,
+        cols2=m2.num_col if m2 else 0, rows2=m2.num_row if m2 else 0, nnz2=m2.nnz if m2 else 0,
+        build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
+        build2_s=build2, iters1=it1, iters2=it2, fixed_cols2=fixed[0], fixed_rows2=fixed[1],
+        stage1_start=basis_start,
+    )
+    return t_star, r, info
+
+
+def solve_whole(
+    ar: DagArrays, r_max: float, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
+) -> tuple[float, np.ndarray, dict[str, object]]:
+    """Both stages on the whole LP with the configuration ``config`` (a key of :data:`CONFIGS`) plus the
+    extra HiGHS ``options``.  ``basis_start="auto"``: the critical-path start for full-backward schedules,
+    the all-frozen start for split (I/W) ones, whichever measured faster."""
+    cfg = CONFIGS[config]
+    basis_start = cfg.basis_start
+    if basis_start == "auto":
+        basis_start = "frozen" if ar.split else "critical"
+    return solve_lexicographic(ar, r_max, {**cfg.options, **(options or {})}, cfg.use_basis, basis_start,
+                               cfg.on_face)
