@@ -16,7 +16,8 @@ from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.egeria import EgeriaConfig
-from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed, freezable_names
+from timelyfreeze.methods.common import freezable_names
+from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
 
 VOCAB, DIM = 11, 4

@@ -1,5 +1,5 @@
-"""scripts/sweep.py (grid, runner, resume) and scripts/sweep_report.py (tables, TTA, plots), with a
-fake launcher (tests/fake_job.py) and hand-written job outputs: no real training."""
+"""timelyfreeze.experiments (grid, runner, resume; tables, TTA, plots), as scripts/sweep.py drives it,
+with a fake launcher (tests/fake_job.py) and hand-written job outputs: no real training."""
 
 import csv
 import json
@@ -13,11 +13,18 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+from planner.errors import PlannerError
+from timelyfreeze.experiments.cli import main
+from timelyfreeze.experiments.command import build_command
+from timelyfreeze.experiments.grid import KNOBS, GridError, Job, expand_grid, load_grid_file
+from timelyfreeze.experiments.pareto import pareto_front
+from timelyfreeze.experiments.plots import _plt
+from timelyfreeze.experiments.predictions import Planner
+from timelyfreeze.experiments.report import build_report
+from timelyfreeze.experiments.runner import run_sweep
+from timelyfreeze.experiments.tta import interp_at, steps_to_reach, tta_rows
 
-import sweep  # noqa: E402
-import sweep_report as sr  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_job.py'}"
 
@@ -34,7 +41,7 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     grid = {"schedules": ["1F1B", "GPipe"], "seeds": [0, 1],
             "methods": {"none": True, "timelyfreeze": [0.4, 0.8], "apf": [0.05], "egeria": [2]},
             "overrides": {"training.steps": 40}}
-    jobs = sweep.expand_grid(grid)
+    jobs = expand_grid(grid)
     assert len(jobs) == 2 * 2 * (1 + 2 + 1 + 1)
     ids = [j.job_id for j in jobs]
     assert len(set(ids)) == len(ids)
@@ -46,7 +53,7 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     assert len(none) == 4 and all(j.knob_value is None and j.knob_name is None for j in none)
 
     by_id = {j.job_id: j for j in jobs}
-    cmd = sweep.build_command(by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python",
+    cmd = build_command(by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python",
                               dump_folder="/o/jobs/x/dump")
     assert cmd[:6] == ["/venv/python", "-m", "torch.distributed.run", "--nproc_per_node=2",
                        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
@@ -57,13 +64,13 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     assert "--freeze.seed 0" in tail and "--parallelism.pipeline_parallel_schedule 1F1B" in tail
     assert "--training.steps 40" in tail
 
-    apf = " ".join(sweep.build_command(by_id["GPipe__apf__threshold=0.05__seed=1"], base_toml, "py"))
+    apf = " ".join(build_command(by_id["GPipe__apf__threshold=0.05__seed=1"], base_toml, "py"))
     assert "--freeze.apf.threshold 0.05" in apf and "r_max" not in apf
-    plain = " ".join(sweep.build_command(by_id["GPipe__none__seed=1"], base_toml, "py"))
+    plain = " ".join(build_command(by_id["GPipe__none__seed=1"], base_toml, "py"))
     assert "--freeze.method none" in plain
-    assert not any(flag in plain for _, flag in filter(None, sweep.KNOBS.values()))
+    assert not any(flag in plain for _, flag in filter(None, KNOBS.values()))
 
-    fake = sweep.build_command(none[0], base_toml, "py", launcher="python tests/fake_job.py")
+    fake = build_command(none[0], base_toml, "py", launcher="python tests/fake_job.py")
     assert fake[:2] == ["python", "tests/fake_job.py"] and fake[2] == "--job.config_file"
 
 
@@ -80,12 +87,12 @@ timelyfreeze_apf = {{values = [0.8], overrides = {{"freeze.apf.threshold" = 0.05
 "parallelism.pipeline_parallel_layers_per_stage" = 1
 "parallelism.pipeline_parallel_degree" = 4
 ''')
-    grid = sweep.load_grid_file(g)
+    grid = load_grid_file(g)
     assert grid["config"] == str(base_toml)
-    jobs = sweep.expand_grid(grid)
+    jobs = expand_grid(grid)
     assert [j.job_id for j in jobs] == ["1F1B__timelyfreeze_apf__r_max=0.8__seed=0",
                                         "Interleaved1F1B__timelyfreeze_apf__r_max=0.8__seed=0"]
-    c1, c2 = (sweep.build_command(j, base_toml, "py") for j in jobs)
+    c1, c2 = (build_command(j, base_toml, "py") for j in jobs)
     assert "--validation.no-enable" in c1 and "--freeze.apf.threshold" in c1
     assert "--parallelism.pipeline_parallel_layers_per_stage" not in c1 and "--nproc_per_node=2" in c1
     assert "--parallelism.pipeline_parallel_layers_per_stage" in c2 and "--nproc_per_node=4" in c2
@@ -101,12 +108,12 @@ timelyfreeze_apf = {{values = [0.8], overrides = {{"freeze.apf.threshold" = 0.05
     ({"schedules": ["1F1B", "1F1B"], "methods": {"none": True}}, "repeats"),
 ])
 def test_grid_errors(grid, msg):
-    with pytest.raises(sweep.GridError, match=msg):
-        sweep.expand_grid(grid)
+    with pytest.raises(GridError, match=msg):
+        expand_grid(grid)
 
 
 def test_cli_flags_dry_run(base_toml, tmp_path, capsys):
-    rc = sweep.main(["run", "--config", str(base_toml), "--out", str(tmp_path / "o"), "--schedule", "1F1B",
+    rc = main(["run", "--config", str(base_toml), "--out", str(tmp_path / "o"), "--schedule", "1F1B",
                      "--method", "none", "--method", "timelyfreeze=0.5,1", "--seed", "3", "--set",
                      "training.steps=7", "--dry-run"])
     out = capsys.readouterr().out
@@ -117,7 +124,7 @@ def test_cli_flags_dry_run(base_toml, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------- runner
 def _run(base_toml, out, *extra):
-    return sweep.main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B",
+    return main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B",
                        "--method", "none", "--method", "timelyfreeze=0.5", "--method", "apf=0.1",
                        "--launcher", FAKE, "--no-report", *extra])
 
@@ -191,9 +198,9 @@ def test_a_run_that_survived_a_failed_plan_is_a_failed_job(base_toml, tmp_path, 
 
 def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_JOB_SLEEP", "30")
-    job = sweep.Job("1F1B", "none", None, 0)
+    job = Job("1F1B", "none", None, 0)
     lines = []
-    res = sweep.run_sweep([job], tmp_path, lambda j, d: sweep.build_command(j, base_toml, launcher=FAKE,
+    res = run_sweep([job], tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE,
                                                                              dump_folder=d),
                           timeout_s=1.0, print_fn=lines.append)
     rec = json.loads((tmp_path / "jobs" / job.job_id / "job.json").read_text())
@@ -201,14 +208,14 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     assert "TIMEOUT" in lines[1]
 
     # Ctrl-C: the running job is stopped and marked interrupted, the sweep stops there
-    jobs = [sweep.Job("1F1B", "random", 0.5, 0), sweep.Job("1F1B", "random", 0.6, 0)]
+    jobs = [Job("1F1B", "random", 0.5, 0), Job("1F1B", "random", 0.6, 0)]
     # a process started in the background by a non-interactive shell inherits SIGINT ignored, and
     # Python then raises no KeyboardInterrupt: restore the default handler as an interactive run has it
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        res = sweep.run_sweep(jobs, tmp_path, lambda j, d: sweep.build_command(j, base_toml, launcher=FAKE,
+        res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE,
                                                                                 dump_folder=d),
                               print_fn=lines.append)
     finally:
@@ -283,20 +290,20 @@ def fabricated(tmp_path):
 
 def test_curve_helpers():
     curve = [[10, 6.0], [20, 5.5], [30, 5.0], [40, 5.2]]
-    assert sr.interp_at(curve, 25) == pytest.approx(5.25)
-    assert sr.interp_at(curve, 40) == 5.2 and sr.interp_at(curve, 50) is None
-    assert sr.steps_to_reach(curve, 5.2) == pytest.approx(26.0)
-    assert sr.steps_to_reach(curve, 6.5) == 10.0  # already there at the first validation point
-    assert sr.steps_to_reach(curve, 4.9) is None
+    assert interp_at(curve, 25) == pytest.approx(5.25)
+    assert interp_at(curve, 40) == 5.2 and interp_at(curve, 50) is None
+    assert steps_to_reach(curve, 5.2) == pytest.approx(26.0)
+    assert steps_to_reach(curve, 6.5) == 10.0  # already there at the first validation point
+    assert steps_to_reach(curve, 4.9) is None
 
 
 def test_pareto_front_hand_checked():
     pts = [(1000, 5.0), (1250, 4.95), (1600, 5.2), (1100, 5.3), (1600, 5.25), (1250, 4.95)]
-    assert sr.pareto_front(pts) == [False, True, True, False, False, True]
+    assert pareto_front(pts) == [False, True, True, False, False, True]
 
 
 def test_report_tables_on_fabricated_outputs(fabricated):
-    rep = sr.build_report(fabricated, planner=None, print_fn=lambda s: None)
+    rep = build_report(fabricated, planner=None, print_fn=lambda s: None)
     with open(fabricated / "report" / "results.csv") as f:
         rows = {r["job_id"]: r for r in csv.DictReader(f)}
     assert len(rows) == 9
@@ -338,7 +345,7 @@ def test_report_tables_on_fabricated_outputs(fabricated):
     assert "no no-freezing run" in tta["1F1B__timelyfreeze__r_max=0.5__seed=1"]["note"]
     assert "different length" in tta["GPipe__timelyfreeze__r_max=0.8__seed=0"]["note"]
     # an earlier target step: NF loss at step 15 = 5.75; tf 0.5 reaches it at 10 + (5.8-5.75)/0.6*10
-    t = {t["job_id"]: t for t in sr.tta_rows(rep["rows"], tta_step=15)}["1F1B__timelyfreeze__r_max=0.5__seed=0"]
+    t = {t["job_id"]: t for t in tta_rows(rep["rows"], tta_step=15)}["1F1B__timelyfreeze__r_max=0.5__seed=0"]
     assert t["target_loss"] == pytest.approx(5.75) and t["steps_nf"] == pytest.approx(15.0)
     assert t["steps_method"] == pytest.approx(10 + 0.05 / 0.6 * 10)
     with open(fabricated / "report" / "tta.csv") as f:
@@ -359,7 +366,7 @@ class FakePlanner:
 
     def gantt(self, trace, plan, out_png):
         self.gantts.append(plan)
-        plt = sr._plt()
+        plt = _plt()
         fig, ax = plt.subplots(figsize=(4, 2))
         ax.barh([0, 1], [3, 5], left=[0, 1])
         fig.savefig(out_png)
@@ -376,7 +383,7 @@ def _nontrivial_png(path):
 
 def test_plots_with_planner(fabricated):
     planner = FakePlanner()
-    rep = sr.build_report(fabricated, planner=planner, print_fn=lambda s: None)
+    rep = build_report(fabricated, planner=planner, print_fn=lambda s: None)
     d = fabricated / "report"
     for name in ("pareto.png", "throughput_vs_rmax.png", "tta.png"):
         _nontrivial_png(d / name)
@@ -393,25 +400,25 @@ def test_plots_with_planner(fabricated):
 def test_report_without_planner_falls_back(fabricated, capsys):
     tl = fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "timeline.png"
     tl.write_bytes(b"\x89PNG fake")
-    assert sweep.main(["report", str(fabricated), "--no-planner"]) == 0
+    assert main(["report", str(fabricated), "--no-planner"]) == 0
     assert (fabricated / "report" / "timeline_1F1B.png").read_bytes() == b"\x89PNG fake"
     assert "copied the runtime's timeline.png" in capsys.readouterr().out
-    assert sweep.main(["report", str(fabricated / "nothing")]) == 2
+    assert main(["report", str(fabricated / "nothing")]) == 2
 
 
 @pytest.mark.skipif(not (REPO / "planner" / "cli.py").is_file(), reason="planner CLI not in this tree yet")
 def test_report_with_real_planner_sweep(fabricated):
-    """The real ``python -m planner sweep`` on a synthetic trace feeds the throughput-vs-r_max plot."""
+    """The real planner sweep (in process) on a synthetic trace feeds the throughput-vs-r_max plot."""
     trace = fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "trace"
     shutil.rmtree(trace)
     subprocess.run([sys.executable, "-m", "planner", "simulate", "--schedule", "1F1B", "--pp", "2",
                     "--microbatches", "4", "--out", str(trace)], cwd=REPO, check=True, capture_output=True)
-    rows = sr.PlannerCLI().sweep(trace, [0.0, 0.5, 1.0], fabricated / "s.csv")
+    rows = Planner().sweep(trace, [0.0, 0.5, 1.0], fabricated / "s.csv")
     assert [r["r_max"] for r in rows] == [0.0, 0.5, 1.0] and rows[0]["speedup"] == pytest.approx(1.0)
     assert rows[2]["speedup"] > rows[1]["speedup"] > 1.0
-    with pytest.raises(sr.PlannerError, match="does not exist"):
-        sr.PlannerCLI().sweep(fabricated / "no_trace", [0.5], fabricated / "s2.csv")
-    rep = sr.build_report(fabricated, planner=sr.PlannerCLI(), print_fn=lambda s: None)
+    with pytest.raises(PlannerError, match="does not exist"):
+        Planner().sweep(fabricated / "no_trace", [0.5], fabricated / "s2.csv")
+    rep = build_report(fabricated, planner=Planner(), print_fn=lambda s: None)
     assert (fabricated / "report" / "planner_sweep_1F1B__timelyfreeze__r_max=0.8__seed=0.csv").is_file()
     assert not any("0.8__seed=0: planner sweep failed" in w for w in rep["warnings"])
     _nontrivial_png(fabricated / "report" / "throughput_vs_rmax.png")

@@ -66,10 +66,9 @@ class Freeze:
     """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
 
     solver: str = "auto"
-    """LP solver of the plan (``planner.lp.SOLVERS``): ``auto`` (the default, exact lexicographic optimum:
-    the crafted-basis dual simplex, on a growing near-critical region from 20,000 actions), ``region``,
-    or one of the fixed HiGHS configurations ``fast``, ``dual``, ``dual-dse``, ``primal``, ``slack``,
-    ``ipx`` (all exact; kept for benchmarking)."""
+    """LP solver of the plan (``planner.lp.SOLVERS``), all exact (the lexicographic optimum): ``auto``
+    (the default: the whole LP, or from 20,000 actions a growing near-critical region), ``whole`` (always
+    the whole LP) or ``region`` (always the region method)."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""

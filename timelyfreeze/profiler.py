@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from planner.fileio import write_json_atomically
-from planner.trace import TRACE_FORMAT, TraceMeta, rank_file_name  # noqa: F401  (one home for the format)
+from planner.trace import TraceMeta, rank_file_name
 
 
 @dataclass

@@ -6,6 +6,7 @@ Launch: ``torchrun --nproc_per_node=2 -m timelyfreeze.train --job.config_file to
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from typing import Any
@@ -85,12 +86,14 @@ class TimelyFreezeTrainer(Trainer):
         if validator is None or not hasattr(validator, "validation_dataloader"):
             return
         dataset = validator.validation_dataloader.dataset
+        if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
+            return
+        # the dataset's own checkpoint API (TorchTitan's Stateful datasets): rewind to where it started
+        start = copy.deepcopy(dataset.state_dict())
         orig = validator.validate
 
         def validate(*args, **kwargs):
-            if hasattr(dataset, "_sample_idx"):
-                dataset._sample_idx = 0
-                dataset._token_buffer = []
+            dataset.load_state_dict(copy.deepcopy(start))
             return orig(*args, **kwargs)
 
         validator.validate = validate

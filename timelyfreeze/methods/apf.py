@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
-from timelyfreeze.methods.random_fixed import warmup_of
+from timelyfreeze.methods.common import warmup_of
 
 
 @dataclass

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
-from timelyfreeze.methods.random_fixed import warmup_of
+from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 
 
 @dataclass
@@ -29,45 +29,6 @@ class AutoFreezeConfig:
     """Steps between checks (digest 1.10/6: fork's ``stability_check_freq`` = 10). A layer's gradient norm
     at a check is the per-step L1 gradient norm summed over the steps since the previous check, as the
     official AutoFreeze code accumulates it (anchors 1.3)."""
-
-
-class Prefix:
-    """Maps a global prefix boundary (layers ``< boundary`` frozen) to each local stage's frozen names."""
-
-    def __init__(self, stages: list[StageView]):
-        self.views = {v.stage: v for v in stages}
-        self._cache: dict[tuple[int, int], frozenset[str]] = {}
-        # layer index -> this rank's (stage, names) with that layer; the anchor counts in the layer's
-        # statistics (it is trained like the rest) but is never frozen
-        self.local_layers: dict[int, list[tuple[int, list[str]]]] = {}
-        for v in stages:
-            per: dict[int, list[str]] = {}
-            for n in v.params:
-                per.setdefault(v.layer_of[n], []).append(n)
-            for layer, names in per.items():
-                self.local_layers.setdefault(layer, []).append((v.stage, names))
-
-    def names(self, stage: int, boundary: int) -> frozenset[str]:
-        key = (stage, boundary)
-        if key not in self._cache:
-            v = self.views[stage]
-            self._cache[key] = frozenset(
-                n for n in v.params if n != v.anchor and v.layer_of[n] < boundary
-            )
-        return self._cache[key]
-
-    def layer_params(self, layer: int) -> list[torch.Tensor]:
-        """All of this rank's tensors of ``layer`` (anchor included), for the layer's statistics."""
-        return [self.views[s].params[n] for s, names in self.local_layers.get(layer, []) for n in names]
-
-
-def merge_layer_stats(gathered: list[Any]) -> dict[int, float]:
-    """Union of the per-layer dicts every rank sent (a layer lives on one stage; duplicates must agree)."""
-    out: dict[int, float] = {}
-    for d in gathered:
-        for k, v in d.items():
-            out[int(k)] = float(v)
-    return out
 
 
 def autofreeze_boundary(ratios: dict[int, float], boundary: int, percentile: float) -> int:

@@ -41,13 +41,13 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.methods.autofreeze import Prefix
+from timelyfreeze.methods.common import Prefix
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.egeria_capture import StageCapture
 from timelyfreeze.methods.egeria_controller import EgeriaController
 from timelyfreeze.methods.egeria_reference import build_reference
 from timelyfreeze.methods.egeria_worker import EgeriaWorker, EvalJob
-from timelyfreeze.methods.random_fixed import warmup_of
+from timelyfreeze.methods.common import warmup_of
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 from timelyfreeze.methods.apf import APFMetric
 from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
-from timelyfreeze.methods.random_fixed import warmup_of
+from timelyfreeze.methods.common import warmup_of
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 from timelyfreeze.selection import action_generator, inclusion_probabilities, systematic_subset
 

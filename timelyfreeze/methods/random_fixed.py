@@ -3,7 +3,8 @@
 from dataclasses import dataclass
 from typing import Any
 
-from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
+from timelyfreeze.methods.common import freezable_names, warmup_of
 from timelyfreeze.selection import action_generator, uniform_subset
 
 
@@ -13,23 +14,6 @@ class RandomConfig:
     """Fraction of a stage's freezable parameter tensors frozen in every backward action after warm-up,
     chosen uniformly at random per (step, stage, microbatch). Not from a paper; 0.5 sits between the
     r_max values TimelyFreeze used (0.5 ConvNeXt, 0.8 LLaMA/ViT; digest 6)."""
-
-
-def freezable_names(view: StageView) -> list[str]:
-    """The stage's parameter tensors a method may freeze: all of them, in registration order, but the anchor."""
-    return [n for n in view.params if n != view.anchor]
-
-
-def warmup_of(cfg: Any, ctx: MethodContext) -> int:
-    """Steps before any freezing: ``[freeze] warmup_steps``; where it is -1 (derived), the warm-up end the
-    runtime derived for TimelyFreeze (``ctx.extras["phases"].warmup_end``), else the LR warm-up."""
-    w = int(cfg.warmup_steps)
-    if w >= 0:
-        return w
-    phases = ctx.extras.get("phases")
-    if phases is not None:
-        return int(phases.warmup_end)
-    return max(0, int(ctx.lr_warmup_steps))
 
 
 class RandomFixed(FreezeMethod):

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.methods.autofreeze import Prefix, merge_layer_stats
+from timelyfreeze.methods.common import Prefix, merge_layer_stats
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
-from timelyfreeze.methods.random_fixed import warmup_of
+from timelyfreeze.methods.common import warmup_of
 
 
 @dataclass

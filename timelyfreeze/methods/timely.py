@@ -14,6 +14,7 @@ from planner.actions import FREEZABLE_KINDS, parse_action
 
 from timelyfreeze.config import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
+from timelyfreeze.methods.common import freezable_names
 from timelyfreeze.selection import action_generator, uniform_subset
 
 
@@ -24,7 +25,7 @@ class TimelyFreezeMethod(FreezeMethod):
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
         self.phases: Phases = ctx.extras["phases"]
-        self._names = {v.stage: [n for n in v.params if n != v.anchor] for v in ctx.stages}
+        self._names = {v.stage: freezable_names(v) for v in ctx.stages}
         self.planned_ratio: dict[tuple[int, int], float] | None = None
         """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
         self.plan_failed: str | None = None

@@ -1,0 +1,28 @@
+"""Every validation reads the same held-out batches: the trainer rewinds TorchTitan's text dataset with
+its own checkpoint API (``state_dict``/``load_state_dict``). This guards that API: if TorchTitan changes
+it, this test fails loudly instead of validations silently scoring different slices."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import torch
+
+from timelyfreeze import corpus
+
+
+def test_the_dataset_rewinds_to_the_same_batches():
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataset
+
+    corpus.register_datasets()
+    tok = HuggingFaceTokenizer(str(corpus.ensure_tokenizer()))
+    ds = HuggingFaceTextDataset("pystdlib_val", None, tok, seq_len=64, infinite=False)
+    start = copy.deepcopy(ds.state_dict())
+    first = [x["input"] for x, _ in itertools.islice(iter(ds), 5)]
+    second = [x["input"] for x, _ in itertools.islice(iter(ds), 5)]
+    assert any(not torch.equal(a, b) for a, b in zip(first, second))  # without a rewind: the next slice
+    ds.load_state_dict(copy.deepcopy(start))
+    again = [x["input"] for x, _ in itertools.islice(iter(ds), 5)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))

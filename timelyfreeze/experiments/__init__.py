@@ -1,0 +1,19 @@
+"""Experiments: grids of training jobs run one at a time, and the report that compares them.
+
+``scripts/sweep.py`` and ``scripts/sweep_report.py`` are thin entry points to ``cli``
+(``python -m timelyfreeze.experiments run|report ...`` does the same). One idea per module:
+
+- ``grid``: a grid file / grid flags -> jobs (schedule x method x knob value x seed), their ids and knobs;
+- ``command``: one job -> its ``torchrun -m timelyfreeze.train`` command (or a fake launcher's);
+- ``runner``: run one job or a resumable sweep: ``job.json`` records, progress/ETA, timeouts, Ctrl-C;
+- ``results``: read a sweep folder's job outputs into one row per job;
+- ``pareto``: means per configuration over seeds and the loss/throughput Pareto front;
+- ``tta``: time-to-accuracy against the no-freezing run;
+- ``predictions``: the planner's predictions (r_max sweeps, timelines), called in this process;
+- ``plots``: the report's matplotlib figures;
+- ``report``: the report folder: CSV and Markdown tables, plots, warnings;
+- ``cli``: the command lines of ``sweep.py run`` and ``sweep.py report``.
+
+Method names and knobs come from ``timelyfreeze.config`` (``METHODS``, ``METHOD_KNOBS``,
+``PLANNED_METHODS``); nothing here keeps its own list.
+"""

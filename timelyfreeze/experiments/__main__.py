@@ -1,0 +1,7 @@
+"""``python -m timelyfreeze.experiments run|report ...`` (the same as ``scripts/sweep.py``)."""
+
+import sys
+
+from timelyfreeze.experiments.cli import main
+
+sys.exit(main())

@@ -1,0 +1,87 @@
+"""One job -> its command: ``torchrun -m timelyfreeze.train`` with the job's training arguments, or a
+launcher (e.g. ``python tests/fake_job.py``) given the same arguments."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from timelyfreeze.experiments.grid import KNOBS, Job, fmt_value
+
+
+def override_args(key: str, value: Any) -> list[str]:
+    """TorchTitan (tyro) CLI form of one override: bools as ``--a.b`` / ``--a.no-b``, lists of str
+    comma-joined (TorchTitan's rule), other lists as several values."""
+    flag = "--" + key.lstrip("-")
+    if isinstance(value, bool):
+        if value:
+            return [flag]
+        section, _, field = flag.rpartition(".")
+        return [f"{section}.no-{field}" if section else f"--no-{field.lstrip('-')}"]
+    if isinstance(value, list):
+        if all(isinstance(v, str) for v in value):
+            return [flag, ",".join(value)]
+        return [flag, *(fmt_value(v) for v in value)]
+    return [flag, fmt_value(value)]
+
+
+def _lookup(toml: dict[str, Any], dotted: str) -> Any:
+    node: Any = toml
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def pp_degree(job: Job, base_toml: str | Path) -> int:
+    """``parallelism.pipeline_parallel_degree`` of the job: its overrides, else the base TOML, else 1."""
+    for key, value in reversed(job.overrides):
+        if key.replace("-", "_") == "parallelism.pipeline_parallel_degree":
+            return int(value)
+    with open(base_toml, "rb") as f:
+        value = _lookup(tomllib.load(f), "parallelism.pipeline_parallel_degree")
+    return int(value) if value is not None else 1
+
+
+def train_args(job: Job, base_toml: str | Path, dump_folder: str | Path) -> list[str]:
+    """The ``timelyfreeze.train`` arguments of a job (what a fake launcher receives too)."""
+    args = [
+        "--job.config_file", str(base_toml),
+        "--job.dump_folder", str(dump_folder),
+        "--freeze.method", job.method,
+        "--freeze.seed", str(job.seed),
+        "--parallelism.pipeline_parallel_schedule", job.schedule,
+    ]
+    knob = KNOBS[job.method]
+    if knob is not None:
+        args += [knob[1], fmt_value(job.knob_value)]
+    for key, value in job.overrides:
+        args += override_args(key, value)
+    return args
+
+
+def build_command(
+    job: Job,
+    base_toml: str | Path,
+    python_exe: str = sys.executable,
+    dump_folder: str | Path | None = None,
+    launcher: str | None = None,
+    nproc_per_node: int | None = None,
+) -> list[str]:
+    """The command of one job: ``torchrun`` (as ``python -m torch.distributed.run``, so the venv's
+    torch is used) with ``-m timelyfreeze.train``, or ``launcher`` (a shell-style command such as
+    ``"python tests/fake_job.py"``) followed by the same training arguments."""
+    dump_folder = dump_folder if dump_folder is not None else Path("jobs") / job.job_id / "dump"
+    args = train_args(job, base_toml, dump_folder)
+    if launcher:
+        return shlex.split(launcher) + args
+    nproc = nproc_per_node or pp_degree(job, base_toml)
+    return [
+        python_exe, "-m", "torch.distributed.run",
+        f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
+        "-m", "timelyfreeze.train", *args,
+    ]

@@ -1,0 +1,105 @@
+"""The report of a sweep folder: tables, plots and warnings under ``<out>/report/``.
+
+- ``results.csv``: one row per job (``results.RESULT_COLUMNS``); jobs without a summary.json (failed,
+  interrupted) get what their metrics.jsonl holds.
+- ``configs.csv``: one row per (schedule, method, knob value), means over the ok seeds, with the
+  ``pareto`` flag (not dominated in lower loss and higher throughput within its schedule).
+- ``tta.csv``: time-to-accuracy per job against the no-freezing job of the same schedule and seed
+  (``tta``).
+- ``report.md``: the three tables, the plots and every warning.
+- ``pareto.png``, ``throughput_vs_rmax.png``, ``tta.png``, ``timeline_<schedule>.png`` (``plots``).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from timelyfreeze.experiments.pareto import CONFIG_COLUMNS, aggregate_configs, loss_key
+from timelyfreeze.experiments.plots import plot_pareto, plot_rmax, plot_tta, rmax_data, timelines
+from timelyfreeze.experiments.predictions import Planner
+from timelyfreeze.experiments.results import RESULT_COLUMNS, config_label, load_rows
+from timelyfreeze.experiments.tta import TTA_COLUMNS, tta_rows
+
+
+def _cell(col: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else ""
+    if isinstance(v, float):
+        if col.startswith("tokens_per_s") or "_ms" in col:
+            return f"{v:.1f}"
+        if col in ("knob_value", "target_step", "steps_nf", "steps_method"):
+            return format(v, "g") if col == "knob_value" else f"{v:.1f}"
+        return f"{v:.4f}" if "loss" in col else f"{v:.3f}"
+    return str(v)
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns))
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: "" if r.get(c) is None else r.get(c) for c in columns})
+
+
+def md_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(c, r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def build_report(out: str | Path, tta_step: float | None = None, which: str = "stable",
+                 planner: Planner | None = None, print_fn=print) -> dict[str, Any]:
+    out = Path(out)
+    rep = out / "report"
+    rep.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(out)
+    warnings: list[str] = []
+    lkey = loss_key(rows)
+    loss_label = "validation loss" if lkey == "val_loss" else "final training loss (no validation)"
+    thr_label = f"throughput, {'stable phase' if which == 'stable' else 'whole run'} (tokens/s)"
+    configs = aggregate_configs(rows, which, lkey)
+    tta = tta_rows(rows, tta_step)
+    for c in configs:
+        if c["pareto"] is None:
+            warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
+                            f"no {which} throughput or loss, left out of the Pareto plot")
+    write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
+    write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
+    write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
+    plots = []
+    if plot_pareto(configs, rep / "pareto.png", loss_label, thr_label):
+        plots.append(("Loss vs throughput, Pareto frontier circled", "pareto.png"))
+    if plot_rmax(rmax_data(rows, planner, rep, warnings), rep / "throughput_vs_rmax.png",
+                 "throughput, stable phase (tokens/s)"):
+        plots.append(("Measured vs predicted throughput over r_max", "throughput_vs_rmax.png"))
+    if plot_tta(tta, rep / "tta.png"):
+        plots.append(("Time to accuracy", "tta.png"))
+    for png, job_id in timelines(rows, planner, rep, warnings):
+        plots.append((f"Timeline of {job_id}", png.name))
+    counts = defaultdict(int)
+    for r in rows:
+        counts[r["status"]] += 1
+    md = [f"# Sweep report: {out.resolve().name}", "",
+          f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+          "## Jobs", "", md_table(rows, RESULT_COLUMNS), "",
+          f"## Configurations (mean over ok seeds; loss = {loss_label}; tokens_per_s = {thr_label})", "",
+          md_table(configs, CONFIG_COLUMNS), "",
+          "## Time to accuracy", "",
+          "kappa = stable throughput / no-freezing stable throughput (same schedule and seed); steps = first "
+          "step the validation curve reaches the no-freezing loss at target_step; "
+          "tta_ratio = (steps_method / steps_nf) / kappa (< 1: sooner than no freezing).", "",
+          md_table(tta, TTA_COLUMNS), ""]
+    if plots:
+        md += ["## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name in plots]
+    if warnings:
+        md += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
+    (rep / "report.md").write_text("\n".join(md))
+    for w in warnings:
+        print_fn(f"report: warning: {w}")
+    print_fn(f"report: {len(rows)} jobs -> {rep / 'report.md'} ({len(plots)} plots)")
+    return {"rows": rows, "configs": configs, "tta": tta, "plots": plots, "warnings": warnings, "dir": rep}
