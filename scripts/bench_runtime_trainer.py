@@ -50,3 +50,6 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     main(OverheadBenchTrainer)
+    import gc
+
+    gc.collect()  # destroy the process groups now, not during interpreter shutdown (see timelyfreeze/train.py)

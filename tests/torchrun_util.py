@@ -61,7 +61,10 @@ def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int =
     """Run ``timelyfreeze.train`` on ``nproc`` CPU processes; returns exit code, log and dump folder."""
     cmd = command(config, dump, *args, nproc=nproc, tensorboard=tensorboard)
     p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    return Run(p.returncode, p.stdout + p.stderr, Path(dump))
+    log = p.stdout + p.stderr
+    Path(dump).mkdir(parents=True, exist_ok=True)
+    (Path(dump) / "torchrun.log").write_text(log)  # the whole log, for a failure's post-mortem
+    return Run(p.returncode, log, Path(dump))
 
 
 def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 3) -> list[str]:

@@ -282,10 +282,15 @@ class FreezeRuntime:
         return summary
 
     def close(self) -> None:
+        """Stop the method, unhook the stages, close the trace, and drop every reference to the process
+        group, so that TorchTitan's ``destroy_process_group()`` really destroys it and joins its threads
+        now, not during interpreter shutdown (see ``torch_fixes.release_mesh_process_groups``)."""
         self.method.close()
         self.detach_hooks()
         if self.writer is not None:
             self.writer.close()
+        self.ctx.all_gather = None
+        self.pg = None
 
 
 def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:

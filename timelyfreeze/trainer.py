@@ -20,7 +20,7 @@ from timelyfreeze import corpus
 from timelyfreeze.config import check_compile, check_parallelism, validate
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.summary import format_summary
-from timelyfreeze.torch_fixes import patch_v_schedule_eval
+from timelyfreeze.torch_fixes import patch_v_schedule_eval, release_mesh_process_groups
 
 
 class TimelyFreezeTrainer(Trainer):
@@ -163,3 +163,5 @@ class TimelyFreezeTrainer(Trainer):
             finally:
                 rt.close()
         super().close()
+        # before TorchTitan's destroy_process_group(): let it really destroy the groups (see torch_fixes)
+        release_mesh_process_groups()
