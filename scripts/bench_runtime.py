@@ -2,7 +2,7 @@
 """Runtime benchmark on the embedded default (llama3 debug model, PP=2, CPU), two torchrun jobs:
 
 (a) overhead: one job alternating steps with the freezing runtime's hooks detached (TorchTitan's
-compute through this project's trainer subclass, which then adds only a few attribute checks per step)
+compute through this project's trainer subclass, which then adds only a few Python calls per batch)
 with TimelyFreeze steps at ratio 0
     (hooks, profiler, trace, metrics; ``scripts/bench_runtime_trainer.py``); paired difference of
     neighbouring steps, so slow drift of the machine cancels;
