@@ -89,7 +89,7 @@ def good_state(step: int = 9) -> dict:
     return {
         "format": STATE_FORMAT, "step": step, "run": dict(IDENTITY), "method": {},
         "monitor_records": [{"step": 3, "action": "0F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0}],
-        "plan_batch_ms": {"planned": 10.0}, "history": [{"step": s, "phase": "x"} for s in range(1, step + 1)],
+        "plan_batch_ms": {"no_freeze": 12.0, "all_frozen": 9.0, "planned": 10.0, "note": "v2"}, "history": [{"step": s, "phase": "x"} for s in range(1, step + 1)],
         "val_curve": [[4, 5.5]], "meta": None, "failures": [],
     }
 
@@ -112,7 +112,8 @@ def test_a_consistent_state_passes():
         (lambda s: s["monitor_records"][0].pop("ms"), "not a trace record"),
         (lambda s: s["history"].pop(3), "history covers"),
         (lambda s: s.update(val_curve=[[1]]), "val_curve"),
-        (lambda s: s.update(plan_batch_ms={"planned": "fast"}), "plan_batch_ms"),
+        (lambda s: s["plan_batch_ms"].update(planned="fast"), "plan_batch_ms"),
+        (lambda s: s["plan_batch_ms"].pop("no_freeze"), "plan_batch_ms"),
     ],
 )
 def test_inconsistent_states_are_refused(change, match):

@@ -173,7 +173,8 @@ def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     summary = second.summary()
     assert summary["phases"]["lower"] == [WARMUP + MONITOR + 1, LOWER_END]
     assert summary["steps"] == steps
-    # the resumed run recomputes the deterministic steps before the plan (step 8) bit for bit
+    # the resumed run recomputes step 8 (lower bound, before the plan: deterministic) bit for bit; steps 1-7
+    # come from the restored history
     before = dict((s, l) for s, l in first.summary()["loss_curve"])
     after = dict((s, l) for s, l in summary["loss_curve"])
     assert all(math.isfinite(l) for l in after.values())
@@ -200,6 +201,14 @@ def test_resume_after_plan_keeps_the_plan(tmp_path):
         if rec["step"] > 10 and rec["action"].startswith("0B"):
             target = ratios[rec["action"]] * ramp(rec["step"]) * n0
             assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+    # resuming with other [freeze] phases: the saved measurements no longer fit them -> one error line on
+    # every rank together, exit 2, and the finished run's summary is left as it was
+    summary_before = (second.out / "summary.json").read_bytes()
+    third = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, "--freeze.monitor_steps", "2")
+    assert third.rc != 0
+    lines = [l for l in third.log.splitlines() if l.startswith("error:")]
+    assert len(lines) == 1 and "saved freezing state" in lines[0], third.tail()
+    assert (second.out / "summary.json").read_bytes() == summary_before
 
 
 def test_bad_freeze_setting_fails_with_one_line(tmp_path):

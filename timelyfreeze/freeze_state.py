@@ -84,7 +84,8 @@ def check(st: Any, identity: dict, step: int) -> None:
         if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], (int, float))):
             fail(f"val_curve[{i}] must be [step, loss]")
     if st["plan_batch_ms"] is not None and not all(
-            isinstance(v, (int, float)) and math.isfinite(v) for v in st["plan_batch_ms"].values()):
-        fail("plan_batch_ms must map names to finite numbers")
+            isinstance(st["plan_batch_ms"].get(k), (int, float)) and math.isfinite(st["plan_batch_ms"][k])
+            for k in ("no_freeze", "all_frozen", "planned")):
+        fail("plan_batch_ms needs finite no_freeze, all_frozen and planned times")
     if not all(isinstance(f, str) for f in st["failures"]):
         fail("failures must be strings")

@@ -92,6 +92,8 @@ class FreezeRuntime:
         self.val_curve: list[list[float]] = []
         self.failures: list[str] = []
         """Problems the run survived (e.g. no plan): reported in the summary; a sweep marks the job failed."""
+        self.refused = False
+        """True once a checkpoint's freezing state was refused: the run ends without a summary."""
         self._batch_s = 0.0
         self._step_t0 = 0.0
         self._losses: list[Any] = []
@@ -238,12 +240,19 @@ class FreezeRuntime:
     def load_state_dict(self, text: Any, step: int) -> None:
         """Restore what ``state_dict`` saved at ``step`` (TorchTitan's restored step). A state that is not
         this run's, or whose contents do not check out, raises ``FreezeStateError`` naming what is wrong."""
-        st = freeze_state.unpack(text, self._identity(), step, self.phases)
+        problem = None
         try:
+            st = freeze_state.unpack(text, self._identity(), step, self.phases)
             self.method.load_state_dict(st["method"])
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise FreezeStateError(
-                f"the {self.cfg.method} method state does not load: {planning.one_line(e)}") from None
+        except FreezeStateError as e:
+            problem = str(e)
+        except Exception as e:  # noqa: BLE001 -- a tampered method state: one error line, not a traceback
+            problem = f"the {self.cfg.method} method state does not load: {planning.one_line(e)}"
+        # every rank refuses together (one rank resuming alone would wait for the others in its first step)
+        problems = [p for p in self.pg.all_gather(problem) if p is not None]
+        if problems:
+            self.refused = True
+            raise FreezeStateError(problem or problems[0])
         for name in ("monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures"):
             setattr(self, name, st[name])
         self.step = step

@@ -29,11 +29,25 @@ def main() -> None:
     except (FreezeConfigError, FreezeStateError) as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
+        _release_process_groups()
         sys.exit(2)
     # The trainer's reference cycles (closures, stage <-> schedule) still hold the pipeline's process group;
     # left to the interpreter's shutdown, gloo's threads are destroyed mid-finalization, which aborted about
     # one finished run in twenty. Collect them now, while everything is alive: destroy_process_group() has
     # run, so the groups go and their threads are joined here (see timelyfreeze.torch_fixes).
+    gc.collect()
+
+
+def _release_process_groups() -> None:
+    """After an error that ended the run early: destroy the process groups and join their threads now
+    (TorchTitan destroys them only on success), for the same reason as the ``gc.collect()`` above."""
+    import torch.distributed as dist
+
+    from timelyfreeze.torch_fixes import release_mesh_process_groups
+
+    release_mesh_process_groups()
+    if dist.is_initialized():
+        dist.destroy_process_group()
     gc.collect()
 
 

@@ -157,7 +157,8 @@ class TimelyFreezeTrainer(Trainer):
         rt = getattr(self, "freeze_rt", None)
         if rt is not None:
             try:
-                summary = rt.finish()
+                # a refused resume leaves the earlier run's summary alone
+                summary = None if rt.refused else rt.finish()
                 if summary is not None:
                     logger.info(format_summary(summary))
             finally:
