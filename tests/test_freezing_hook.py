@@ -22,12 +22,18 @@ def run_step(hook: FreezingHook, accum_box: list[int], batches: int, step_box: l
     return hook.end_step()
 
 
-def test_each_accumulation_batch_draws_its_own_masks():
+def planned_hook(ratio: float):
+    """A TimelyFreeze method with ``ratio`` planned for every backward of stage 0, its view, and a hook
+    reading the step and accumulation batch from the two returned one-element lists."""
     m = make()
-    m.set_plan({f"0B{mb}": 0.5 for mb in range(4)})
+    m.set_plan({f"0B{mb}": ratio for mb in range(4)})
     view = m.ctx.stages[0]
     accum, step = [0], [0]
-    hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0])
+    return m, view, FreezingHook([view], m, lambda: step[0], lambda: accum[0]), accum, step
+
+
+def test_each_accumulation_batch_draws_its_own_masks():
+    m, view, hook, accum, step = planned_hook(0.5)
     stable = PH.ramp_end + 1
     applied = run_step(hook, accum, 3, step, stable)
     assert set(applied) == {f"0B{mb}" for mb in range(4)}
@@ -53,11 +59,7 @@ def test_each_accumulation_batch_draws_its_own_masks():
 
 
 def test_flags_are_restored_after_every_batch():
-    m = make()
-    m.set_plan({f"0B{mb}": 1.0 for mb in range(4)})
-    view = m.ctx.stages[0]
-    accum, step = [0], [0]
-    hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0])
+    m, view, hook, accum, step = planned_hook(1.0)
     run_step(hook, accum, 2, step, PH.ramp_end + 1)
     assert all(p.requires_grad for p in view.params.values())
     assert isinstance(next(iter(view.params.values())), torch.nn.Parameter)
