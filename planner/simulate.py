@@ -115,19 +115,22 @@ def synthetic_trace(
 
 
 def write_trace(trace: Trace, directory: str | os.PathLike[str]) -> str:
-    """Write ``trace`` as a spec-conformant trace directory (``meta.json`` + ``actions_rank<r>.jsonl``).
+    """Write ``trace`` as a spec-conformant trace directory (``meta.json`` + one records file per rank
+    and replica, named by ``rank_file_name``).
 
     Creates the directory if needed and overwrites those files; returns the directory path.
     Raises :class:`PlannerError` (one line) when it cannot be written.
     """
     root = os.fspath(directory)
-    by_rank: dict[int, list[str]] = {r: [] for r in range(trace.meta.pp_degree)}
+    by_file: dict[tuple[int, int], list[str]] = {
+        (d, r): [] for d in range(trace.meta.replicas) for r in range(trace.meta.pp_degree)}
     for rec in trace.records:
-        by_rank[rec.rank].append(json.dumps(
+        by_file[rec.replica, rec.rank].append(json.dumps(
             {"step": rec.step, "action": rec.action, "ms": rec.ms, "phase": rec.phase,
              "freeze_ratio": rec.freeze_ratio}))
     files = {META_FILE: json.dumps(trace.meta.to_json(), indent=1) + "\n"}
-    files.update({rank_file_name(r): "".join(line + "\n" for line in lines) for r, lines in by_rank.items()})
+    files.update({rank_file_name(r, d): "".join(line + "\n" for line in lines)
+                  for (d, r), lines in by_file.items()})
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:

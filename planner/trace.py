@@ -1,6 +1,7 @@
 """Timing traces (``timelyfreeze-trace/1``): load, validate, and reduce to per-action node weights.
 
-A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` per pipeline rank
+A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` per pipeline rank, plus
+one ``actions_rank<r>_replica<d>.jsonl`` per rank for each further data-parallel pipeline replica ``d >= 1``
 (see ``docs/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
 that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extra fields are kept
 (meta) or ignored (records) for forward compatibility.
@@ -23,17 +24,22 @@ TRACE_FORMAT = "timelyfreeze-trace/1"
 META_FILE = "meta.json"
 
 _META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
+_OPTIONAL_META_FIELDS = ("replicas",)  # checked when present
 _RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
 
 
-def rank_file_name(rank: int) -> str:
-    """File name of one rank's records: ``actions_rank<r>.jsonl``."""
-    return f"actions_rank{rank}.jsonl"
+def rank_file_name(rank: int, replica: int = 0) -> str:
+    """File name of one rank's records: ``actions_rank<r>.jsonl``, ``actions_rank<r>_replica<d>.jsonl`` for d >= 1."""
+    return f"actions_rank{rank}.jsonl" if replica == 0 else f"actions_rank{rank}_replica{replica}.jsonl"
 
 
 @dataclass
 class TraceMeta:
-    """The validated contents of ``meta.json``."""
+    """The validated contents of ``meta.json``.
+
+    ``replicas`` is the number of data-parallel pipeline replicas (default 1). A ``"replicas"`` key passed
+    in ``extra`` (e.g. ``build_meta(..., replicas=n)``) is moved into the attribute, so ``extra`` never holds it.
+    """
 
     schedule: str
     pp_degree: int
@@ -42,9 +48,20 @@ class TraceMeta:
     stage_to_rank: list[int]
     rank_orders: dict[int, list[str]]
     extra: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if "replicas" in self.extra:
+            self.extra = dict(self.extra)
+            n = self.extra.pop("replicas")
+            if self.replicas not in (1, n):
+                raise ValueError(f"replicas={self.replicas!r} conflicts with extra['replicas']={n!r}")
+            self.replicas = n
+        if not _is_int(self.replicas) or self.replicas < 1:
+            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
 
     def to_json(self) -> dict[str, Any]:
-        """The ``meta.json`` dict (rank keys as strings, unknown extra fields preserved)."""
+        """The ``meta.json`` dict (rank keys as strings, unknown extra fields preserved, ``replicas`` only if > 1)."""
         d: dict[str, Any] = dict(self.extra)
         d.update(
             {
@@ -57,6 +74,8 @@ class TraceMeta:
                 "rank_orders": {str(r): list(o) for r, o in sorted(self.rank_orders.items())},
             }
         )
+        if self.replicas > 1:
+            d["replicas"] = self.replicas
         return d
 
     def all_actions(self) -> list[str]:
@@ -66,7 +85,7 @@ class TraceMeta:
 
 @dataclass
 class Record:
-    """One executed action: one line of ``actions_rank<r>.jsonl``."""
+    """One executed action: one line of ``rank_file_name(rank, replica)``."""
 
     step: int
     action: str
@@ -74,11 +93,12 @@ class Record:
     phase: str
     freeze_ratio: float
     rank: int
+    replica: int = 0
 
 
 @dataclass
 class Trace:
-    """A whole trace: metadata plus every record of every rank; ``source`` names where it came from."""
+    """A whole trace: metadata plus every record of every rank and replica; ``source`` names where it came from."""
 
     meta: TraceMeta
     records: list[Record]
@@ -119,6 +139,9 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
         if not _is_int(v) or v < 1:
             raise err(f"field '{name}' must be a positive integer, got {v!r}")
     pp, n_stages, n_mb = d["pp_degree"], d["num_stages"], d["num_microbatches"]
+    replicas = d.get("replicas", 1)
+    if not _is_int(replicas) or replicas < 1:
+        raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
 
     s2r = d["stage_to_rank"]
     if not isinstance(s2r, list) or not all(_is_int(x) for x in s2r):
@@ -182,11 +205,12 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
                 raise err(f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
                           f"exactly once, has {have}")
 
-    extra = {k: v for k, v in d.items() if k not in _META_FIELDS and k != "format"}
-    return TraceMeta(schedule, pp, n_stages, n_mb, list(s2r), rank_orders, extra)
+    known = set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}
+    extra = {k: v for k, v in d.items() if k not in known}
+    return TraceMeta(schedule, pp, n_stages, n_mb, list(s2r), rank_orders, extra, replicas)
 
 
-def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str]) -> Record:
+def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], replica: int = 0) -> Record:
     """Check one JSONL record; ``where`` is ``<file>:<line>``."""
     if not isinstance(obj, dict):
         raise PlannerError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -210,59 +234,80 @@ def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str]) ->
         raise PlannerError(f"{where}: field 'phase' must be a non-empty string, got {phase!r}")
     if not _is_num(fr) or not math.isfinite(fr) or not 0.0 <= fr <= 1.0:
         raise PlannerError(f"{where}: field 'freeze_ratio' must be a number in [0, 1], got {fr!r}")
-    return Record(step, action, float(ms), phase, float(fr), rank)
+    return Record(step, action, float(ms), phase, float(fr), rank, replica)
 
 
 def trace_from_records(
-    meta: dict[str, Any], records_by_rank: dict[int, list[dict[str, Any]]], source: str = "<memory>"
+    meta: dict[str, Any], records_by_rank: dict[Any, list[dict[str, Any]]], source: str = "<memory>"
 ) -> Trace:
     """Validate an in-memory trace (what the runtime gathers over the process group) like :func:`load_trace`.
 
-    Error locations read ``<source>/actions_rank<r>.jsonl:<index+1>``.
+    Keys are a rank (replica 0) or a ``(replica, rank)`` pair; every (replica, rank) must be present.
+    Error locations read ``<source>/<rank_file_name(rank, replica)>:<index+1>``.
     """
     m = validate_meta(meta, f"{source}/{META_FILE}")
+    by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for key, recs in records_by_rank.items():
+        if _is_int(key):
+            pair = (0, key)
+        elif isinstance(key, tuple) and len(key) == 2 and all(_is_int(x) for x in key):
+            pair = key
+        else:
+            raise PlannerError(f"{source}: records given for key {key!r}, expected a rank or a (replica, rank) pair")
+        d, r = pair
+        if not 0 <= d < m.replicas or not 0 <= r < m.pp_degree:
+            raise PlannerError(f"{source}: records given for replica {d} rank {r}, expected replica in "
+                               f"0..{m.replicas - 1} and rank in 0..{m.pp_degree - 1}")
+        if pair in by_pair:
+            raise PlannerError(f"{source}: records for replica {d} rank {r} given twice (key {key!r})")
+        by_pair[pair] = recs
+    for d in range(m.replicas):
+        for r in range(m.pp_degree):
+            if (d, r) not in by_pair:
+                of = f" of replica {d}" if d else ""
+                raise PlannerError(f"{source}/{rank_file_name(r, d)}: no records for rank {r}{of}")
     records: list[Record] = []
-    for r in range(m.pp_degree):
-        if r not in records_by_rank:
-            raise PlannerError(f"{source}/{rank_file_name(r)}: no records for rank {r}")
-    for r, recs in records_by_rank.items():
-        if not _is_int(r) or not 0 <= r < m.pp_degree:
-            raise PlannerError(f"{source}: records given for rank {r!r}, expected 0..{m.pp_degree - 1}")
+    for (d, r), recs in sorted(by_pair.items()):
         acts = set(m.rank_orders[r])
-        fname = f"{source}/{rank_file_name(r)}"
+        fname = f"{source}/{rank_file_name(r, d)}"
         for i, obj in enumerate(recs):
-            records.append(_validate_record(obj, f"{fname}:{i + 1}", r, acts))
+            records.append(_validate_record(obj, f"{fname}:{i + 1}", r, acts, d))
     return Trace(m, records, source)
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace directory (``meta.json`` + ``actions_rank<r>.jsonl`` for every rank)."""
+    """Read and validate a trace directory (``meta.json`` + one records file per rank and replica)."""
     root = os.fspath(path)
     meta_path = os.path.join(root, META_FILE)
     if not os.path.isdir(root):
         raise PlannerError(f"{root}: trace directory does not exist")
     m = validate_meta(read_json(meta_path, "missing (a trace directory needs meta.json)"), meta_path)
+    if m.replicas == 1:
+        need = f"pp_degree={m.pp_degree} needs one file per rank"
+    else:
+        need = f"pp_degree={m.pp_degree}, replicas={m.replicas} need one file per rank and replica"
 
     records: list[Record] = []
-    for r in range(m.pp_degree):
-        fname = os.path.join(root, rank_file_name(r))
-        acts = set(m.rank_orders[r])
-        try:
-            f = open(fname, encoding="utf-8")
-        except FileNotFoundError:
-            raise PlannerError(f"{fname}: missing (pp_degree={m.pp_degree} needs one file per rank)") from None
-        except OSError as e:
-            raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
-        with f:
-            for lineno, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                where = f"{fname}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
-                records.append(_validate_record(obj, where, r, acts))
+    for d in range(m.replicas):
+        for r in range(m.pp_degree):
+            fname = os.path.join(root, rank_file_name(r, d))
+            acts = set(m.rank_orders[r])
+            try:
+                f = open(fname, encoding="utf-8")
+            except FileNotFoundError:
+                raise PlannerError(f"{fname}: missing ({need})") from None
+            except OSError as e:
+                raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
+            with f:
+                for lineno, line in enumerate(f, start=1):
+                    if not line.strip():
+                        continue
+                    where = f"{fname}:{lineno}"
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
+                    records.append(_validate_record(obj, where, r, acts, d))
     return Trace(m, records, root)
 
 
@@ -284,28 +329,39 @@ class NodeWeights:
 
 
 def node_weights(trace: Trace) -> NodeWeights:
-    """Derive ``w_min``/``w_max`` per action exactly as the spec says (medians of ``lower``/``upper`` records)."""
-    upper: dict[str, list[float]] = {}
-    lower: dict[str, list[float]] = {}
+    """Derive ``w_min``/``w_max`` per action as the spec says: per replica, medians of ``upper``/``lower``
+    records (``w_min`` clamped to ``w_max``); then, across replicas, the per-action maximum of each.
+
+    The optimizer step waits for the slowest replica, and the batch time (a longest path in the DAG) is
+    monotone in the node weights, so a plan's predicted batch time on the per-action-maximum weights bounds
+    every replica's predicted batch time for the same ratios. Planning on the replica that is critical now
+    would ignore that another replica becomes critical once it is sped up. One replica: plain medians.
+    """
+    upper: dict[tuple[int, str], list[float]] = {}
+    lower: dict[tuple[int, str], list[float]] = {}
     for rec in trace.records:
         if rec.phase == "upper":
-            upper.setdefault(rec.action, []).append(rec.ms)
+            upper.setdefault((rec.replica, rec.action), []).append(rec.ms)
         elif rec.phase == "lower":
-            lower.setdefault(rec.action, []).append(rec.ms)
+            lower.setdefault((rec.replica, rec.action), []).append(rec.ms)
     w_min: dict[str, float] = {}
     w_max: dict[str, float] = {}
-    for r in sorted(trace.meta.rank_orders):
-        fname = os.path.join(trace.source, rank_file_name(r))
-        for a in trace.meta.rank_orders[r]:
-            if a not in upper:
-                raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
-            hi = float(statistics.median(upper[a]))
-            kind = action_kind(a)
-            if kind in FREEZABLE_KINDS:
-                if a not in lower:
-                    raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")
-                lo = min(float(statistics.median(lower[a])), hi)
-            else:
-                lo = hi
-            w_min[a], w_max[a] = lo, hi
+    for d in range(trace.meta.replicas):
+        for r in sorted(trace.meta.rank_orders):
+            fname = os.path.join(trace.source, rank_file_name(r, d))
+            for a in trace.meta.rank_orders[r]:
+                if (d, a) not in upper:
+                    raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
+                hi = float(statistics.median(upper[d, a]))
+                if action_kind(a) in FREEZABLE_KINDS:
+                    if (d, a) not in lower:
+                        raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' "
+                                           "(needed for w_min)")
+                    lo = min(float(statistics.median(lower[d, a])), hi)
+                else:
+                    lo = hi
+                if d == 0:
+                    w_min[a], w_max[a] = lo, hi
+                else:
+                    w_min[a], w_max[a] = max(w_min[a], lo), max(w_max[a], hi)
     return NodeWeights(w_min, w_max)

@@ -86,6 +86,37 @@ def test_simulate_plan_sweep_gantt(trace_dir, tmp_path):
     assert gantt_path.read_bytes()[:4] == b"\x89PNG" and gantt_path.stat().st_size > 20_000
 
 
+def test_plan_on_two_replica_trace(tmp_path):
+    """``plan`` on a trace of 2 data-parallel replicas plans on the per-action max of their weights."""
+    import dataclasses
+
+    from planner.simulate import simulate_batch, synthetic_trace, write_trace
+    from planner.trace import Trace, load_trace, node_weights
+
+    reps = [synthetic_trace("1F1B", 2, 4, stage_scale=[1.0, 1.4], jitter=0.05, seed=1),
+            synthetic_trace("1F1B", 2, 4, stage_scale=[1.3, 1.0], jitter=0.05, seed=2)]
+    meta = dataclasses.replace(reps[0].meta, replicas=2)
+    recs = reps[0].records + [dataclasses.replace(x, replica=1) for x in reps[1].records]
+    trace_dir = Path(write_trace(Trace(meta, recs, "two"), tmp_path / "trace"))
+    assert sorted(p.name for p in trace_dir.iterdir()) == [
+        "actions_rank0.jsonl", "actions_rank0_replica1.jsonl", "actions_rank1.jsonl", "actions_rank1_replica1.jsonl",
+        "meta.json"]
+    assert json.loads((trace_dir / "meta.json").read_text())["replicas"] == 2
+    assert load_trace(trace_dir).meta.replicas == 2
+
+    plan_path = tmp_path / "plan.json"
+    assert str(plan_path) in assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path))
+    plan = json.loads(plan_path.read_text())
+    single = [node_weights(t) for t in reps]
+    for a, entry in plan["actions"].items():
+        assert entry["w_max"] == max(w.w_max[a] for w in single)
+        assert entry["w_min"] == max(w.w_min[a] for w in single)
+    no_freeze = plan["batch_time_ms"]["no_freeze"]
+    assert all(no_freeze >= simulate_batch(meta, w.w_max) for w in single)
+    assert no_freeze > max(simulate_batch(meta, w.w_max) for w in single)  # each replica slow on another stage
+    assert_ok(run("sweep", trace_dir, "--r-max", "0,0.5"))
+
+
 def test_orders(tmp_path):
     out = assert_ok(run("orders", "--schedule", "1F1B", "--pp", 2, "--microbatches", 4))
     assert out.splitlines() == ["rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3", "rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"]

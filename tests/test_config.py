@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from timelyfreeze.methods.registry import METHODS as REGISTRY
+
 from timelyfreeze.config import (
     Freeze, FreezeConfigError, Phases, check_parallelism, derive_phases, knob_of, validate,
 )
@@ -69,19 +71,29 @@ def _par(pp=2, shard=-1, rep=1, tp=1, cp=1):
 
 def test_parallelism_checks():
     check_parallelism(_par(), world_size=2)
-    with pytest.raises(FreezeConfigError, match=r"data_parallel_replicate_degree = 2: .*HSDP"):
-        check_parallelism(_par(rep=2, shard=1), world_size=4)  # TorchTitan 0.2.2: no DDP with PP
-    with pytest.raises(FreezeConfigError, match=r"data_parallel_replicate_degree = 2"):
-        check_parallelism(_par(rep=2, shard=1), world_size=4, freezing=False)
+    # TorchTitan 0.2.2: no DDP with PP, with or without freezing; the message points to HSDP
+    for freezing in (True, False):
+        with pytest.raises(FreezeConfigError, match=r"data_parallel_replicate_degree = 2 with pipeline.*use HSDP"):
+            check_parallelism(_par(rep=2, shard=1), world_size=4, freezing=freezing)
+        with pytest.raises(FreezeConfigError, match=r"use HSDP"):
+            check_parallelism(_par(rep=2), world_size=4, freezing=freezing)  # shard -1 resolves to 1
     check_parallelism(_par(pp=1, rep=2, shard=1), world_size=2, freezing=False)  # plain DDP is TorchTitan's
     with pytest.raises(FreezeConfigError, match="pipeline_parallel_degree = 1"):
         check_parallelism(_par(pp=1), world_size=2)
-    with pytest.raises(FreezeConfigError, match="resolves to 2"):
-        check_parallelism(_par(), world_size=4)  # dp_shard -1 -> 4 / 2 = 2
-    with pytest.raises(FreezeConfigError, match="resolves to 2"):
-        check_parallelism(_par(shard=2), world_size=4)
-    with pytest.raises(FreezeConfigError, match="tensor or context"):
-        check_parallelism(_par(tp=2, shard=1), world_size=4)
+    # FSDP2 (shard given or resolved from -1), HSDP and TP compose with PP and freezing
+    check_parallelism(_par(), world_size=4, method="timelyfreeze")
+    check_parallelism(_par(shard=2), world_size=4, method="random")
+    check_parallelism(_par(rep=2, shard=2), world_size=8, method="timelyfreeze")
+    check_parallelism(_par(tp=2, shard=1), world_size=4, method="none")
+    with pytest.raises(FreezeConfigError, match="context_parallel_degree = 2"):
+        check_parallelism(_par(cp=2, shard=1), world_size=4)
+
+
+@pytest.mark.parametrize("method", [m for m, spec in REGISTRY.items() if not spec.data_parallel])
+def test_methods_with_per_rank_statistics_are_refused_with_replicas(method):
+    check_parallelism(_par(shard=1), world_size=2, method=method)  # one pipeline: fine
+    with pytest.raises(FreezeConfigError, match=rf"method = '{method}' does not support data-parallel.*2 replicas"):
+        check_parallelism(_par(shard=2), world_size=4, method=method)
 
 
 def test_torch_compile_is_refused_with_freezing():

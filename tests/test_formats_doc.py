@@ -48,7 +48,7 @@ def test_versions_and_backticked_fields(doc: str) -> None:
     for version in (trace_mod.TRACE_FORMAT, plan_mod.PLAN_FORMAT):
         assert version in doc
     fields = (
-        trace_mod._META_FIELDS + trace_mod._RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
+        trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
         + plan_mod._BATCH_TIME_FIELDS + plan_mod._SOLVER_FIELDS + ("format",)
     )
     for name in fields:
@@ -58,7 +58,7 @@ def test_versions_and_backticked_fields(doc: str) -> None:
 @pytest.mark.parametrize(
     "heading,fields",
     [
-        ("### `meta.json`", checked(trace_mod._META_FIELDS, with_format=True)),
+        ("### `meta.json`", checked(trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS, with_format=True)),
         ("### `actions_rank<r>.jsonl`", checked(trace_mod._RECORD_FIELDS)),
         ("### `plan.json`", checked(plan_mod._PLAN_FIELDS, with_format=True)),
         ("### `plan.json`: `batch_time_ms`", checked(plan_mod._BATCH_TIME_FIELDS)),

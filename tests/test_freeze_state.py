@@ -162,7 +162,7 @@ def test_a_failed_plan_is_reported_in_the_summary(monkeypatch):
     rt.cfg, rt.step, rt.failures = Freeze(enable=True), 6, []
     rt.method, rt.meta, rt.monitor_records = make(), {"schedule": "1F1B"}, []  # meta the planner rejects
     rt.trace_dir = rt.plan_path = None
-    rt.pg = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: [obj], broadcast=lambda obj: obj)
+    rt.job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
     logged = []
     rt._log = logged.append
     rt._make_plan()

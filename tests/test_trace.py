@@ -12,8 +12,10 @@ from planner.plan import plan_from_trace
 from planner.synthetic import synthetic_meta
 from planner.trace import (
     TRACE_FORMAT,
+    TraceMeta,
     load_trace,
     node_weights,
+    rank_file_name,
     trace_from_records,
     validate_meta,
 )
@@ -202,3 +204,158 @@ def test_trace_from_records_in_memory() -> None:
         trace_from_records(meta, bad, source="gathered")
     with pytest.raises(PlannerError, match="rank 1"):
         trace_from_records(meta, {0: recs[0]}, source="gathered")
+
+
+# ----------------------------------------------------------------------------- data-parallel replicas
+
+
+def replica_records(order: list[str], scale: dict[str, float]) -> list[dict]:
+    """``records(order)`` with each action's ms multiplied by ``scale.get(action, 1)``."""
+    return [x | {"ms": x["ms"] * scale.get(x["action"], 1.0)} for x in records(order)]
+
+
+# Replica 1 is slower on some actions, faster on others, and its 1B1 'lower' median exceeds its 'upper' one.
+_SCALE1 = {"0F0": 1.5, "0B0": 0.5, "1B0": 1.3, "1F1": 0.8}
+
+
+def two_replica_recs() -> dict[tuple[int, int], list[dict]]:
+    ro = {int(r): o for r, o in good_meta()["rank_orders"].items()}
+    recs = {(0, r): records(o) for r, o in ro.items()} | {(1, r): replica_records(o, _SCALE1) for r, o in ro.items()}
+    for x in recs[1, 1]:
+        if x["action"] == "1B1" and x["phase"] == "lower":
+            x["ms"] = 50.0
+    return recs
+
+
+def write_replica_trace(root: Path, meta: dict, recs: dict[tuple[int, int], list[dict]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "meta.json").write_text(json.dumps(meta))
+    for (d, r), rs in recs.items():
+        (root / rank_file_name(r, d)).write_text("".join(json.dumps(x) + "\n" for x in rs))
+    return root
+
+
+def test_rank_file_name() -> None:
+    assert rank_file_name(3) == rank_file_name(3, 0) == "actions_rank3.jsonl"
+    assert rank_file_name(0, 1) == "actions_rank0_replica1.jsonl"
+    assert rank_file_name(2, 7) == "actions_rank2_replica7.jsonl"
+
+
+def test_two_replicas_round_trip(tmp_path) -> None:
+    meta = good_meta() | {"replicas": 2, "writer": "x"}
+    recs = two_replica_recs()
+    root = write_replica_trace(tmp_path / "t", meta, recs)
+    assert (root / "actions_rank1_replica1.jsonl").is_file()
+    tr = load_trace(root)
+    assert tr.meta.replicas == 2 and tr.meta.extra == {"writer": "x"}
+    assert tr.meta.to_json() == meta
+    assert {(x.replica, x.rank) for x in tr.records} == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    assert len(tr.records) == 4 * 6 * 4
+    mem = trace_from_records(meta, recs, source=str(root))
+    assert mem.records == tr.records  # same records, same order (replica, rank, line)
+    # Int keys are replica 0.
+    mixed = {0: recs[0, 0], 1: recs[0, 1], (1, 0): recs[1, 0], (1, 1): recs[1, 1]}
+    assert trace_from_records(meta, mixed).records == tr.records
+    assert node_weights(mem) == node_weights(tr)
+
+
+def test_node_weights_are_per_action_max_over_replicas(tmp_path) -> None:
+    recs = two_replica_recs()
+    both = node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs))
+    single = [node_weights(trace_from_records(good_meta(), {r: recs[d, r] for r in (0, 1)})) for d in (0, 1)]
+    for a in both.w_max:
+        assert both.w_max[a] == max(w.w_max[a] for w in single)
+        assert both.w_min[a] == max(w.w_min[a] for w in single)
+        assert both.w_min[a] <= both.w_max[a]
+    assert both.w_max["0F0"] == single[1].w_max["0F0"] > single[0].w_max["0F0"]  # replica 1 slower
+    assert both.w_max["1F1"] == single[0].w_max["1F1"] > single[1].w_max["1F1"]  # replica 0 slower
+    assert both.w_min["0B0"] == single[0].w_min["0B0"] > single[1].w_min["0B0"]
+    assert single[1].w_min["1B1"] == single[1].w_max["1B1"]  # clamped within its replica
+    plan = plan_from_trace(load_trace(write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, recs)), 0.5)
+    assert plan.actions["0F0"].w_max == both.w_max["0F0"]
+
+
+def test_one_replica_with_or_without_field(tmp_path) -> None:
+    plain = load_trace(write_trace(tmp_path / "a", good_meta()))
+    with_field = load_trace(write_trace(tmp_path / "b", good_meta() | {"replicas": 1}))
+    assert plain.meta.replicas == with_field.meta.replicas == 1
+    assert "replicas" not in with_field.meta.extra and "replicas" not in with_field.meta.to_json()
+    assert with_field.meta.to_json() == plain.meta.to_json() == good_meta()
+    assert node_weights(with_field) == node_weights(plain)
+    assert {x.replica for x in plain.records} == {0}
+
+
+def test_trace_meta_replicas_attribute() -> None:
+    m = TraceMeta("GPipe", 1, 1, 1, [0], {0: ["0F0", "0B0"]}, {"a": 1})  # positional, as before
+    assert m.replicas == 1 and "replicas" not in m.to_json()
+    m2 = TraceMeta("GPipe", 1, 1, 1, [0], {0: ["0F0", "0B0"]}, {"a": 1}, 3)
+    assert m2.to_json()["replicas"] == 3 and validate_meta(m2.to_json(), "m").replicas == 3
+    moved = TraceMeta("GPipe", 1, 1, 1, [0], {0: ["0F0", "0B0"]}, extra={"a": 1, "replicas": 2})
+    assert moved.replicas == 2 and moved.extra == {"a": 1}
+    with pytest.raises(ValueError):
+        TraceMeta("GPipe", 1, 1, 1, [0], {0: ["0F0", "0B0"]}, replicas=0)
+
+
+def test_missing_replica_file(tmp_path) -> None:
+    root = write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, two_replica_recs())
+    (root / "actions_rank1_replica1.jsonl").unlink()
+    with pytest.raises(PlannerError, match=r"actions_rank1_replica1\.jsonl: missing \(pp_degree=2, replicas=2 "
+                                           r"need one file per rank and replica\)"):
+        load_trace(root)
+
+
+@pytest.mark.parametrize("value", [0, -1, "2", 2.0, True, None, [2]])
+def test_bad_replicas_value(tmp_path, value) -> None:
+    root = write_trace(tmp_path / "t", good_meta() | {"replicas": value})
+    with pytest.raises(PlannerError) as e:
+        load_trace(root)
+    assert str(e.value) == f"{root / 'meta.json'}: field 'replicas' must be a positive integer, got {value!r}"
+    with pytest.raises(PlannerError, match="field 'replicas' must be a positive integer"):
+        trace_from_records(good_meta() | {"replicas": value}, {0: [], 1: []})
+
+
+def test_bad_replica_record_names_replica_file(tmp_path) -> None:
+    recs = two_replica_recs()
+    recs[1, 0][2] = recs[1, 0][2] | {"ms": -1.0}
+    with pytest.raises(PlannerError, match=r"actions_rank0_replica1\.jsonl:3: field 'ms'"):
+        load_trace(write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, recs))
+    with pytest.raises(PlannerError, match=r"^g/actions_rank0_replica1\.jsonl:3: field 'ms'"):
+        trace_from_records(good_meta() | {"replicas": 2}, recs, source="g")
+
+
+@pytest.mark.parametrize(
+    "key, needle",
+    [((2, 0), "replica 2 rank 0"), ((0, 2), "replica 0 rank 2"), ((-1, 0), "replica -1 rank 0"), (2, "rank 2"),
+     ("0", "'0'"), ((0,), "(0,)"), ((0, 1, 0), "(0, 1, 0)"), ((True, 3), "(True, 3)")],
+)
+def test_replica_key_out_of_range(key, needle) -> None:
+    recs: dict = dict(two_replica_recs())
+    recs[key] = []
+    with pytest.raises(PlannerError) as e:
+        trace_from_records(good_meta() | {"replicas": 2}, recs, source="g")
+    assert str(e.value).startswith("g: records given for") and needle in str(e.value)
+
+
+def test_replica_keys_missing_or_twice() -> None:
+    recs = two_replica_recs()
+    meta = good_meta() | {"replicas": 2}
+    with pytest.raises(PlannerError, match=r"^g/actions_rank1_replica1\.jsonl: no records for rank 1 of replica 1$"):
+        trace_from_records(meta, {k: v for k, v in recs.items() if k != (1, 1)}, source="g")
+    with pytest.raises(PlannerError, match=r"^g: records for replica 0 rank 1 given twice"):
+        trace_from_records(meta, {1: recs[0, 1], **recs}, source="g")
+    # A single-replica trace rejects replica 1's records.
+    with pytest.raises(PlannerError, match="replica 1 rank 0"):
+        trace_from_records(good_meta(), recs, source="g")
+
+
+def test_replica_weights_need_records_in_every_replica() -> None:
+    recs = two_replica_recs()
+    recs[1, 0] = [x for x in recs[1, 0] if not (x["action"] == "0B1" and x["phase"] == "lower")]
+    with pytest.raises(PlannerError, match=r"actions_rank0_replica1\.jsonl: action '0B1' has no record with "
+                                           r"phase 'lower'"):
+        node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))
+    recs = two_replica_recs()
+    recs[1, 1] = [x for x in recs[1, 1] if not (x["action"] == "1F0" and x["phase"] == "upper")]
+    with pytest.raises(PlannerError, match=r"actions_rank1_replica1\.jsonl: action '1F0' has no record with "
+                                           r"phase 'upper'"):
+        node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))

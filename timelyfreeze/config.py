@@ -230,19 +230,26 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     return phases
 
 
-def check_parallelism(parallelism, world_size: int, *, freezing: bool = True) -> None:
-    """Refuse, before TorchTitan builds anything, the layouts that cannot work: DDP combined with
-    pipeline parallelism (TorchTitan 0.2.2 raises "DDP has not supported > 1D parallelism" deep inside
-    model setup) always; with freezing on, also no pipeline, FSDP sharding, tensor and context
-    parallelism, which the freezing runtime does not support yet."""
+def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, method: str | None = None) -> None:
+    """Refuse, before TorchTitan builds anything, the layouts that cannot work.
+
+    Always: DDP (``data_parallel_replicate_degree > 1`` without sharding) combined with pipeline
+    parallelism, which TorchTitan 0.2.2 raises deep inside model setup ("DDP has not supported > 1D
+    parallelism"); HSDP (replicate x shard) is the layout that composes with PP. With freezing on, also:
+    no pipeline; context parallelism (not supported yet); and, with data-parallel replicas of the pipeline
+    (FSDP2/HSDP sharding or tensor parallelism), a method whose decisions come from per-rank gradient
+    statistics (``MethodSpec.data_parallel`` false): its replicas could freeze different tensors."""
     pp = parallelism.pipeline_parallel_degree
     rep = parallelism.data_parallel_replicate_degree
-    if pp > 1 and rep > 1:
+    tp, cp = parallelism.tensor_parallel_degree, parallelism.context_parallel_degree
+    shard = parallelism.data_parallel_shard_degree
+    if shard == -1:
+        shard = world_size // max(1, pp * tp * cp * rep)
+    if pp > 1 and rep > 1 and shard <= 1:
         raise FreezeConfigError(
-            f"[parallelism] data_parallel_replicate_degree = {rep}: TorchTitan 0.2.2 cannot combine DDP with "
-            "pipeline parallelism (\"DDP has not supported > 1D parallelism\"); HSDP "
-            "(data_parallel_shard_degree > 1) is the data-parallel layout that composes with PP"
-            + ("" if not freezing else ", and TimelyFreeze does not support it yet: train one pipeline")
+            f"[parallelism] data_parallel_replicate_degree = {rep} with pipeline parallelism: TorchTitan 0.2.2 "
+            "cannot combine DDP with PP (\"DDP has not supported > 1D parallelism\"); use HSDP instead "
+            "(data_parallel_shard_degree > 1, optionally with data_parallel_replicate_degree)"
         )
     if not freezing:
         return
@@ -250,19 +257,17 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True) ->
         raise FreezeConfigError(
             f"[freeze] enable = true needs pipeline parallelism: [parallelism] pipeline_parallel_degree = {pp}, set it >= 2"
         )
-    others = pp * parallelism.tensor_parallel_degree * parallelism.context_parallel_degree * rep
-    shard = parallelism.data_parallel_shard_degree
-    if shard == -1:
-        shard = world_size // max(1, others)
-    if shard > 1:
+    if cp > 1:
         raise FreezeConfigError(
-            f"[parallelism] data_parallel_shard_degree resolves to {shard}: TimelyFreeze does not support "
-            "data-parallel sharding (FSDP/HSDP) yet; set it to 1 and run one pipeline"
+            f"[parallelism] context_parallel_degree = {cp}: TimelyFreeze does not support context parallelism yet"
         )
-    if parallelism.tensor_parallel_degree > 1 or parallelism.context_parallel_degree > 1:
+    replicas = rep * max(shard, 1) * tp
+    if replicas > 1 and method is not None and not _REGISTRY[method].data_parallel:
+        ok = ", ".join(n for n, spec in _REGISTRY.items() if spec.data_parallel)
         raise FreezeConfigError(
-            f"[parallelism] tensor_parallel_degree = {parallelism.tensor_parallel_degree}, context_parallel_degree = "
-            f"{parallelism.context_parallel_degree}: TimelyFreeze does not support tensor or context parallelism yet"
+            f"[freeze] method = {method!r} does not support data-parallel replicas of the pipeline yet "
+            f"(FSDP/HSDP/TP: {replicas} replicas here): its freezing decisions come from per-rank gradient "
+            f"statistics, which would differ between replicas; use one of: {ok}"
         )
 
 

@@ -10,6 +10,11 @@ Must run before ``torchtitan`` is imported: TorchTitan decides its device type a
    (``get_device_name``, ``get_device_properties``, ``reset_peak_memory_stats``, ``empty_cache``,
    ``memory_stats``), and ``current_device()`` returns a string where ``barrier(device_ids=[...])``
    needs an int.
+3. ``fsdp_sum_reductions`` (called by the trainer once the model is built): TorchTitan sets FSDP2's
+   gradient divide factor to 1.0 (it scales by the global token count itself), and FSDP2 then
+   reduce-scatters with ``ReduceOp.PREMUL_SUM(1.0)``, which gloo refuses ("Cannot use
+   ReduceOp.PREMUL_SUM with Gloo"). FSDP2's own switch ``set_force_sum_reduction_for_comms(True)``
+   makes it a plain SUM followed by a division by the same factor (1.0): the same numbers.
 """
 
 from __future__ import annotations
@@ -50,3 +55,19 @@ def apply_if_needed() -> bool:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _APPLIED = True
     return True
+
+
+def fsdp_sum_reductions(model_parts) -> int:
+    """On a CPU host (shims applied), make every FSDP2 module of ``model_parts`` reduce with plain SUM
+    (see 3. above). Returns how many modules were switched; 0 on CUDA hosts, where nothing changes."""
+    if not _APPLIED:
+        return 0
+    from torch.distributed.fsdp import FSDPModule
+
+    n = 0
+    for part in model_parts:
+        for m in part.modules():
+            if isinstance(m, FSDPModule):
+                m.set_force_sum_reduction_for_comms(True)
+                n += 1
+    return n

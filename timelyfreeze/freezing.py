@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
 from timelyfreeze.methods.base import FreezeMethod, StageView
+from timelyfreeze.param_switch import ParamSwitch
 
 
 class FreezingHook:
@@ -35,7 +34,9 @@ class FreezingHook:
         self.get_step = get_step
         self.get_accum = get_accum
         self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
-        self._frozen: dict[tuple[int, int], tuple[torch.nn.Parameter, ...]] = {}
+        self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
+        """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
+        self._frozen: dict[tuple[int, int], tuple[str, ...]] = {}
         self._ratio: dict[tuple[int, int], float] = {}
         self.applied: dict[str, list[tuple[float, int]]] = {}
         """(applied ratio = frozen elements / stage's trainable elements, frozen tensor count) of every
@@ -49,19 +50,17 @@ class FreezingHook:
             names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
             if view.anchor is not None:
                 names = names - {view.anchor}
-            params = tuple(view.params[n] for n in names)
-            self._frozen[key] = params
-            self._ratio[key] = sum(p.numel() for p in params) / max(1, self._total[stage])
-        for p in self._frozen.get(key, ()):
-            p.requires_grad_(False)
+            frozen = tuple(n for n in view.params if n in names)  # registration order: same on every rank
+            self._frozen[key] = frozen
+            self._ratio[key] = sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
+        self.switch[stage].set(self._frozen.get(key, ()), False)
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
-        params = self._frozen.get(key, ())
-        for p in params:
-            p.requires_grad_(True)
+        frozen = self._frozen.get(key, ())
+        self.switch[stage].set(frozen, True)
         if kind in ("B", "W"):
-            self.applied.setdefault(f"{stage}{kind}{microbatch}", []).append((self._ratio.pop(key, 0.0), len(params)))
+            self.applied.setdefault(f"{stage}{kind}{microbatch}", []).append((self._ratio.pop(key, 0.0), len(frozen)))
             self._frozen.pop(key, None)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:

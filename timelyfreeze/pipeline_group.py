@@ -1,4 +1,5 @@
-"""Collectives over the pipeline group: every pipeline rank calls them at the same point of a step."""
+"""Collectives of the freezing runtime: over one pipeline (``PipelineGroup``) and over the whole job, every
+replica of the pipeline (``JobGroup``). Every rank in the group calls them at the same point of a step."""
 
 from __future__ import annotations
 
@@ -32,4 +33,45 @@ class PipelineGroup:
         """Pipeline rank 0's ``obj`` on every rank."""
         box = [obj]
         dist.broadcast_object_list(box, group_src=0, group=self.group)
+        return box[0]
+
+
+class JobGroup:
+    """Every rank of the job: all data-parallel (and tensor-parallel) replicas of the pipeline.
+
+    Each replica is one pipeline: the ranks of one pipeline-parallel process group. A rank's place is
+    ``(replica, pipeline rank)``; replicas are numbered by the lowest global rank of their pipeline, so
+    global rank 0 is pipeline rank 0 of replica 0. Collectives here are over the whole job (every rank
+    calls them at the same point of a step); ``pipeline`` is this rank's own pipeline.
+    """
+
+    def __init__(self, pp_group):
+        self.pipeline = PipelineGroup(pp_group)
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        first = min(dist.get_process_group_ranks(pp_group))
+        places: list[Any] = [None] * self.size
+        dist.all_gather_object(places, (first, self.pipeline.rank))
+        firsts = sorted({f for f, _ in places})
+        self.places: list[tuple[int, int]] = [(firsts.index(f), r) for f, r in places]
+        """(replica, pipeline rank) of every global rank."""
+        self.replica = self.places[self.rank][0]
+        self.replicas = len(firsts)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank of the job, in global rank order, on every rank."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def gather_to_zero(self, obj: Any) -> dict[tuple[int, int], Any] | None:
+        """``obj`` of every rank by its (replica, pipeline rank), on global rank 0 (None elsewhere)."""
+        out = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=0)
+        return None if out is None else {self.places[g]: o for g, o in enumerate(out)}
+
+    def broadcast(self, obj: Any) -> Any:
+        """Global rank 0's ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
         return box[0]

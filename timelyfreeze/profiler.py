@@ -90,12 +90,14 @@ class ActionProfiler:
 
 
 class TraceWriter:
-    """Appends one JSON line per action to ``actions_rank<r>.jsonl``; rank 0 writes ``meta.json``."""
+    """Appends one JSON line per action to this rank's file (``actions_rank<r>.jsonl``, or
+    ``actions_rank<r>_replica<d>.jsonl`` for data-parallel replica ``d >= 1``); global rank 0 writes
+    ``meta.json``."""
 
-    def __init__(self, trace_dir: str | os.PathLike, rank: int, *, resume_step: int = 0):
+    def __init__(self, trace_dir: str | os.PathLike, rank: int, *, replica: int = 0, resume_step: int = 0):
         self.dir = Path(trace_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / rank_file_name(rank)
+        self.path = self.dir / rank_file_name(rank, replica)
         if resume_step > 0 and self.path.exists():
             _truncate_after(self.path, resume_step)
         elif resume_step == 0 and self.path.exists():
@@ -132,7 +134,8 @@ def _truncate_after(path: Path, step: int) -> None:
 
 
 def build_meta(schedule: str, pp_degree: int, num_stages: int, num_microbatches: int,
-               stage_to_rank: list[int], rank_orders: dict[int, list[str]], **extra) -> dict:
+               stage_to_rank: list[int], rank_orders: dict[int, list[str]], *, replicas: int = 1,
+               **extra) -> dict:
     """``meta.json``'s dict (the planner's ``TraceMeta``: one home for the format), with runtime extras."""
     return TraceMeta(schedule, pp_degree, num_stages, num_microbatches, list(stage_to_rank),
-                     {int(r): list(o) for r, o in rank_orders.items()}, extra=extra).to_json()
+                     {int(r): list(o) for r, o in rank_orders.items()}, extra=extra, replicas=replicas).to_json()

@@ -4,10 +4,13 @@ this one only says when each runs.
 
 The trainer calls, every step: ``begin_step`` -> for every gradient-accumulation batch ``begin_batch``,
 (the pipeline runs; the stage hooks fire), ``add_batch`` -> ``after_backward`` -> (optimizer step) ->
-``end_step``. ``end_step`` gathers a few numbers over the pipeline group (all ranks, same step), writes
-the trace and metrics, and when the method asks for a plan (``FreezeMethod.needs_plan``) makes it:
-every rank contributes its measurements, pipeline rank 0 solves the LP once, and the plan is broadcast
-so all ranks freeze by the same plan.
+``end_step``. ``end_step`` gathers a few numbers over the whole job (every rank, same step), writes the trace and
+metrics, and when the method asks for a plan (``FreezeMethod.needs_plan``) makes it: every rank of every
+data-parallel replica of the pipeline contributes its measurements, global rank 0 solves the LP once on
+their combination (per action, the maximum over replicas: ``planner.trace.node_weights``), and the plan
+is broadcast so every rank of every replica freezes by the same plan. The masks a plan implies depend
+only on (seed, step, stage, microbatch, accumulation batch), so the replicas of a stage (FSDP's shard
+and replicate groups, TP's group) leave out the same tensors in every microbatch.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.metrics_log import MetricsLog
-from timelyfreeze.pipeline_group import PipelineGroup
+from timelyfreeze.pipeline_group import JobGroup
 from timelyfreeze.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.stage_layout import build_stage_views
 from timelyfreeze.state_codec import FreezeStateError
@@ -47,6 +50,9 @@ class RunInfo:
     dump_folder: str
     n_layers: int
     use_cuda: bool
+    dp_degree: int = 1
+    """Data-parallel degree (TorchTitan's "batch" mesh): replicas that train on different samples.
+    Replicas beyond it (tensor parallelism) compute the same loss."""
 
 
 class FreezeRuntime:
@@ -54,7 +60,8 @@ class FreezeRuntime:
                  get_lr: Callable[[], float], log: Callable[[str], None],
                  tb_log: Callable[[dict, int], None] | None = None):
         self.cfg, self.phases, self.info = cfg, phases, info
-        self.pg = PipelineGroup(pp_group)
+        self.job = JobGroup(pp_group)
+        self.pg = self.job.pipeline
         self._log = log
         self.out_dir = Path(info.dump_folder) / OUT_SUBDIR
         self.trace_dir = self.out_dir / "trace"
@@ -80,7 +87,7 @@ class FreezeRuntime:
         self.attach_hooks()
         self.trainable = {v.stage: sum(p.numel() for p in v.params.values()) for v in self.views}
         self.total_trainable = sum(self.pg.all_gather(sum(self.trainable.values())))
-        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", write=self.pg.rank == 0, tb_log=tb_log)
+        self.metrics = MetricsLog(self.out_dir / "metrics.jsonl", write=self.job.rank == 0, tb_log=tb_log)
         self.writer: TraceWriter | None = None
         # -- the state a checkpoint carries (freeze_state.FIELDS) --
         self.meta: dict | None = None
@@ -103,7 +110,7 @@ class FreezeRuntime:
             self.method.set_plan(ratios)
 
     def log(self, msg: str) -> None:
-        if self.pg.rank == 0:
+        if self.job.rank == 0:
             self._log(msg)
 
     def attach_hooks(self) -> None:
@@ -121,7 +128,7 @@ class FreezeRuntime:
     # -- per step --------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         if self.writer is None and self.cfg.trace:
-            self.writer = TraceWriter(self.trace_dir, self.pg.rank, resume_step=step - 1)
+            self.writer = TraceWriter(self.trace_dir, self.pg.rank, replica=self.job.replica, resume_step=step - 1)
         self.history = [h for h in self.history if h["step"] < step]
         self.step = step
         self.accum = 0
@@ -157,7 +164,7 @@ class FreezeRuntime:
             self.monitor_records.extend(r.to_json() for r in records)
         frozen = sum(r.freeze_ratio * self.trainable[parse_action(r.action).stage] for r in records)
         frozen /= max(1, self.accum + 1)
-        gathered = self.pg.all_gather({
+        gathered = self.job.all_gather({
             "order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s, "step_s": step_s,
             "loss": sum(float(x) for x in self._losses) if self._losses else None,
             "tensors": self.hook.freezable_tensors() if self.meta is None else None,
@@ -166,19 +173,27 @@ class FreezeRuntime:
             self._write_meta(gathered)
         if self.method.needs_plan(step):
             self._make_plan()
+        replicas = self.job.replicas
         losses = [g["loss"] for g in gathered if g["loss"] is not None]
+        # TorchTitan's loss is each rank's token-loss sum over the *global* token count: the job's loss is
+        # the sum over data-parallel replicas (tensor-parallel copies hold the same value: averaged out)
+        loss = sum(losses) * self.info.dp_degree / replicas if losses else None
         step_s = max(g["step_s"] for g in gathered)
-        denom = self.total_trainable * self.info.num_microbatches
+        batch_s = [max(g["batch_s"] for g, place in zip(gathered, self.job.places) if place[0] == d)
+                   for d in range(replicas)]
+        denom = self.total_trainable * self.info.num_microbatches * replicas
         row = {
             "step": step,
             "phase": phase,
             "freeze_ratio": sum(g["frozen"] for g in gathered) / denom if denom else 0.0,
             "step_ms": step_s * 1e3,
-            "batch_ms": max(g["batch_s"] for g in gathered) * 1e3,
+            "batch_ms": max(batch_s) * 1e3,
             "tokens_per_s": self.info.tokens_per_step / step_s if step_s > 0 else None,
-            "loss": losses[0] if losses else None,
+            "loss": loss,
             "predicted_batch_ms": self.plan_batch_ms["planned"] if self.plan_batch_ms else None,
         }
+        if replicas > 1:
+            row["replica_batch_ms"] = [round(b * 1e3, 3) for b in batch_s]
         self.ctx.extras["last_loss"] = row["loss"]
         self.history.append(row)
         self.metrics.append(row)
@@ -194,30 +209,35 @@ class FreezeRuntime:
                 for a, ms in self.profiler.collect()]
 
     def _write_meta(self, gathered: list[dict]) -> None:
+        """``meta.json`` from replica 0's ranks (every replica runs the same schedule)."""
+        first = {pp_rank: g for g, (replica, pp_rank) in zip(gathered, self.job.places) if replica == 0}
         self.meta = build_meta(
             self.info.schedule, self.pg.size, self.num_stages, self.info.num_microbatches, self.stage_to_rank,
-            {r: g["order"] for r, g in enumerate(gathered)},
-            freezable_tensors={str(s): n for g in gathered for s, n in sorted(g["tensors"].items())},
+            {r: g["order"] for r, g in first.items()},
+            replicas=self.job.replicas,
+            freezable_tensors={str(s): n for g in first.values() for s, n in sorted(g["tensors"].items())},
             method=self.cfg.method,
         )
-        if self.pg.rank == 0 and self.cfg.trace:
+        if self.job.rank == 0 and self.cfg.trace:
             TraceWriter.write_meta(self.trace_dir, self.meta)
 
     def record_validation(self, step: int, loss: float) -> None:
-        """Called by every rank after validation (collective): keeps the loss of the last stage's rank."""
-        loss = float(self.pg.all_gather(float(loss))[self.stage_to_rank[-1]])
+        """Called by every rank after validation (collective): keeps the loss of the last stage's rank of
+        replica 0 (TorchTitan's validator already reduces it over the data-parallel ranks)."""
+        losses = self.job.all_gather(float(loss))
+        loss = float(losses[self.job.places.index((0, self.stage_to_rank[-1]))])
         self.val_curve = [v for v in self.val_curve if v[0] < step] + [[step, loss]]
         self.metrics.append({"step": step, "val_loss": loss})
 
     # -- plan ------------------------------------------------------------------------------------
     def _make_plan(self) -> None:
         t0 = time.perf_counter()
-        gathered = self.pg.gather_to_zero(self.monitor_records)
+        gathered = self.job.gather_to_zero(self.monitor_records)
         result = None
-        if self.pg.rank == 0:
-            result = planning.solve(self.meta, dict(enumerate(gathered)), self.cfg.r_max, self.cfg.solver,
+        if self.job.rank == 0:
+            result = planning.solve(self.meta, gathered, self.cfg.r_max, self.cfg.solver,
                                     self.trace_dir, self.plan_path)
-        result = self.pg.broadcast(result)
+        result = self.job.broadcast(result)
         if "failure" in result:
             self.method.set_plan(None, result["failure"])
             self.failures.append(f"{result['failure']} (step {self.step}); the run trained on without freezing")
@@ -249,7 +269,7 @@ class FreezeRuntime:
         except Exception as e:  # noqa: BLE001 -- a tampered method state: one error line, not a traceback
             problem = f"the {self.cfg.method} method state does not load: {planning.one_line(e)}"
         # every rank refuses together (one rank resuming alone would wait for the others in its first step)
-        problems = [p for p in self.pg.all_gather(problem) if p is not None]
+        problems = [p for p in self.job.all_gather(problem) if p is not None]
         if problems:
             self.refused = True
             raise FreezeStateError(problem or problems[0])
@@ -258,23 +278,26 @@ class FreezeRuntime:
         self.step = step
 
     def _identity(self) -> dict:
-        return {"method": self.cfg.method, "schedule": self.info.schedule, "num_stages": self.num_stages,
-                "num_microbatches": self.info.num_microbatches, "pp_rank": self.pg.rank, "pp_size": self.pg.size}
+        ident = {"method": self.cfg.method, "schedule": self.info.schedule, "num_stages": self.num_stages,
+                 "num_microbatches": self.info.num_microbatches, "pp_rank": self.pg.rank, "pp_size": self.pg.size}
+        if self.job.replicas > 1:  # (a single pipeline's state keeps the identity it always had)
+            ident.update(replica=self.job.replica, replicas=self.job.replicas)
+        return ident
 
     # -- end of run --------------------------------------------------------------------------------
     def finish(self) -> dict | None:
-        """Write summary.json (and the timeline PNG) on pipeline rank 0; returns the summary there."""
+        """Write summary.json (and the timeline PNG, of replica 0) on global rank 0; returns the summary there."""
         if self.writer is not None:
             self.writer.close()
         medians = self.pg.all_gather(timeline.phase_medians(self.writer.path if self.writer else None))
-        if self.pg.rank != 0:
+        if self.job.rank != 0:
             return None
         summary = run_summary.build(
             history=self.history,
             steady_phases=self.method.steady_phases({h["phase"] for h in self.history}),
             tokens_per_step=self.info.tokens_per_step,
             run={"method": self.cfg.method, "knob": knob_of(self.cfg), "schedule": self.info.schedule,
-                 "pp_degree": self.pg.size, "num_stages": self.num_stages,
+                 "pp_degree": self.pg.size, "replicas": self.job.replicas, "num_stages": self.num_stages,
                  "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed},
             predicted_batch_ms=self.plan_batch_ms, val_curve=self.val_curve,
             method_summary=self.method.summary(), failures=self.failures,
@@ -299,7 +322,7 @@ class FreezeRuntime:
         if self.writer is not None:
             self.writer.close()
         self.ctx.all_gather = None
-        self.pg = None
+        self.pg = self.job = None
 
 
 def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:

@@ -38,6 +38,10 @@ def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_ste
         "tokens_per_s": {"all": tps(hist), "stable": tps(steady_rows)},
         "mean_batch_ms": {p: statistics.fmean(r["batch_ms"] for r in rows) for p, rows in by_phase.items()}
         | {"all": statistics.fmean(h["batch_ms"] for h in hist) if hist else None},
+        "replica_mean_batch_ms": {
+            p: [statistics.fmean(col) for col in zip(*(r["replica_batch_ms"] for r in rows))]
+            for p, rows in by_phase.items() if all("replica_batch_ms" in r for r in rows)
+        },
         "predicted_batch_ms": predicted_batch_ms,
         "avg_freeze_ratio": statistics.fmean(h["freeze_ratio"] for h in hist) if hist else 0.0,
         "final_loss": losses[-1][1] if losses else None,
@@ -55,7 +59,8 @@ def format_summary(s: dict) -> str:
     def f(x, unit="", nd=1):
         return "n/a" if x is None else f"{x:,.{nd}f}{unit}"
 
-    lines = [f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}, "
+    dp = f" x {s['replicas']} replicas" if s.get("replicas", 1) > 1 else ""
+    lines = [f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}{dp}, "
              f"{s['num_stages']} stages, {s['num_microbatches']} microbatches, {s['steps']} steps) ====="]
     lines.append("  phases: " + ", ".join(f"{p} {a}-{b}" for p, (a, b) in s["phases"].items()))
     mb = s["mean_batch_ms"]
@@ -66,6 +71,8 @@ def format_summary(s: dict) -> str:
             f"{f(pred.get('all_frozen'), ' ms')}, planned {f(pred.get('planned'), ' ms')}"
         )
     lines.append("  batch time, measured:  " + ", ".join(f"{p} {f(v, ' ms')}" for p, v in mb.items()))
+    for p, per in (s.get("replica_mean_batch_ms") or {}).items():
+        lines.append(f"  {p} batch time per replica: " + ", ".join(f(v, " ms") for v in per))
     if pred and mb.get("upper") and mb.get("stable"):
         lines.append(
             f"  speedup over upper bound: measured {mb['upper'] / mb['stable']:.3f}x, "

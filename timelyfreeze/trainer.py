@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from timelyfreeze import corpus
+from timelyfreeze import corpus, cpu_shims
 from timelyfreeze.config import check_compile, check_parallelism, validate
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.summary import format_summary
@@ -32,13 +32,15 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
         freezing = fz is not None and fz.enable
-        check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing)
+        check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing,
+                          method=fz.method if freezing else None)
         if freezing:
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
             check_compile(job_config.compile)
         super().__init__(job_config)
+        cpu_shims.fsdp_sum_reductions(self.model_parts)
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled:
             for st in self._pp_stages():
@@ -52,9 +54,8 @@ class TimelyFreezeTrainer(Trainer):
     def _build_freeze_runtime(self, job_config, phases) -> FreezeRuntime:
         pd = self.parallel_dims
         tcfg = job_config.training
-        tokens_per_step = tcfg.local_batch_size * tcfg.seq_len * self.gradient_accumulation_steps
-        if pd.dp_enabled:
-            tokens_per_step *= pd.get_mesh("batch").size()
+        dp_degree = pd.get_mesh("batch").size() if pd.dp_enabled else 1
+        tokens_per_step = tcfg.local_batch_size * tcfg.seq_len * self.gradient_accumulation_steps * dp_degree
         info = RunInfo(
             schedule=job_config.parallelism.pipeline_parallel_schedule,
             num_microbatches=self.pp_schedule._n_microbatches,
@@ -64,6 +65,7 @@ class TimelyFreezeTrainer(Trainer):
             dump_folder=job_config.job.dump_folder,
             n_layers=getattr(self.model_args, "n_layers", 0),
             use_cuda=torch.cuda.is_available(),
+            dp_degree=dp_degree,
         )
         schedulers = self.lr_schedulers.schedulers
         return FreezeRuntime(

@@ -21,18 +21,23 @@ class MethodSpec:
     """Field path of the main hyperparameter under ``[freeze]`` (``None`` for ``none``)."""
     planned: bool = False
     """True for methods that profile, plan and ramp (TimelyFreeze and its hybrids)."""
+    data_parallel: bool = False
+    """True if every data-parallel replica of a stage makes the same choices by construction (they
+    depend only on the plan, the seed and the step), so the method runs under FSDP/HSDP/TP. Methods
+    that decide from per-rank gradient statistics would need those statistics reduced over the
+    replicas first (not done yet)."""
 
 
 METHODS: dict[str, MethodSpec] = {
-    "none": MethodSpec("timelyfreeze.methods.base", None),
-    "timelyfreeze": MethodSpec("timelyfreeze.methods.timely", "r_max", planned=True),
+    "none": MethodSpec("timelyfreeze.methods.base", None, data_parallel=True),
+    "timelyfreeze": MethodSpec("timelyfreeze.methods.timely", "r_max", planned=True, data_parallel=True),
     "timelyfreeze_apf": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
     "timelyfreeze_autofreeze": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
     "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold"),
     "autofreeze": MethodSpec("timelyfreeze.methods.autofreeze", "autofreeze.percentile"),
     "egeria": MethodSpec("timelyfreeze.methods.egeria", "egeria.tolerance_coef"),
     "smartpipe": MethodSpec("timelyfreeze.methods.smartpipe", "smartpipe.lam"),
-    "random": MethodSpec("timelyfreeze.methods.random_fixed", "random.ratio"),
+    "random": MethodSpec("timelyfreeze.methods.random_fixed", "random.ratio", data_parallel=True),
 }
 
 
