@@ -29,12 +29,12 @@ Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
 
 def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:  # noqa: ANN001 - Trace
     """The measured stable-phase panel of a timeline: median ms and median freeze ratio per action over the
-    trace's ``stable`` records, and the actions that have none (the panel needs every action). None when
-    the trace has no stable record at all."""
+    trace's ``stable`` records (of replica 0, whose pipeline the runtime's timeline also draws), and the
+    actions that have none (the panel needs every action). None when the trace has no stable record at all."""
     ms: dict[str, list[float]] = {}
     ratio: dict[str, list[float]] = {}
     for rec in trace.records:
-        if rec.phase == "stable":
+        if rec.phase == "stable" and rec.replica == 0:
             ms.setdefault(rec.action, []).append(rec.ms)
             ratio.setdefault(rec.action, []).append(rec.freeze_ratio)
     if not ms:

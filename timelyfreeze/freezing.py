@@ -12,6 +12,11 @@ checkpointing that changes nothing; with it, the forward is recomputed inside th
 recomputation must see the same ``requires_grad`` flags as the original forward (otherwise autograd
 would save a different set of tensors and the checkpoint's recomputed graph would not match).
 
+Under FSDP2 the stage computes with unsharded copies of its parameters; ``timelyfreeze.param_switch``
+sets the flag on those too. Every data-parallel replica of a stage draws the same masks (they depend
+only on seed, step, stage, microbatch and accumulation batch), so FSDP's reduce-scatter at the end of
+the step sums, on every rank, gradients of the same tensors.
+
 The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
 by elements.
 """
