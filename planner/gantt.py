@@ -29,19 +29,22 @@ Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
 
 def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:  # noqa: ANN001 - Trace
     """The measured stable-phase panel of a timeline: median ms and median freeze ratio per action over the
-    trace's ``stable`` records (of replica 0, whose pipeline the runtime's timeline also draws), and the
-    actions that have none (the panel needs every action). None when the trace has no stable record at all."""
-    ms: dict[str, list[float]] = {}
+    trace's ``stable`` records (with several replicas, per replica, then the per-action maximum over
+    replicas, as ``node_weights`` combines the bounds the plan is made from), and the actions that have
+    none (the panel needs every action). None when the trace has no stable record at all."""
+    ms: dict[tuple[int, str], list[float]] = {}
     ratio: dict[str, list[float]] = {}
     for rec in trace.records:
-        if rec.phase == "stable" and rec.replica == 0:
-            ms.setdefault(rec.action, []).append(rec.ms)
+        if rec.phase == "stable":
+            ms.setdefault((rec.replica, rec.action), []).append(rec.ms)
             ratio.setdefault(rec.action, []).append(rec.freeze_ratio)
     if not ms:
         return None
-    missing = [a for a in trace.meta.all_actions() if a not in ms]
-    return ({a: float(statistics.median(v)) for a, v in ms.items()},
-            {a: float(statistics.median(v)) for a, v in ratio.items()}, missing)
+    med: dict[str, float] = {}
+    for (_, a), v in ms.items():
+        med[a] = max(float(statistics.median(v)), med.get(a, 0.0))
+    missing = [a for a in trace.meta.all_actions() if a not in med]
+    return med, {a: float(statistics.median(v)) for a, v in ratio.items()}, missing
 
 
 def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | None]:

@@ -87,6 +87,7 @@ def test_parallelism_checks():
     check_parallelism(_par(tp=2, shard=1), world_size=4, method="none")
     with pytest.raises(FreezeConfigError, match="context_parallel_degree = 2"):
         check_parallelism(_par(cp=2, shard=1), world_size=4)
+    check_parallelism(_par(shard=2), world_size=4, method="timelyfreze")  # a typo: validate() names it, no KeyError
 
 
 @pytest.mark.parametrize("method", [m for m, spec in REGISTRY.items() if not spec.data_parallel])

@@ -11,8 +11,6 @@ and with activation checkpointing recomputing the forward inside the backward.
 
 from __future__ import annotations
 
-import os
-import tempfile
 
 import pytest
 import torch
@@ -25,6 +23,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
+from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
 from timelyfreeze import stage_hooks
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod
@@ -32,19 +31,6 @@ from timelyfreeze.selection import action_generator, uniform_subset
 from timelyfreeze.stage_layout import build_stage_views
 
 V, D, SEQ, N_MB = 64, 32, 8, 4
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    if dist.is_initialized():
-        yield
-        return
-    path = tempfile.mktemp(prefix="tf_pg_")
-    dist.init_process_group("gloo", store=dist.FileStore(path, 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    if os.path.exists(path):
-        os.remove(path)
 
 
 class Block(nn.Module):

@@ -10,7 +10,7 @@
 
 The runs use a smaller batch than the embedded default (4 microbatches of 128 tokens): four ranks share
 two cores here, and the suite must stay well under 20 minutes. HSDP (8 ranks) runs in
-``scripts/bench_parallel.py`` (see the README), not in the suite.
+``scripts/bench_runtime.py --dp-replicate 2 --dp-shard 2`` (see the README), not in the suite.
 """
 
 from __future__ import annotations
@@ -162,10 +162,16 @@ def test_two_nodes_on_this_host(tmp_path):
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
     logs, rcs = [], []
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        logs.append(out)
-        rcs.append(p.returncode)
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            logs.append(out)
+            rcs.append(p.returncode)
+    finally:
+        for p in procs:  # a timed-out agent must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     dump.mkdir(parents=True, exist_ok=True)
     (dump / "torchrun.log").write_text("\n=====\n".join(logs))
     run = Run(max(rcs, key=abs), "\n".join(logs), dump)

@@ -262,7 +262,8 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, me
             f"[parallelism] context_parallel_degree = {cp}: TimelyFreeze does not support context parallelism yet"
         )
     replicas = rep * max(shard, 1) * tp
-    if replicas > 1 and method is not None and not _REGISTRY[method].data_parallel:
+    spec = _REGISTRY.get(method) if method is not None else None  # (an unknown name: validate() says so)
+    if replicas > 1 and spec is not None and not spec.data_parallel:
         ok = ", ".join(n for n, spec in _REGISTRY.items() if spec.data_parallel)
         raise FreezeConfigError(
             f"[freeze] method = {method!r} does not support data-parallel replicas of the pipeline yet "

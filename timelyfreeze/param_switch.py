@@ -13,8 +13,15 @@ stage is next unsharded) and the unsharded one the module computes with now. Aut
 edge to a frozen tensor for that microbatch, FSDP's post-backward finds no gradient from it, and the
 reduce-scatter at the end of the step sums only what the unfrozen microbatches produced.
 
+FSDP2 also decides, once, at a root module's first forward ("lazy init"), which tensors of each group
+need gradients and picks the group's gradient dtypes from those alone. If a freezing phase is on at that
+first forward (a run resumed in the lower-bound phase, which freezes everything), a block whose tensors
+are all frozen gets no gradient dtype and, with bf16 compute, its later gradients are refused. So the
+switch runs that initialisation when it is built, while every tensor still requires a gradient.
+
 FSDP2's ``FSDPParam`` objects are found through the module's FSDP state (private torch API, checked
-against torch 2.13); a tensor not managed by FSDP (or no FSDP at all) is switched directly.
+against torch 2.13); without FSDP every tensor is switched directly. Under FSDP, a tensor the switch
+cannot find in FSDP's state would be frozen only on its sharded copy (not exactly): that is an error.
 """
 
 from __future__ import annotations
@@ -48,6 +55,16 @@ class ParamSwitch:
     def __init__(self, module: torch.nn.Module, params: dict[str, torch.nn.Parameter]):
         self._params = params
         self._fsdp = _fsdp_params_by_name(module)
+        if not self._fsdp:
+            return
+        unknown = [n for n in params if n not in self._fsdp]
+        if unknown:
+            from timelyfreeze.config import FreezeConfigError
+
+            raise FreezeConfigError(f"parameter {unknown[0]!r}: not managed by FSDP2 although its stage is "
+                                    "sharded; the freezing runtime cannot freeze it exactly")
+        state = module._get_fsdp_state()  # the stage module is the FSDP root of its stage
+        state._lazy_init()
 
     @property
     def sharded(self) -> bool:

@@ -286,10 +286,10 @@ class FreezeRuntime:
 
     # -- end of run --------------------------------------------------------------------------------
     def finish(self) -> dict | None:
-        """Write summary.json (and the timeline PNG, of replica 0) on global rank 0; returns the summary there."""
+        """Write summary.json (and the timeline PNG) on global rank 0; returns the summary there."""
         if self.writer is not None:
             self.writer.close()
-        medians = self.pg.all_gather(timeline.phase_medians(self.writer.path if self.writer else None))
+        medians = self.job.all_gather(timeline.phase_medians(self.writer.path if self.writer else None))
         if self.job.rank != 0:
             return None
         summary = run_summary.build(

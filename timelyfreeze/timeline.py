@@ -1,8 +1,8 @@
 """The end-of-run timeline PNG: measured upper-bound batch, planned batch, measured stable batch.
 
 ``phase_medians`` reads one rank's trace file (median ms per action in the upper and stable phases, and
-the mean applied ratio per action in the stable phase); pipeline rank 0 merges every rank's and calls
-``draw``. A plot must never fail a finished run: ``draw`` returns None and logs why instead.
+the mean applied ratio per action in the stable phase); global rank 0 merges every rank's (with several
+pipeline replicas, the per-action maximum over replicas, as the plan combines them) and calls ``draw``. A plot must never fail a finished run: ``draw`` returns None and logs why instead.
 """
 
 from __future__ import annotations
@@ -33,10 +33,13 @@ def phase_medians(trace_file: Path | None) -> dict[str, dict[str, float]]:
 
 
 def merge(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Every rank's medians in one dict per phase; an action several replicas ran gets the maximum."""
     merged: dict[str, dict[str, float]] = {}
     for g in per_rank:
         for phase, d in g.items():
-            merged.setdefault(phase, {}).update(d)
+            m = merged.setdefault(phase, {})
+            for a, v in d.items():
+                m[a] = max(v, m.get(a, v))
     return merged
 
 
