@@ -7,7 +7,7 @@ import torch
 
 from tests.test_timely_method import PH, make
 from timelyfreeze.freezing import FreezingHook
-from timelyfreeze.selection import action_generator, uniform_subset
+from timelyfreeze.selection import action_generator, balanced_subset
 
 
 def run_step(hook: FreezingHook, accum_box: list[int], batches: int, step_box: list[int], step: int):
@@ -38,6 +38,11 @@ def test_each_accumulation_batch_draws_its_own_masks():
     applied = run_step(hook, accum, 3, step, stable)
     assert set(applied) == {f"0B{mb}" for mb in range(4)}
     names = [n for n in view.params if n != view.anchor]
+    numels = [view.params[n].numel() for n in names]
+
+    def uniform_subset(names, ratio, gen):  # what TimelyFreeze draws
+        return balanced_subset(names, numels, ratio, gen)
+
     for mb in range(4):
         assert len(applied[f"0B{mb}"]) == 3
         for b, (ratio, count) in enumerate(applied[f"0B{mb}"]):

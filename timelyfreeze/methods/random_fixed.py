@@ -5,7 +5,7 @@ from typing import Any
 
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import freezable_names, warmup_of
-from timelyfreeze.selection import action_generator, uniform_subset
+from timelyfreeze.selection import action_generator, balanced_subset
 
 
 @dataclass
@@ -30,6 +30,7 @@ class RandomFixed(FreezeMethod):
         self.seed = int(cfg.seed)
         self.warmup_steps = warmup_of(cfg, ctx)
         self._names = {v.stage: freezable_names(v) for v in ctx.stages}
+        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
 
     def phase(self, step: int) -> str:
         return "warmup" if step <= self.warmup_steps else "active"
@@ -38,7 +39,7 @@ class RandomFixed(FreezeMethod):
         if step <= self.warmup_steps or self.ratio == 0.0:
             return frozenset()
         gen = action_generator(self.seed, step, stage, microbatch, accum)
-        return uniform_subset(self._names[stage], self.ratio, gen)
+        return balanced_subset(self._names[stage], self._numels[stage], self.ratio, gen)
 
     def summary(self) -> dict[str, Any]:
         return {"ratio": self.ratio}

@@ -15,7 +15,7 @@ from planner.actions import FREEZABLE_KINDS, parse_action
 from timelyfreeze.config import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import freezable_names
-from timelyfreeze.selection import action_generator, uniform_subset
+from timelyfreeze.selection import action_generator, balanced_subset
 
 
 class TimelyFreezeMethod(FreezeMethod):
@@ -26,6 +26,7 @@ class TimelyFreezeMethod(FreezeMethod):
         super().__init__(cfg, ctx)
         self.phases: Phases = ctx.extras["phases"]
         self._names = {v.stage: freezable_names(v) for v in ctx.stages}
+        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
         self.planned_ratio: dict[tuple[int, int], float] | None = None
         """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
         self.plan_failed: str | None = None
@@ -72,7 +73,7 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
         gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
-        return uniform_subset(self._names[stage], ratio, gen)
+        return balanced_subset(self._names[stage], self._numels[stage], ratio, gen)
 
     def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         ratio = self.action_ratio(step, stage, microbatch)
