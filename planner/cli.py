@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import PlannerError
+from .estimate import ESTIMATORS
 from .lp import SOLVERS
 
 
@@ -69,6 +70,9 @@ def _finite_float(text: str) -> float:
 
 
 _SOLVER_HELP = f"LP solver: {', '.join(SOLVERS)} (default auto; all give the same optimum)"
+_ESTIMATOR_HELP = (f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
+                   "pooled: one value per stage and kind, except microbatches whose data show an effect; "
+                   "see docs/formats.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
+    q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -87,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--csv", metavar="PATH")
     q.add_argument("--png", metavar="PATH")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
+    q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -126,19 +132,22 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    plan = plan_from_trace(trace, args.r_max, solver=args.solver)
+    plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator)
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
+    print(f"node weights: estimator {args.estimator}")
     print(f"wrote {args.out}")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
+    from .estimate import estimate_weights
     from .sweep import format_table, plot_sweep, sweep, write_csv
-    from .trace import load_trace, node_weights
+    from .trace import load_trace
 
     trace = load_trace(args.trace)
-    rows = sweep(trace.meta, node_weights(trace), args.r_max, solver=args.solver)
-    print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches")
+    rows = sweep(trace.meta, estimate_weights(trace, args.estimator), args.r_max, solver=args.solver)
+    print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
+          f"estimator {args.estimator}")
     print(format_table(rows))
     if args.csv:
         write_csv(rows, args.csv)

@@ -11,9 +11,10 @@ from typing import Any
 from .actions import FREEZABLE_KINDS, parse_action
 from .dag import build_dag, longest_path
 from .errors import PlannerError
+from .estimate import estimate_weights
 from .fileio import read_json, write_json_atomically
 from .lp import solve_freeze_lp
-from .trace import NodeWeights, Trace, TraceMeta, node_weights
+from .trace import NodeWeights, Trace, TraceMeta
 
 PLAN_FORMAT = "timelyfreeze-plan/1"
 _TOL = 1e-9  # relative tolerance of load-time checks
@@ -91,9 +92,12 @@ def make_plan(meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: st
     )
 
 
-def plan_from_trace(trace: Trace, r_max: float, **kw: Any) -> Plan:
-    """:func:`make_plan` on a loaded trace."""
-    return make_plan(trace.meta, node_weights(trace), r_max, **kw)
+def plan_from_trace(trace: Trace, r_max: float, *, estimator: str = "median", **kw: Any) -> Plan:
+    """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
+    recorded as the plan's top-level ``estimator`` field."""
+    plan = make_plan(trace.meta, estimate_weights(trace, estimator), r_max, **kw)
+    plan.extra["estimator"] = estimator
+    return plan
 
 
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

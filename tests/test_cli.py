@@ -117,6 +117,34 @@ def test_plan_on_two_replica_trace(tmp_path):
     assert_ok(run("sweep", trace_dir, "--r-max", "0,0.5"))
 
 
+def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
+    """``--estimator pooled``: the plan's bounds are ``estimate_weights(trace, "pooled")``, the plan says so,
+    and sweep predicts the same batch time; the default stays ``median`` (``node_weights``)."""
+    from planner.estimate import estimate_weights
+    from planner.trace import load_trace, node_weights
+
+    trace = load_trace(trace_dir)
+    plans = {}
+    for name, extra in (("median", ()), ("pooled", ("--estimator", "pooled"))):
+        path = tmp_path / f"{name}.json"
+        out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", path, *extra))
+        assert f"estimator {name}" in out
+        plans[name] = json.loads(path.read_text())
+        assert plans[name]["estimator"] == name
+    for name, w in (("median", node_weights(trace)), ("pooled", estimate_weights(trace, "pooled"))):
+        for a, entry in plans[name]["actions"].items():
+            assert entry["w_max"] == w.w_max[a] and entry["w_min"] == w.w_min[a]
+    pooled = plans["pooled"]["actions"]
+    for s in range(4):  # synthetic microbatches are alike: one w_max per stage's B actions
+        assert len({pooled[f"{s}B{m}"]["w_max"] for m in range(8)}) == 1
+        assert len({plans["median"]["actions"][f"{s}B{m}"]["w_max"] for m in range(8)}) > 1
+    out = assert_ok(run("sweep", trace_dir, "--r-max", "0,0.5", "--estimator", "pooled", "--csv", tmp_path / "s.csv"))
+    assert "estimator pooled" in out
+    with open(tmp_path / "s.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[1]["batch_ms"]) == pytest.approx(plans["pooled"]["batch_time_ms"]["planned"], rel=1e-6)
+
+
 def test_orders(tmp_path):
     out = assert_ok(run("orders", "--schedule", "1F1B", "--pp", 2, "--microbatches", 4))
     assert out.splitlines() == ["rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3", "rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"]
@@ -218,6 +246,8 @@ def test_rank_orders_not_covering_every_pair(trace_dir, tmp_path):
         (("sweep", "{trace}", "--r-max", "0.5", "--csv", "{tmp}/no/dir/s.csv"), ("s.csv",)),
         (("plan", "{trace}", "--r-max", "0.5", "--out", "{tmp}/no/dir/p.json"), ("p.json",)),
         (("plan", "{trace}", "--r-max", "0.5", "--out", "{tmp}/p.json", "--solver", "nope"), ("solver", "nope")),
+        (("plan", "{trace}", "--r-max", "0.5", "--out", "{tmp}/p.json", "--estimator", "mean"), ("estimator", "mean")),
+        (("sweep", "{trace}", "--r-max", "0.5", "--estimator", "Pooled"), ("estimator", "Pooled")),
         (("orders", "--schedule", "Nope", "--pp", "2", "--microbatches", "4"), ("unknown schedule",)),
         (("orders", "--schedule", "1F1B", "--pp", "4", "--microbatches", "2"), ("microbatches",)),
         (("orders", "--schedule", "1F1B", "--pp", "two", "--microbatches", "2"), ("--pp",)),

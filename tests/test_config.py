@@ -45,6 +45,7 @@ def test_given_plan_skips_monitoring():
         ({"solver": "cplex"}, 100, 10, "solver = 'cplex'"),
         ({"solver": "simplex"}, 100, 10, "solver = 'simplex'"),  # names the README once listed
         ({"solver": "ipm"}, 100, 10, "solver = 'ipm'"),
+        ({"estimator": "mean"}, 100, 10, "estimator = 'mean'"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 5}, 15, 0, "plan step must come before the last step"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 10}, 18, 0, "ramp ends at step 25"),
         ({}, 100, 0, "derived from [lr_scheduler] warmup_steps"),
@@ -115,10 +116,12 @@ def test_toml_and_cli_reach_the_section():
     cfg = ConfigManager().parse_args([
         "--job.config_file", "torchtitan_configs/llama3_debug_zbv_cpu.toml",
         "--freeze.r_max", "0.5", "--freeze.apf.threshold", "0.2", "--freeze.smartpipe.lam", "0.75",
+        "--freeze.estimator", "pooled",
     ])
     assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
     assert cfg.freeze.r_max == 0.5 and cfg.freeze.monitor_steps == 4
     assert cfg.freeze.apf.threshold == 0.2 and cfg.freeze.smartpipe.lam == 0.75
+    assert cfg.freeze.estimator == "pooled"
     assert cfg.activation_checkpoint.mode == "none"
 
 
@@ -136,6 +139,17 @@ def test_every_planner_solver_name_is_accepted():
 
     for name in SOLVERS:
         validate(Freeze(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)
+
+
+def test_estimator_names_come_from_the_planner():
+    from planner.estimate import ESTIMATORS
+
+    assert Freeze().estimator == "median"
+    for name in ESTIMATORS:
+        validate(Freeze(enable=True, estimator=name), total_steps=100, lr_warmup_steps=10)
+    with pytest.raises(FreezeConfigError) as e:
+        validate(Freeze(estimator="x"), total_steps=100, lr_warmup_steps=10)
+    assert str(e.value) == "[freeze] estimator = 'x': choose one of median, pooled"
 
 
 def test_layer_order_of_parameter_names():

@@ -8,6 +8,7 @@ inspecting real dataclass types.
 import math
 from dataclasses import dataclass, field
 
+from planner.estimate import ESTIMATORS
 from planner.lp import SOLVERS
 
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
@@ -69,6 +70,12 @@ class Freeze:
     """LP solver of the plan (``planner.lp.SOLVERS``), all exact (the lexicographic optimum): ``auto``
     (the default: the whole LP, or from 20,000 actions a growing near-critical region), ``whole`` (always
     the whole LP) or ``region`` (always the region method)."""
+
+    estimator: str = "median"
+    """How the plan's per-action times come from the monitoring records (``planner.estimate.ESTIMATORS``):
+    ``median`` (each action's own medians of its upper/lower records) or ``pooled`` (per stage and kind, the
+    median of every microbatch's records, except microbatches whose own median differs by more than noise;
+    see ``docs/formats.md``). The recorded trace is the same either way."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
@@ -207,6 +214,8 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         raise FreezeConfigError(f"[freeze] resample_every = {cfg.resample_every}: must be >= 1")
     if cfg.solver not in SOLVERS:
         raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose one of {', '.join(SOLVERS)}")
+    if cfg.estimator not in ESTIMATORS:
+        raise FreezeConfigError(f"[freeze] estimator = {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
     if cfg.plan and cfg.method not in PLANNED_METHODS:
         raise FreezeConfigError(
             f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "

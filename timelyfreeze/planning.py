@@ -15,14 +15,16 @@ from planner.errors import PlannerError
 
 
 def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solver: str,
-          trace_dir: Path, plan_path: Path) -> dict:
-    """``{"ratios", "batch_time_ms", "summary"}`` of the plan, or ``{"failure": message}``."""
+          trace_dir: Path, plan_path: Path, estimator: str = "median") -> dict:
+    """``{"ratios", "batch_time_ms", "summary"}`` of the plan, or ``{"failure": message}``. The node
+    weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
+    as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
     try:
-        from planner.plan import make_plan, plan_summary, write_plan
-        from planner.trace import node_weights, trace_from_records
+        from planner.plan import plan_from_trace, plan_summary, write_plan
+        from planner.trace import trace_from_records
 
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
-        plan = make_plan(trace.meta, node_weights(trace), r_max, solver=solver)
+        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator)
         write_plan(plan, plan_path)
         return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
                 "batch_time_ms": dict(plan.batch_time_ms), "summary": plan_summary(plan, trace.meta)}

@@ -236,7 +236,7 @@ class FreezeRuntime:
         result = None
         if self.job.rank == 0:
             result = planning.solve(self.meta, gathered, self.cfg.r_max, self.cfg.solver,
-                                    self.trace_dir, self.plan_path)
+                                    self.trace_dir, self.plan_path, self.cfg.estimator)
         result = self.job.broadcast(result)
         if "failure" in result:
             self.method.set_plan(None, result["failure"])

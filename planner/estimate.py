@@ -1,0 +1,147 @@
+"""Per-action duration estimates (node weights) from a trace: the estimator choice.
+
+Two estimators turn a trace's ``upper``/``lower`` records into :class:`~planner.trace.NodeWeights`
+(``ESTIMATORS``; ``docs/formats.md``, "Node weights the planner derives"). Both read the raw records and
+leave them unchanged; only the weights the LP sees differ.
+
+``median`` (the default) is :func:`planner.trace.node_weights`: per replica, each action's own median of its
+``upper`` records (``w_max``) and of its ``lower`` records (``w_min``, kinds B/W only).
+
+``pooled`` uses that every microbatch of a stage does the same work. Each action has only the records of
+its own monitoring steps (a handful), so the plain medians of the B actions of one stage scatter by noise
+alone, and the LP fits that noise (it freezes some microbatches fully and others not at all). Rule:
+
+* Group the records by (replica, stage, action kind, phase) with phase ``upper`` or ``lower`` (``lower``
+  only for the freezable kinds B and W, as in ``median``): one group holds every record of every
+  microbatch of that stage and kind.
+* The group's pooled value is the median of all its ``N`` samples. Its spread is a robust scale,
+  ``sigma = 1.4826 * MAD`` (``MAD``: median absolute deviation of the samples from the pooled value;
+  1.4826 makes it the standard deviation for normal noise), and the standard error of the pooled value
+  is that of a median, ``SE = 1.2533 * sigma / sqrt(N)``.
+* A microbatch ``m`` with ``n_m`` samples and median ``median_m`` keeps its own median only where the data
+  show an effect: ``|median_m - pooled| > max(3 * SE_m, 0.02 * pooled)`` with
+  ``SE_m = 1.2533 * sigma / sqrt(n_m)``. In 1F1B, for instance, the warm-up microbatches and the last one
+  really run differently and keep their own values; every other microbatch takes the pooled value.
+* Then, exactly as ``median`` does: per replica ``w_min`` is clamped to ``w_max``; F and I get
+  ``w_min = w_max``; across replicas each bound is the per-action maximum. A missing record is the same
+  one-line :class:`PlannerError` as ``median`` gives.
+
+:func:`pooled_estimates` returns the per-replica estimates with their standard errors; :func:`estimate_weights`
+the node weights of either estimator. Importing this module does not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass
+
+from .actions import FREEZABLE_KINDS, parse_action
+from .errors import PlannerError
+from .trace import NodeWeights, Trace, node_weights, rank_file_name
+
+ESTIMATORS: tuple[str, ...] = ("median", "pooled")
+"""Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze] estimator`` read it)."""
+
+MAD_TO_SIGMA = 1.4826
+"""sigma = MAD_TO_SIGMA * MAD is the standard deviation for normal noise."""
+MEDIAN_SE_FACTOR = 1.2533
+"""Standard error of a median of n samples: MEDIAN_SE_FACTOR * sigma / sqrt(n) (sqrt(pi / 2))."""
+EFFECT_SE_MULTIPLE = 3.0
+"""A microbatch keeps its own median when it is more than this many of its standard errors from the pooled value..."""
+EFFECT_MIN_SHARE = 0.02
+"""...and more than this share of the pooled value away from it."""
+
+_PHASES = ("upper", "lower")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One (replica, action, phase) estimate of the ``pooled`` estimator, in ms.
+
+    ``value``: the estimate; ``se``: its standard error; ``n``: samples behind it (the action's own when
+    ``own``, the whole group's otherwise); ``own``: True where the action kept its own median (a
+    per-microbatch effect), False where it took the group's pooled value ``pooled``.
+    """
+
+    value: float
+    se: float
+    n: int
+    own: bool
+    pooled: float
+
+
+def check_estimator(estimator: str) -> str:
+    """``estimator`` if it is one of :data:`ESTIMATORS`, else a one-line :class:`PlannerError`."""
+    if estimator not in ESTIMATORS:
+        raise PlannerError(f"estimator {estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+    return estimator
+
+
+def _group_estimates(samples: dict[str, list[float]]) -> dict[str, Estimate]:
+    """The ``pooled`` rule on one group: action -> its samples in, action -> :class:`Estimate` out."""
+    everything = [x for xs in samples.values() for x in xs]
+    pooled = float(statistics.median(everything))
+    sigma = MAD_TO_SIGMA * float(statistics.median(abs(x - pooled) for x in everything))
+    se_pooled = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(everything))
+    out: dict[str, Estimate] = {}
+    for a, xs in samples.items():
+        own = float(statistics.median(xs))
+        se_own = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(xs))
+        if abs(own - pooled) > max(EFFECT_SE_MULTIPLE * se_own, EFFECT_MIN_SHARE * abs(pooled)):
+            out[a] = Estimate(own, se_own, len(xs), True, pooled)
+        else:
+            out[a] = Estimate(pooled, se_pooled, len(everything), False, pooled)
+    return out
+
+
+def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
+    """``(replica, action, phase) -> Estimate`` of the ``pooled`` rule (module docstring), before the
+    clamp and the combination over replicas. Phase ``upper`` for every action, ``lower`` for B and W."""
+    samples: dict[tuple[int, str, str], list[float]] = {}
+    for rec in trace.records:
+        if rec.phase in _PHASES:
+            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
+    groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
+    for d in range(trace.meta.replicas):
+        for r in sorted(trace.meta.rank_orders):
+            fname = os.path.join(trace.source, rank_file_name(r, d))
+            for a in trace.meta.rank_orders[r]:
+                act = parse_action(a)
+                for phase in _PHASES if act.kind in FREEZABLE_KINDS else _PHASES[:1]:
+                    if (d, a, phase) not in samples:
+                        need = "w_max" if phase == "upper" else "w_min"
+                        raise PlannerError(f"{fname}: action {a!r} has no record with phase {phase!r} "
+                                           f"(needed for {need})")
+                    groups.setdefault((d, act.stage, act.kind, phase), {})[a] = samples[d, a, phase]
+    out: dict[tuple[int, str, str], Estimate] = {}
+    for (d, _, _, phase), group in groups.items():
+        for a, est in _group_estimates(group).items():
+            out[d, a, phase] = est
+    return out
+
+
+def pooled_weights(trace: Trace) -> NodeWeights:
+    """Node weights of the ``pooled`` estimator: per replica ``w_min`` clamped to ``w_max`` (F/I: equal),
+    then the per-action maximum over replicas, as :func:`planner.trace.node_weights` combines medians."""
+    est = pooled_estimates(trace)
+    w_min: dict[str, float] = {}
+    w_max: dict[str, float] = {}
+    for d in range(trace.meta.replicas):
+        for a in trace.meta.all_actions():
+            hi = est[d, a, "upper"].value
+            lo = min(est[d, a, "lower"].value, hi) if (d, a, "lower") in est else hi
+            if d == 0:
+                w_min[a], w_max[a] = lo, hi
+            else:
+                w_min[a], w_max[a] = max(w_min[a], lo), max(w_max[a], hi)
+    return NodeWeights(w_min, w_max)
+
+
+def estimate_weights(trace: Trace, estimator: str = "median") -> NodeWeights:
+    """Node weights of ``trace`` by ``estimator`` (one of :data:`ESTIMATORS`; another name is a one-line
+    :class:`PlannerError`). ``median`` is exactly :func:`planner.trace.node_weights`."""
+    if check_estimator(estimator) == "median":
+        return node_weights(trace)
+    return pooled_weights(trace)
