@@ -131,6 +131,7 @@ def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
         assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if "W" in a)
 
 
+@pytest.mark.slow  # ~40 s, 4 ranks: `pytest -m slow` (kept out of `make test` for the 20-minute budget)
 def test_full_cycle_pp4(tmp_path):
     run = torchrun(
         "llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
