@@ -33,13 +33,12 @@ the node weights of either estimator. Importing this module does not import torc
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import dataclass
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .errors import PlannerError
-from .trace import NodeWeights, Trace, node_weights, rank_file_name
+from .trace import NodeWeights, Trace, combine_replicas, node_weights
 
 ESTIMATORS: tuple[str, ...] = ("median", "pooled")
 """Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze] estimator`` read it)."""
@@ -52,8 +51,6 @@ EFFECT_SE_MULTIPLE = 3.0
 """A microbatch keeps its own median when it is more than this many of its standard errors from the pooled value..."""
 EFFECT_MIN_SHARE = 0.02
 """...and more than this share of the pooled value away from it."""
-
-_PHASES = ("upper", "lower")
 
 
 @dataclass(frozen=True)
@@ -98,23 +95,14 @@ def _group_estimates(samples: dict[str, list[float]]) -> dict[str, Estimate]:
 
 def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     """``(replica, action, phase) -> Estimate`` of the ``pooled`` rule (module docstring), before the
-    clamp and the combination over replicas. Phase ``upper`` for every action, ``lower`` for B and W."""
-    samples: dict[tuple[int, str, str], list[float]] = {}
-    for rec in trace.records:
-        if rec.phase in _PHASES:
-            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
+    clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
+    ``upper`` for every action, ``lower`` for B and W."""
     groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
-    for d in range(trace.meta.replicas):
-        for r in sorted(trace.meta.rank_orders):
-            fname = os.path.join(trace.source, rank_file_name(r, d))
-            for a in trace.meta.rank_orders[r]:
-                act = parse_action(a)
-                for phase in _PHASES if act.kind in FREEZABLE_KINDS else _PHASES[:1]:
-                    if (d, a, phase) not in samples:
-                        need = "w_max" if phase == "upper" else "w_min"
-                        raise PlannerError(f"{fname}: action {a!r} has no record with phase {phase!r} "
-                                           f"(needed for {need})")
-                    groups.setdefault((d, act.stage, act.kind, phase), {})[a] = samples[d, a, phase]
+    for rec in trace.records:
+        act = parse_action(rec.action)
+        if rec.phase == "upper" or (rec.phase == "lower" and act.kind in FREEZABLE_KINDS):
+            group = groups.setdefault((rec.replica, act.stage, act.kind, rec.phase), {})
+            group.setdefault(rec.action, []).append(rec.ms)
     out: dict[tuple[int, str, str], Estimate] = {}
     for (d, _, _, phase), group in groups.items():
         for a, est in _group_estimates(group).items():
@@ -123,20 +111,9 @@ def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
 
 
 def pooled_weights(trace: Trace) -> NodeWeights:
-    """Node weights of the ``pooled`` estimator: per replica ``w_min`` clamped to ``w_max`` (F/I: equal),
-    then the per-action maximum over replicas, as :func:`planner.trace.node_weights` combines medians."""
-    est = pooled_estimates(trace)
-    w_min: dict[str, float] = {}
-    w_max: dict[str, float] = {}
-    for d in range(trace.meta.replicas):
-        for a in trace.meta.all_actions():
-            hi = est[d, a, "upper"].value
-            lo = min(est[d, a, "lower"].value, hi) if (d, a, "lower") in est else hi
-            if d == 0:
-                w_min[a], w_max[a] = lo, hi
-            else:
-                w_min[a], w_max[a] = max(w_min[a], lo), max(w_max[a], hi)
-    return NodeWeights(w_min, w_max)
+    """Node weights of the ``pooled`` estimator, combined over replicas (and missing records reported)
+    exactly as :func:`planner.trace.node_weights` combines medians."""
+    return combine_replicas(trace, {k: e.value for k, e in pooled_estimates(trace).items()})
 
 
 def estimate_weights(trace: Trace, estimator: str = "median") -> NodeWeights:

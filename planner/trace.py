@@ -337,27 +337,33 @@ def node_weights(trace: Trace) -> NodeWeights:
     every replica's predicted batch time for the same ratios. Planning on the replica that is critical now
     would ignore that another replica becomes critical once it is sped up. One replica: plain medians.
     """
-    upper: dict[tuple[int, str], list[float]] = {}
-    lower: dict[tuple[int, str], list[float]] = {}
+    samples: dict[tuple[int, str, str], list[float]] = {}
     for rec in trace.records:
-        if rec.phase == "upper":
-            upper.setdefault((rec.replica, rec.action), []).append(rec.ms)
-        elif rec.phase == "lower":
-            lower.setdefault((rec.replica, rec.action), []).append(rec.ms)
+        if rec.phase in ("upper", "lower"):
+            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
+    return combine_replicas(trace, {k: float(statistics.median(v)) for k, v in samples.items()})
+
+
+def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) -> NodeWeights:
+    """Node weights from one estimate (ms) per ``(replica, action, phase)``: per replica ``w_max`` is the
+    ``upper`` estimate and ``w_min`` the ``lower`` one clamped to ``w_max`` (B and W; other kinds get
+    ``w_min = w_max``); across replicas, the per-action maximum of each (see :func:`node_weights`). A
+    missing estimate is a one-line :class:`PlannerError` naming the replica's file. Every estimator
+    (``planner.estimate``) ends here."""
     w_min: dict[str, float] = {}
     w_max: dict[str, float] = {}
     for d in range(trace.meta.replicas):
         for r in sorted(trace.meta.rank_orders):
             fname = os.path.join(trace.source, rank_file_name(r, d))
             for a in trace.meta.rank_orders[r]:
-                if (d, a) not in upper:
+                if (d, a, "upper") not in estimate:
                     raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
-                hi = float(statistics.median(upper[d, a]))
+                hi = estimate[d, a, "upper"]
                 if action_kind(a) in FREEZABLE_KINDS:
-                    if (d, a) not in lower:
+                    if (d, a, "lower") not in estimate:
                         raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' "
                                            "(needed for w_min)")
-                    lo = min(float(statistics.median(lower[d, a])), hi)
+                    lo = min(estimate[d, a, "lower"], hi)
                 else:
                     lo = hi
                 if d == 0:
