@@ -36,13 +36,18 @@ class Run:
         return "\n".join(errors)[-8000:] + "\n...\n" + "\n".join(lines)[-3000:]
 
 
-def command(config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False) -> list[str]:
-    """The ``torchrun ... -m timelyfreeze.train`` command line of a test run. The model's initial
-    weights are seeded (``--debug.seed 0``), so everything before the plan is the same in every run."""
+TRAIN = ("-m", "timelyfreeze.train")
+
+
+def command(config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False,
+            target: tuple[str, ...] = TRAIN) -> list[str]:
+    """The ``torchrun ... -m timelyfreeze.train`` command line of a test run (``target``: another entry
+    point, e.g. a test job script). The model's initial weights are seeded (``--debug.seed 0``), so
+    everything before the plan is the same in every run."""
     return [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
         "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-        "-m", "timelyfreeze.train",
+        *target,
         "--job.config_file", str(CONFIGS / config),
         "--job.dump_folder", str(dump),
         "--metrics.enable-tensorboard" if tensorboard else "--metrics.no-enable-tensorboard",
@@ -57,10 +62,11 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
 
 def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420,
-             tensorboard: bool = False) -> Run:
-    """Run ``timelyfreeze.train`` on ``nproc`` CPU processes; returns exit code, log and dump folder."""
-    cmd = command(config, dump, *args, nproc=nproc, tensorboard=tensorboard)
-    p = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+             tensorboard: bool = False, target: tuple[str, ...] = TRAIN, env: dict | None = None) -> Run:
+    """Run ``timelyfreeze.train`` (or ``target``) on ``nproc`` CPU processes; returns exit code, log and
+    dump folder. ``env``: variables added to the job's environment."""
+    cmd = command(config, dump, *args, nproc=nproc, tensorboard=tensorboard, target=target)
+    p = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
     log = p.stdout + p.stderr
     Path(dump).mkdir(parents=True, exist_ok=True)
     (Path(dump) / "torchrun.log").write_text(log)  # the whole log, for a failure's post-mortem

@@ -77,6 +77,22 @@ class Freeze:
     median of every microbatch's records, except microbatches whose own median differs by more than noise;
     see ``docs/formats.md``). The recorded trace is the same either way."""
 
+    replan: bool = True
+    """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action
+    times with the plan in force; when the batch time they imply drifts beyond ``replan_threshold`` for
+    ``replan_patience`` consecutive steps (load, throttling, data), rescale the node weights by what was
+    measured and solve the LP again, the same plan on every rank (``timelyfreeze.replan``). Each re-plan is
+    logged in the metrics, TensorBoard and the summary, written to ``replans/plan_step<N>.json`` and
+    checkpointed; ``plan.json`` stays the plan made from the monitoring windows."""
+
+    replan_threshold: float = 0.1
+    """Drift that counts: the batch time the measured per-stage scales imply, relative to the plan's
+    prediction (0.1: slower or faster by more than 10 %)."""
+
+    replan_patience: int = 3
+    """Consecutive stable steps beyond ``replan_threshold`` before a re-plan (also the steps whose median
+    scales the re-plan uses)."""
+
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
 
@@ -216,6 +232,11 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose one of {', '.join(SOLVERS)}")
     if cfg.estimator not in ESTIMATORS:
         raise FreezeConfigError(f"[freeze] estimator = {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
+    if isinstance(cfg.replan_threshold, bool) or not (
+            isinstance(cfg.replan_threshold, (int, float)) and 0.0 < cfg.replan_threshold < math.inf):
+        raise FreezeConfigError(f"[freeze] replan_threshold = {cfg.replan_threshold}: must be a number > 0")
+    if isinstance(cfg.replan_patience, bool) or not isinstance(cfg.replan_patience, int) or cfg.replan_patience < 1:
+        raise FreezeConfigError(f"[freeze] replan_patience = {cfg.replan_patience}: must be an integer >= 1")
     if cfg.plan and cfg.method not in PLANNED_METHODS:
         raise FreezeConfigError(
             f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "

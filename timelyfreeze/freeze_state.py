@@ -10,7 +10,9 @@ of the step the checkpoint restores, or whose measurements do not belong to the 
 - ``method``: the method's own ``state_dict()`` (plain data and tensors);
 - ``monitor_records``: this rank's upper/lower-bound trace records (the plan's input);
 - ``plan_batch_ms``: the plan's predicted batch times; ``history``: per-step metrics rows;
-- ``val_curve``: ``[step, loss]`` pairs; ``meta``: the trace's ``meta.json`` dict; ``failures``.
+- ``val_curve``: ``[step, loss]`` pairs; ``meta``: the trace's ``meta.json`` dict; ``failures``;
+- ``replan``: the online re-planner's state (``timelyfreeze.replan.Replanner.state_dict``) or None; a state
+  saved before re-planning existed has no such field and loads as None.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from timelyfreeze import state_codec
 from timelyfreeze.config import Phases
 from timelyfreeze.state_codec import FreezeStateError
 
-FIELDS = ("step", "run", "method", "monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures")
+FIELDS = ("step", "run", "method", "monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures",
+          "replan")
 
 
 def pack(**state: Any) -> str:
@@ -55,8 +58,10 @@ def check(st: Any, identity: dict, step: int) -> None:
         fail("not an object")
     if st.get("format") != state_codec.STATE_FORMAT:
         fail(f"format {st.get('format')!r}, expected {state_codec.STATE_FORMAT!r}")
+    st.setdefault("replan", None)  # (saved before online re-planning existed)
     fields = {"step": int, "run": dict, "method": dict, "monitor_records": list, "plan_batch_ms": (dict, type(None)),
-              "history": list, "val_curve": list, "meta": (dict, type(None)), "failures": list}
+              "history": list, "val_curve": list, "meta": (dict, type(None)), "failures": list,
+              "replan": (dict, type(None))}
     for name, typ in fields.items():
         if name not in st:
             fail(f"field {name!r} is missing")

@@ -4,6 +4,7 @@
 lower-bound phases): it builds the trace the offline planner would load, solves the LP, writes
 ``plan.json`` atomically and returns what every rank needs. It never raises: the LP must not take
 training down, so a failure comes back as ``{"failure": "planning failed: ..."}`` and the run reports it.
+``replan`` solves again from rescaled node weights (online re-planning, ``timelyfreeze.replan``).
 ``load_given`` installs a plan file given with ``[freeze] plan``.
 """
 
@@ -16,7 +17,8 @@ from planner.errors import PlannerError
 
 def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solver: str,
           trace_dir: Path, plan_path: Path, estimator: str = "median") -> dict:
-    """``{"ratios", "batch_time_ms", "summary"}`` of the plan, or ``{"failure": message}``. The node
+    """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
+    w_max] ms), or ``{"failure": message}``. The node
     weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
     as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
     try:
@@ -26,15 +28,37 @@ def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solv
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
         plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator)
         write_plan(plan, plan_path)
-        return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
-                "batch_time_ms": dict(plan.batch_time_ms), "summary": plan_summary(plan, trace.meta)}
+        return {**plan_result(plan), "summary": plan_summary(plan, trace.meta)}
     except Exception as e:  # noqa: BLE001 -- reported in the summary, training goes on
         return {"failure": f"planning failed: {one_line(e)}"}
 
 
-def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int) -> tuple[dict, dict]:
-    """(action ratios, batch_time_ms) of the plan file ``path``; ``FreezeConfigError`` naming the file
-    if it cannot be read or does not match this run."""
+def replan(meta: dict, weights, r_max: float, solver: str, plan_path: Path, extra: dict) -> dict:  # noqa: ANN001
+    """Like ``solve``, from given node weights (``planner.trace.NodeWeights``); ``extra`` goes into the
+    plan file's top level (step, reason, scales). Never raises."""
+    try:
+        from planner.plan import make_plan, write_plan
+        from planner.trace import validate_meta
+
+        plan = make_plan(validate_meta(meta, "meta.json"), weights, r_max, solver=solver)
+        plan.extra.update(extra)
+        Path(plan_path).parent.mkdir(parents=True, exist_ok=True)
+        write_plan(plan, plan_path)
+        return plan_result(plan)
+    except Exception as e:  # noqa: BLE001 -- the run keeps the plan in force
+        return {"failure": f"re-planning failed: {one_line(e)}"}
+
+
+def plan_result(plan) -> dict:  # noqa: ANN001 - planner.plan.Plan
+    """What every rank needs of a plan: per-action ratios, predicted batch times, node weights."""
+    return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
+            "batch_time_ms": dict(plan.batch_time_ms),
+            "weights": {a: [ap.w_min, ap.w_max] for a, ap in plan.actions.items()}}
+
+
+def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int) -> dict:
+    """``plan_result`` of the plan file ``path``; ``FreezeConfigError`` naming the file if it cannot be read
+    or does not match this run."""
     from planner.plan import check_plan_matches, load_plan
 
     from timelyfreeze.config import FreezeConfigError
@@ -44,7 +68,7 @@ def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int)
         check_plan_matches(plan, schedule, num_stages, num_microbatches, path)
     except PlannerError as e:
         raise FreezeConfigError(f"[freeze] plan: {e}") from None
-    return {a: ap.freeze_ratio for a, ap in plan.actions.items()}, dict(plan.batch_time_ms)
+    return plan_result(plan)
 
 
 def one_line(e: Exception) -> str:

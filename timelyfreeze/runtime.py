@@ -10,7 +10,9 @@ data-parallel replica of the pipeline contributes its measurements, global rank 
 their combination (per action, the maximum over replicas: ``planner.trace.node_weights``), and the plan
 is broadcast so every rank of every replica freezes by the same plan. The masks a plan implies depend
 only on (seed, step, stage, microbatch, accumulation batch), so the replicas of a stage (FSDP's shard
-and replicate groups, TP's group) leave out the same tensors in every microbatch.
+and replicate groups, TP's group) leave out the same tensors in every microbatch. In the stable phase,
+each rank's per-stage drift scales ride along in the same per-step gather, and when the plan stops
+matching the measurements a re-plan is made the same way (``timelyfreeze.replan``).
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.actions import parse_action
+from planner.drift import max_scales
 from planner.fileio import write_json_atomically
 
 from timelyfreeze import freeze_state, planning, stage_hooks, summary as run_summary, timeline
-from timelyfreeze.config import Freeze, Phases, knob_of
+from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases, knob_of
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.metrics_log import MetricsLog
 from timelyfreeze.pipeline_group import JobGroup
 from timelyfreeze.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
+from timelyfreeze.replan import Replanner
 from timelyfreeze.stage_layout import build_stage_views
 from timelyfreeze.state_codec import FreezeStateError
 
@@ -94,6 +98,11 @@ class FreezeRuntime:
         self.monitor_records: list[dict] = []
         """This rank's records of the phases the method's plan is made from."""
         self.plan_batch_ms: dict[str, float] | None = None
+        """The first plan's predicted batch times (``plan.json``: from monitoring, or the given plan)."""
+        self.replanner: Replanner | None = None
+        """Online re-planning (``[freeze] replan``): the plan in force and its drift; None before a plan."""
+        self._pending_plan: dict | None = None
+        """A given plan waiting for ``meta`` (the end of step 1) before its replanner can be built."""
         self.history: list[dict] = []
         """Per-step metrics rows (identical on every rank)."""
         self.val_curve: list[list[float]] = []
@@ -105,9 +114,10 @@ class FreezeRuntime:
         self._step_t0 = 0.0
         self._losses: list[Any] = []
         if cfg.plan:
-            ratios, self.plan_batch_ms = planning.load_given(cfg.plan, info.schedule, self.num_stages,
-                                                             info.num_microbatches)
-            self.method.set_plan(ratios)
+            given = planning.load_given(cfg.plan, info.schedule, self.num_stages, info.num_microbatches)
+            self.plan_batch_ms = given["batch_time_ms"]
+            self.method.set_plan(given["ratios"])
+            self._pending_plan = given
 
     def log(self, msg: str) -> None:
         if self.job.rank == 0:
@@ -164,13 +174,18 @@ class FreezeRuntime:
             self.monitor_records.extend(r.to_json() for r in records)
         frozen = sum(r.freeze_ratio * self.trainable[parse_action(r.action).stage] for r in records)
         frozen /= max(1, self.accum + 1)
+        watch = phase == "stable" and self.replanner is not None
         gathered = self.job.all_gather({
             "order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s, "step_s": step_s,
             "loss": sum(float(x) for x in self._losses) if self._losses else None,
             "tensors": self.hook.freezable_tensors() if self.meta is None else None,
+            "scales": self.replanner.local_scales([(r.action, r.ms, r.freeze_ratio) for r in records])
+            if watch else None,
         })
         if self.meta is None:
             self._write_meta(gathered)
+        if self._pending_plan is not None:
+            self._start_replanner(self._pending_plan)
         if self.method.needs_plan(step):
             self._make_plan()
         replicas = self.job.replicas
@@ -190,10 +205,16 @@ class FreezeRuntime:
             "batch_ms": max(batch_s) * 1e3,
             "tokens_per_s": self.info.tokens_per_step / step_s if step_s > 0 else None,
             "loss": loss,
-            "predicted_batch_ms": self.plan_batch_ms["planned"] if self.plan_batch_ms else None,
+            "predicted_batch_ms": self._predicted_ms(),
         }
         if replicas > 1:
             row["replica_batch_ms"] = [round(b * 1e3, 3) for b in batch_s]
+        if watch:
+            row["drift"] = self.replanner.observe(max_scales(g["scales"] for g in gathered))
+            if self.replanner.due():
+                self._replan(step, row)
+        if self.replanner is not None:
+            row["replans"] = len(self.replanner.events)
         self.ctx.extras["last_loss"] = row["loss"]
         self.history.append(row)
         self.metrics.append(row)
@@ -230,6 +251,53 @@ class FreezeRuntime:
         self.metrics.append({"step": step, "val_loss": loss})
 
     # -- plan ------------------------------------------------------------------------------------
+    def _predicted_ms(self) -> float | None:
+        """The plan in force's predicted batch time."""
+        if self.replanner is not None and self.replanner.batch_ms:
+            return self.replanner.batch_ms["planned"]
+        return self.plan_batch_ms["planned"] if self.plan_batch_ms else None
+
+    def _start_replanner(self, result: dict) -> None:
+        """Watch the plan ``result`` (``planning.plan_result``) for drift, where re-planning is on."""
+        self._pending_plan = None
+        if not (self.cfg.replan and self.cfg.method in PLANNED_METHODS):
+            return
+        from planner.trace import validate_meta
+
+        self.replanner = Replanner(validate_meta(self.meta, "meta.json"), self.cfg.replan_threshold,
+                                   self.cfg.replan_patience)
+        self.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"])
+
+    def _replan(self, step: int, row: dict) -> None:
+        """Re-plan after ``step`` (every rank, collective): from the current node weights rescaled by the
+        drifting steps' median scales; the new plan applies from the next step."""
+        rp = self.replanner
+        weights, scales = rp.proposed_weights()
+        old = rp.batch_ms["planned"]
+        reason = (f"drift {row['drift']:+.1%} (beyond {rp.threshold:.0%}) for {rp.patience} stable step"
+                  f"{'s' if rp.patience > 1 else ''}")
+        path = self.out_dir / "replans" / f"plan_step{step}.json"
+        result = None
+        if self.job.rank == 0:
+            result = planning.replan(self.meta, weights, self.cfg.r_max, self.cfg.solver, path,
+                                     {"replanned_at_step": step, "reason": reason, "scales": scales,
+                                      "estimator": "rescaled"})
+        result = self.job.broadcast(result)
+        if "failure" in result:
+            rp.window = []
+            self.failures.append(f"{result['failure']} (step {step}); the run kept the plan in force")
+            self.log(f"[freeze] ERROR {result['failure']}; the plan in force stays")
+            return
+        self.method.set_plan(result["ratios"])
+        rp.install(result["weights"], result["ratios"], result["batch_time_ms"])
+        new = result["batch_time_ms"]["planned"]
+        event = {"step": step, "reason": reason, "scales": scales, "old_planned_ms": old,
+                 "new_planned_ms": new, "plan": str(path)}
+        rp.events.append(event)
+        row["replan"] = event
+        self.log(f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
+                 f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}); {path}")
+
     def _make_plan(self) -> None:
         t0 = time.perf_counter()
         gathered = self.job.gather_to_zero(self.monitor_records)
@@ -245,6 +313,7 @@ class FreezeRuntime:
             return
         self.method.set_plan(result["ratios"])
         self.plan_batch_ms = result["batch_time_ms"]
+        self._start_replanner(result)
         self.log(f"[freeze] plan written to {self.plan_path} ({time.perf_counter() - t0:.2f} s)\n"
                  + result["summary"])
 
@@ -255,6 +324,7 @@ class FreezeRuntime:
             step=self.step, run=self._identity(), method=self.method.state_dict(),
             monitor_records=self.monitor_records, plan_batch_ms=self.plan_batch_ms, history=self.history,
             val_curve=self.val_curve, meta=self.meta, failures=self.failures,
+            replan=self.replanner.state_dict() if self.replanner is not None else None,
         )
 
     def load_state_dict(self, text: Any, step: int) -> None:
@@ -264,6 +334,7 @@ class FreezeRuntime:
         try:
             st = freeze_state.unpack(text, self._identity(), step, self.phases)
             self.method.load_state_dict(st["method"])
+            replanner = self._restore_replanner(st)
         except FreezeStateError as e:
             problem = str(e)
         except Exception as e:  # noqa: BLE001 -- a tampered method state: one error line, not a traceback
@@ -275,7 +346,25 @@ class FreezeRuntime:
             raise FreezeStateError(problem or problems[0])
         for name in ("monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures"):
             setattr(self, name, st[name])
+        self.replanner = replanner
+        if replanner is not None:
+            self._pending_plan = None
         self.step = step
+
+    def _restore_replanner(self, st: dict) -> Replanner | None:
+        """The saved re-planning state on this run's schedule (None where none was saved, or re-planning is
+        off now); ``FreezeStateError`` naming what does not fit."""
+        if st["replan"] is None or st["meta"] is None or not (self.cfg.replan and self.cfg.method in PLANNED_METHODS):
+            return None
+        from planner.errors import PlannerError
+        from planner.trace import validate_meta
+
+        try:
+            rp = Replanner(validate_meta(st["meta"], "meta"), self.cfg.replan_threshold, self.cfg.replan_patience)
+            rp.load_state_dict(st["replan"])
+        except (PlannerError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise FreezeStateError(f"saved freezing state: replan: {planning.one_line(e)}") from None
+        return rp
 
     def _identity(self) -> dict:
         ident = {"method": self.cfg.method, "schedule": self.info.schedule, "num_stages": self.num_stages,
@@ -301,6 +390,7 @@ class FreezeRuntime:
                  "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed},
             predicted_batch_ms=self.plan_batch_ms, val_curve=self.val_curve,
             method_summary=self.method.summary(), failures=self.failures,
+            replans=self.replanner.events if self.replanner is not None else [],
         )
         drawn = timeline.draw(self.meta, timeline.merge(medians), self.plan_path, self.trace_dir,
                               self.out_dir / "timeline.png", self.log)

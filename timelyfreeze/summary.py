@@ -12,7 +12,8 @@ SUMMARY_FORMAT = "timelyfreeze-run/1"
 
 
 def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_step: int, run: dict[str, Any],
-          predicted_batch_ms: dict | None, val_curve: list, method_summary: dict, failures: list[str]) -> dict:
+          predicted_batch_ms: dict | None, val_curve: list, method_summary: dict, failures: list[str],
+          replans: list[dict] | None = None) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
     (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed)."""
     hist = sorted(history, key=lambda h: h["step"])
@@ -50,6 +51,7 @@ def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_ste
         "val_curve": val_curve,
         "method_summary": method_summary,
         "failures": list(failures),
+        "replans": list(replans or []),
     }
 
 
@@ -78,6 +80,9 @@ def format_summary(s: dict) -> str:
             f"  speedup over upper bound: measured {mb['upper'] / mb['stable']:.3f}x, "
             f"predicted {pred['no_freeze'] / pred['planned']:.3f}x"
         )
+    for e in s.get("replans") or []:
+        lines.append(f"  re-planned after step {e['step']}: {e['reason']}; predicted batch "
+                     f"{e['old_planned_ms']:.1f} -> {e['new_planned_ms']:.1f} ms")
     tps = s["tokens_per_s"]
     lines.append(f"  throughput: {f(tps['all'], ' tok/s')} overall, {f(tps['stable'], ' tok/s')} steady")
     lines.append(f"  average freeze ratio (by elements, whole run): {s['avg_freeze_ratio']:.3f}")

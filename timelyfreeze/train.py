@@ -13,7 +13,8 @@ import sys
 from timelyfreeze import cpu_shims
 
 
-def main() -> None:
+def main(trainer_cls: type | None = None) -> None:
+    """Train with ``trainer_cls`` (a ``TimelyFreezeTrainer`` subclass; the default is that class)."""
     # A native abort (SIGABRT/SIGSEGV) prints every Python thread's stack before the process dies, so a
     # crash in teardown names the thread that was running.
     faulthandler.enable(all_threads=True)
@@ -25,7 +26,7 @@ def main() -> None:
     from timelyfreeze.trainer import TimelyFreezeTrainer
 
     try:
-        titan_main(TimelyFreezeTrainer)
+        titan_main(trainer_cls or TimelyFreezeTrainer)
     except (FreezeConfigError, FreezeStateError) as e:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)

@@ -1,0 +1,151 @@
+"""Online re-planning without torch: ``planner.drift`` (scales, drift, rescaled weights) and
+``timelyfreeze.replan.Replanner`` (when a re-plan is due, what it starts from, its checkpointed state)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner import drift
+from planner.dag import build_dag, longest_path
+from planner.plan import make_plan
+from planner.schedules import schedule_meta
+from planner.synthetic import synthetic_weights
+from planner.trace import NodeWeights, validate_meta
+from timelyfreeze import freeze_state, state_codec
+from timelyfreeze.config import Freeze, FreezeConfigError, validate
+from timelyfreeze.replan import Replanner
+from timelyfreeze.summary import build, format_summary
+
+
+def setup(schedule: str = "1F1B", pp: int = 2, n: int = 4):
+    meta = validate_meta(schedule_meta(schedule, pp, n), "meta")
+    weights = synthetic_weights(meta, seed=1)
+    plan = make_plan(meta, weights, 0.8)
+    ratios = {a: ap.freeze_ratio for a, ap in plan.actions.items()}
+    return meta, weights, plan, ratios
+
+
+def as_lists(w: NodeWeights) -> dict:
+    return {a: [w.w_min[a], w.w_max[a]] for a in w.w_max}
+
+
+def test_group_and_expected_time():
+    w = NodeWeights({"1B7": 4.0, "0F0": 3.0}, {"1B7": 10.0, "0F0": 3.0})
+    assert drift.group_of("1B7") == "1B" and drift.group_of("12W3") == "12W"
+    assert drift.expected_ms(w, "1B7", 0.5) == 7.0
+    assert drift.expected_ms(w, "1B7", 1.5) == 4.0 and drift.expected_ms(w, "1B7", -1) == 10.0
+
+
+def test_step_scales_are_medians_per_group():
+    w = NodeWeights({"0B0": 5.0, "0B1": 5.0, "0B2": 5.0, "0F0": 2.0},
+                    {"0B0": 10.0, "0B1": 10.0, "0B2": 10.0, "0F0": 2.0})
+    samples = [("0B0", 10.0, 0.0), ("0B1", 15.0, 0.0), ("0B2", 5.5, 1.0), ("0F0", 3.0, 0.0), ("9X9", 1.0, 0.0)]
+    assert drift.step_scales(samples, w) == {"0B": pytest.approx(1.1), "0F": pytest.approx(1.5)}
+    assert drift.max_scales([{"0B": 1.2}, None, {"0B": 0.9, "1F": 2.0}]) == {"0B": 1.2, "1F": 2.0}
+    assert drift.window_scales([{"0B": 1.0}, {"0B": 3.0, "1F": 2.0}, {"0B": 2.0}]) == {"0B": 2.0, "1F": 2.0}
+
+
+def test_drift_is_zero_at_unit_scales_and_homogeneous():
+    meta, weights, _, ratios = setup()
+    dag = build_dag(meta)
+    groups = {drift.group_of(a) for a in weights.w_max}
+    assert drift.drift(dag, weights, ratios, {g: 1.0 for g in groups}) == pytest.approx(0.0, abs=1e-12)
+    assert drift.drift(dag, weights, ratios, {g: 1.3 for g in groups}) == pytest.approx(0.3)
+    # one slowed group moves the batch by at most its own scale
+    d = drift.drift(dag, weights, ratios, {"1F": 2.0})
+    assert 0.0 < d <= 1.0 + 1e-12
+
+
+def test_scaled_weights_scale_both_bounds_of_a_group():
+    meta, weights, _, _ = setup()
+    sw = drift.scaled_weights(weights, {"1B": 2.0})
+    for a in weights.w_max:
+        k = 2.0 if a.startswith("1B") else 1.0
+        assert sw.w_max[a] == weights.w_max[a] * k and sw.w_min[a] == weights.w_min[a] * k
+
+
+def test_replanner_is_due_after_patience_steps_beyond_threshold():
+    meta, weights, plan, ratios = setup()
+    rp = Replanner(meta, threshold=0.1, patience=3)
+    assert rp.observe({"1F": 3.0}) is None and not rp.due()  # no plan yet
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms)
+    assert rp.observe({"1F": 1.02}) == pytest.approx(drift.drift(build_dag(meta), weights, ratios, {"1F": 1.02}))
+    slow = {"0F": 1.5, "0B": 1.5, "1F": 1.5, "1B": 1.5}
+    rp.observe(slow), rp.observe(slow)
+    assert not rp.due()
+    rp.observe({"0F": 1.0})  # back within the threshold: the count restarts
+    rp.observe(slow), rp.observe({g: 1.7 for g in slow})
+    assert not rp.due()
+    rp.observe(slow)
+    assert rp.due()
+    proposed, scales = rp.proposed_weights()
+    assert scales == {g: 1.5 for g in slow}
+    assert longest_path(build_dag(meta), proposed.w_max)[0] == pytest.approx(1.5 * plan.batch_time_ms["no_freeze"])
+    # a faster machine counts too
+    rp.install(as_lists(proposed), ratios, plan.batch_time_ms)
+    assert not rp.due()
+    for _ in range(3):
+        assert rp.observe({g: 0.5 for g in slow}) == pytest.approx(-0.5)
+    assert rp.due()
+
+
+def test_replanner_state_round_trips_through_the_checkpoint_codec():
+    meta, weights, plan, ratios = setup("ZBVZeroBubble", 2, 4)
+    rp = Replanner(meta, 0.1, 2)
+    assert rp.state_dict() is None
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms)
+    slow = {drift.group_of(a): 1.5 for a in weights.w_max}
+    rp.observe(slow)
+    rp.events.append({"step": 12, "reason": "drift +20%", "scales": {"0W": 1.5}})
+    st = state_codec.decode(state_codec.encode(rp.state_dict()))
+    again = Replanner(meta, 0.1, 2)
+    again.load_state_dict(st)
+    assert again.state_dict() == rp.state_dict()
+    assert len(again.window) == 1
+    assert again.observe(slow) == rp.observe(slow) == pytest.approx(0.5) and again.due() and rp.due()
+    bad = dict(st, weights={a: w for a, w in list(st["weights"].items())[1:]})
+    with pytest.raises(ValueError, match="node weights"):
+        Replanner(meta, 0.1, 2).load_state_dict(bad)
+    a0 = next(iter(st["weights"]))
+    with pytest.raises(ValueError, match="w_min"):
+        Replanner(meta, 0.1, 2).load_state_dict(dict(st, weights={**st["weights"], a0: [5.0, 1.0]}))
+    with pytest.raises(ValueError, match="ratios"):
+        Replanner(meta, 0.1, 2).load_state_dict(dict(st, ratios={a0: 2.0}))
+
+
+def test_freeze_state_carries_the_replan_state_and_accepts_older_states():
+    identity = {"method": "timelyfreeze", "schedule": "1F1B", "num_stages": 2, "num_microbatches": 4,
+                "pp_rank": 0, "pp_size": 2}
+    state = dict(step=2, run=identity, method={}, monitor_records=[], plan_batch_ms=None,
+                 history=[{"step": 1, "phase": "warmup"}, {"step": 2, "phase": "warmup"}], val_curve=[],
+                 meta=None, failures=[], replan={"weights": {}})
+    phases = validate(Freeze(warmup_steps=2, monitor_steps=1, ramp_steps=1), total_steps=10, lr_warmup_steps=0)
+    assert freeze_state.unpack(freeze_state.pack(**state), identity, 2, phases)["replan"] == {"weights": {}}
+    old = state_codec.decode(freeze_state.pack(**state))
+    del old["replan"]
+    assert freeze_state.unpack(state_codec.encode(old), identity, 2, phases)["replan"] is None
+    with pytest.raises(state_codec.FreezeStateError, match="replan"):
+        freeze_state.unpack(freeze_state.pack(**dict(state, replan=[1])), identity, 2, phases)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("replan_threshold", 0.0, "replan_threshold"), ("replan_threshold", float("inf"), "replan_threshold"),
+    ("replan_patience", 0, "replan_patience"), ("replan_patience", 1.5, "replan_patience"),
+])
+def test_bad_replan_settings_name_the_field(field, value, match):
+    with pytest.raises(FreezeConfigError, match=match):
+        validate(Freeze(**{field: value}), total_steps=100, lr_warmup_steps=20)
+
+
+def test_summary_lists_the_replans():
+    event = {"step": 8, "reason": "drift +185.4% (beyond 10%) for 2 stable steps", "scales": {"1F": 5.9},
+             "old_planned_ms": 337.3, "new_planned_ms": 944.3, "plan": "replans/plan_step8.json"}
+    s = build(history=[{"step": 1, "phase": "stable", "step_ms": 10.0, "batch_ms": 9.0, "freeze_ratio": 0.5,
+                        "loss": 1.0}],
+              steady_phases=("stable",), tokens_per_step=8, run={"method": "timelyfreeze", "schedule": "1F1B",
+                                                                 "pp_degree": 2, "num_stages": 2,
+                                                                 "num_microbatches": 4},
+              predicted_batch_ms=None, val_curve=[], method_summary={}, failures=[], replans=[event])
+    assert s["replans"] == [event]
+    assert "re-planned after step 8: drift +185.4% (beyond 10%) for 2 stable steps; predicted batch 337.3 -> 944.3 ms" \
+        in format_summary(s)

@@ -1,0 +1,70 @@
+"""Online re-planning in a real torchrun job (PP=2, 1F1B, CPU): pipeline rank 1 turns slow in the stable
+phase (every forward of stage 1 sleeps 150 ms more, ``tests/slow_stage_job.py``), the run notices, re-plans
+the same plan on every rank, logs it, and trains on with it.
+
+What is asserted holds for every timing: the sleep makes stage 1's forwards several times slower than
+their monitored time, far beyond the 10 % threshold, so the re-plan after two slowed steps is certain;
+which ratios it chooses depends on the timings and is only checked against its own plan file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from planner.plan import load_plan
+from planner.trace import load_trace
+from tests.torchrun_util import short_cycle, torchrun
+
+pytestmark = pytest.mark.torchrun
+
+ROOT = Path(__file__).resolve().parents[1]
+WARMUP, MONITOR, RAMP, STABLE = 1, 2, 1, 5
+SLOW_FROM = WARMUP + 2 * MONITOR + RAMP + 1  # the first stable step
+PATIENCE = 2
+
+
+def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
+    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+                   "--training.local_batch_size", "4", "--training.seq_len", "128", "--validation.no-enable",
+                   "--freeze.replan_patience", str(PATIENCE), "--freeze.replan_threshold", "0.1",
+                   target=(str(ROOT / "tests" / "slow_stage_job.py"),),
+                   env={"SLOW_FROM": str(SLOW_FROM), "SLOW_MS": "150", "SLOW_RANK": "1"})
+    assert run.rc == 0, run.tail()
+    summary = run.summary()
+    replans = summary["replans"]
+    assert replans, run.tail()
+    first = replans[0]
+    assert first["step"] == SLOW_FROM + PATIENCE - 1
+    assert first["scales"]["1F"] > 1.5 and first["new_planned_ms"] > first["old_planned_ms"]
+    assert "re-plan after step" in run.log
+    # the metrics: the drift of every stable step, the event on its step, then the new prediction
+    rows = {r["step"]: r for r in run.metrics() if "phase" in r}
+    assert all(rows[s]["drift"] > 0.1 for s in range(SLOW_FROM, first["step"] + 1))
+    assert rows[first["step"]]["replan"]["new_planned_ms"] == first["new_planned_ms"]
+    assert rows[first["step"] + 1]["predicted_batch_ms"] == first["new_planned_ms"] or len(replans) > 1
+    assert rows[first["step"]]["replans"] >= 1
+    # plan.json is still the monitoring plan; the re-plan has its own file, with stage 1's forwards rescaled
+    original = load_plan(run.out / "plan.json")
+    again = load_plan(first["plan"])
+    assert again.extra["replanned_at_step"] == first["step"] and again.extra["estimator"] == "rescaled"
+    f1 = [a for a in again.actions if a.startswith("1F")]
+    for a in f1:
+        assert again.actions[a].w_max == pytest.approx(original.actions[a].w_max * first["scales"]["1F"])
+    assert original.batch_time_ms == summary["predicted_batch_ms"]
+    # both pipeline ranks froze by the re-plan from the next step on (until a later re-plan, if any)
+    until = replans[1]["step"] if len(replans) > 1 else WARMUP + 2 * MONITOR + RAMP + STABLE
+    trace = load_trace(run.out / "trace")
+    n = {int(s): k for s, k in trace.meta.extra["freezable_tensors"].items()}
+    checked = set()
+    raw = [json.loads(line) for r in (0, 1)
+           for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()]
+    for rec in raw:
+        if first["step"] < rec["step"] <= until and rec["action"][1] == "B":
+            target = again.actions[rec["action"]].freeze_ratio * n[int(rec["action"][0])]
+            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+            checked.add(rec["action"][0])
+    assert checked == {"0", "1"}

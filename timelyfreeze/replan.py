@@ -1,0 +1,110 @@
+"""Online re-planning: notice when the stable phase stops matching the plan, and say when to plan again.
+
+Each stable step, every rank turns its own action times into per-group scales (``planner.drift``:
+measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
+over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
+decision without a further collective. The step's **drift** is how much the plan in force would stretch
+(or shrink) the batch under those scales. When it stays beyond ``[freeze] replan_threshold`` (either way)
+for ``replan_patience`` consecutive stable steps, a re-plan is due: the runtime solves the LP again on
+global rank 0 from the current node weights times the per-group median scales of those steps
+(``proposed_weights``), broadcasts the plan, and calls ``install``; the next drift is measured against
+the new plan. A drift back inside the threshold resets the count.
+
+The state (the plan in force with its node weights, the recent scales, the events) is plain data and
+goes into the checkpoint (``state_dict``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner import drift as plan_drift
+from planner.dag import build_dag
+from planner.trace import NodeWeights, TraceMeta
+
+
+class Replanner:
+    def __init__(self, meta: TraceMeta, threshold: float, patience: int):
+        self.meta = meta
+        self.threshold = float(threshold)
+        self.patience = int(patience)
+        self._dag = build_dag(meta)
+        self.weights: NodeWeights | None = None
+        """Node weights of the plan in force (the monitoring estimates, rescaled by every re-plan)."""
+        self.ratios: dict[str, float] = {}
+        self.batch_ms: dict[str, float] | None = None
+        """The plan in force's predicted batch times (``no_freeze``, ``all_frozen``, ``planned``)."""
+        self.window: list[dict[str, float]] = []
+        """The scales of the consecutive drifting steps so far (at most ``patience``)."""
+        self.events: list[dict[str, Any]] = []
+
+    # -- the plan in force ----------------------------------------------------------------------
+    def install(self, weights: dict[str, list[float]], ratios: dict[str, float], batch_ms: dict[str, float]) -> None:
+        """A plan takes effect (``weights``: action -> [w_min, w_max] ms); the drift count restarts."""
+        self.weights = NodeWeights({a: float(w[0]) for a, w in weights.items()},
+                                   {a: float(w[1]) for a, w in weights.items()})
+        self.ratios = {a: float(r) for a, r in ratios.items()}
+        self.batch_ms = dict(batch_ms)
+        self.window = []
+
+    def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
+        """This rank's per-group scales of one step from its ``(action, ms, applied ratio)`` samples."""
+        if self.weights is None:
+            return None
+        return plan_drift.step_scales(samples, self.weights)
+
+    # -- per stable step ------------------------------------------------------------------------
+    def observe(self, scales: dict[str, float]) -> float | None:
+        """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
+        if self.weights is None or not scales:
+            return None
+        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales)
+        if abs(d) > self.threshold:
+            self.window.append(dict(scales))
+            self.window = self.window[-self.patience:]
+        else:
+            self.window = []
+        return d
+
+    def due(self) -> bool:
+        return self.weights is not None and len(self.window) >= self.patience
+
+    def proposed_weights(self) -> tuple[NodeWeights, dict[str, float]]:
+        """(node weights for the re-plan, the per-group scales they apply)."""
+        assert self.weights is not None
+        scales = plan_drift.window_scales(self.window)
+        return plan_drift.scaled_weights(self.weights, scales), scales
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        if self.weights is None:
+            return None
+        return {
+            "weights": {a: [self.weights.w_min[a], self.weights.w_max[a]] for a in self.weights.w_max},
+            "ratios": dict(self.ratios), "batch_ms": dict(self.batch_ms or {}),
+            "window": [dict(w) for w in self.window], "events": list(self.events),
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore ``state_dict``'s output; raises ``ValueError`` naming what does not fit this run."""
+        if state is None:
+            return
+        actions = set(self.meta.all_actions())
+        weights, ratios = state["weights"], state["ratios"]
+        if set(weights) != actions:
+            raise ValueError("its node weights do not cover exactly this schedule's actions")
+        for a, w in weights.items():
+            if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, (int, float)) for x in w)
+                    and 0 <= w[0] <= w[1]):
+                raise ValueError(f"weights[{a!r}] = {w!r} is not [w_min, w_max] with 0 <= w_min <= w_max")
+        if any(a not in actions or not isinstance(r, (int, float)) or not 0 <= r <= 1 for a, r in ratios.items()):
+            raise ValueError("ratios must map this schedule's actions to numbers in [0, 1]")
+        if not all(isinstance(state["batch_ms"].get(k), (int, float)) for k in ("no_freeze", "all_frozen", "planned")):
+            raise ValueError("batch_ms needs no_freeze, all_frozen and planned")
+        if not (isinstance(state["window"], list) and all(isinstance(w, dict) for w in state["window"])):
+            raise ValueError("window must be a list of {group: scale}")
+        if not (isinstance(state["events"], list) and all(isinstance(e, dict) for e in state["events"])):
+            raise ValueError("events must be a list of objects")
+        self.install(weights, ratios, state["batch_ms"])
+        self.window = [{str(g): float(s) for g, s in w.items()} for w in state["window"]][-self.patience:]
+        self.events = list(state["events"])
