@@ -93,6 +93,11 @@ class Freeze:
     """Consecutive stable steps beyond ``replan_threshold`` before a re-plan (also the steps whose median
     scales the re-plan uses)."""
 
+    cpu_pinning: bool = True
+    """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
+    least as many cores as local ranks), so that ranks do not share a core while another idles
+    (``timelyfreeze.cpu_shims.pin_cpu_cores``). Ignored on CUDA hosts."""
+
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
 

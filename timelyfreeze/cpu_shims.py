@@ -15,6 +15,11 @@ Must run before ``torchtitan`` is imported: TorchTitan decides its device type a
    reduce-scatters with ``ReduceOp.PREMUL_SUM(1.0)``, which gloo refuses ("Cannot use
    ReduceOp.PREMUL_SUM with Gloo"). FSDP2's own switch ``set_force_sum_reduction_for_comms(True)``
    makes it a plain SUM followed by a division by the same factor (1.0): the same numbers.
+4. ``pin_cpu_cores`` (called by the trainer before TorchTitan starts its process groups, ``[freeze]
+   cpu_pinning``): the local ranks of a host otherwise float over all its cores, so two ranks can share
+   one core while another idles and every action's time depends on the scheduler; with at least as
+   many cores as local ranks, each rank (every thread of it, and every thread it starts later) gets its
+   own equal, contiguous share of the cores this process may use.
 """
 
 from __future__ import annotations
@@ -55,6 +60,29 @@ def apply_if_needed() -> bool:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     _APPLIED = True
     return True
+
+
+def pin_cpu_cores() -> list[int] | None:
+    """On a CPU host (shims applied), pin this local rank to its share of the allowed cores: local rank
+    ``i`` of ``n`` gets cores ``[i * k, (i + 1) * k)`` of the sorted allowed set, ``k = cores // n``.
+    Returns the cores, or None where nothing changed (CUDA host, fewer cores than local ranks, no
+    ``sched_setaffinity``, one local rank)."""
+    if not _APPLIED or not hasattr(os, "sched_setaffinity"):
+        return None
+    n = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    i = int(os.environ.get("LOCAL_RANK", "0"))
+    cores = sorted(os.sched_getaffinity(0))
+    if n < 2 or len(cores) < n or not 0 <= i < n:
+        return None
+    k = len(cores) // n
+    mine = cores[i * k:(i + 1) * k]
+    # sched_setaffinity(0) sets the calling thread only: every thread of the process, then later ones inherit
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
+        try:
+            os.sched_setaffinity(int(tid), mine)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return mine
 
 
 def fsdp_sum_reductions(model_parts) -> int:

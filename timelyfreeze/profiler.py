@@ -2,7 +2,9 @@
 
 ``ActionProfiler`` is a stage-hook listener: it times every F/B/I/W action (compute only; receives
 happen before the hooked call) and remembers the order this rank executed them in. On CPU it uses
-``perf_counter``; on CUDA it records an event pair per action and synchronises once per step.
+``perf_counter`` (Linux: CLOCK_MONOTONIC, one clock for every process of a host) and also records each
+action's start time, from which the planner estimates the delays on cross-rank edges (``planner.comm``);
+on CUDA it records an event pair per action and synchronises once per step (durations only).
 ``end_step`` turns the step's timings into trace records and appends them to
 ``actions_rank<r>.jsonl`` (flushed every step, so a crash loses nothing already measured).
 """
@@ -30,12 +32,16 @@ class ActionRecord:
     freeze_ratio: float
     frozen_tensors: int | None = None
     """Extra field (readers ignore unknown fields): tensors left out, for B/W actions."""
+    start_ms: float | None = None
+    """Start on the host's monotonic clock (ms), CPU timing only (``docs/formats.md``)."""
 
     def to_json(self) -> dict:
         d = {"step": self.step, "action": self.action, "ms": round(self.ms, 6), "phase": self.phase,
              "freeze_ratio": round(self.freeze_ratio, 6)}
         if self.frozen_tensors is not None:
             d["frozen_tensors"] = self.frozen_tensors
+        if self.start_ms is not None:
+            d["start_ms"] = round(self.start_ms, 3)
         return d
 
 
@@ -74,13 +80,14 @@ class ActionProfiler:
             self.order.append(name)
 
     # -- per step ----------------------------------------------------------------------------
-    def collect(self) -> list[tuple[str, float]]:
-        """(action, ms) of every action timed since the last call, in execution order."""
+    def collect(self) -> list[tuple[str, float, float | None]]:
+        """(action, ms, start ms or None) of every action timed since the last call, in execution order;
+        the start (on the host's monotonic clock) only with CPU timing."""
         if self.use_cuda and self._pending:
             self._pending[-1][2].synchronize()
-            out = [(a, s.elapsed_time(e)) for a, s, e in self._pending]
+            out = [(a, s.elapsed_time(e), None) for a, s, e in self._pending]
         else:
-            out = [(a, (e - s) * 1e3) for a, s, e in self._pending]
+            out = [(a, (e - s) * 1e3, s * 1e3) for a, s, e in self._pending]
         self._pending.clear()
         return out
 

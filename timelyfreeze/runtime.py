@@ -17,6 +17,7 @@ matching the measurements a re-plan is made the same way (``timelyfreeze.replan`
 
 from __future__ import annotations
 
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +180,7 @@ class FreezeRuntime:
             "order": list(self.profiler.order), "frozen": frozen, "batch_s": self._batch_s, "step_s": step_s,
             "loss": sum(float(x) for x in self._losses) if self._losses else None,
             "tensors": self.hook.freezable_tensors() if self.meta is None else None,
+            "host": socket.gethostname() if self.meta is None else None,
             "scales": self.replanner.local_scales([(r.action, r.ms, r.freeze_ratio) for r in records])
             if watch else None,
         })
@@ -226,8 +228,8 @@ class FreezeRuntime:
     def _records(self, step: int, phase: str) -> list[ActionRecord]:
         """The step's timed actions with the ratio each applied (one per accumulation batch, in order)."""
         applied = {a: list(v) for a, v in self.hook.end_step().items()}
-        return [ActionRecord(step, a, ms, phase, *(applied[a].pop(0) if applied.get(a) else (0.0, None)))
-                for a, ms in self.profiler.collect()]
+        return [ActionRecord(step, a, ms, phase, *(applied[a].pop(0) if applied.get(a) else (0.0, None)), start)
+                for a, ms, start in self.profiler.collect()]
 
     def _write_meta(self, gathered: list[dict]) -> None:
         """``meta.json`` from replica 0's ranks (every replica runs the same schedule)."""
@@ -237,6 +239,7 @@ class FreezeRuntime:
             {r: g["order"] for r, g in first.items()},
             replicas=self.job.replicas,
             freezable_tensors={str(s): n for g in first.values() for s, n in sorted(g["tensors"].items())},
+            hosts=[first[r]["host"] for r in range(self.pg.size)],
             method=self.cfg.method,
         )
         if self.job.rank == 0 and self.cfg.trace:

@@ -39,6 +39,10 @@ class TimelyFreezeTrainer(Trainer):
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
             check_compile(job_config.compile)
+            if fz.cpu_pinning:
+                cores = cpu_shims.pin_cpu_cores()
+                if cores is not None:
+                    logger.info(f"[freeze] local rank {os.environ.get('LOCAL_RANK', '0')} pinned to CPU cores {cores}")
         super().__init__(job_config)
         cpu_shims.fsdp_sum_reductions(self.model_parts)
         self._batch_in_step = 0

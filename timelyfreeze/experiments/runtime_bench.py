@@ -1,0 +1,336 @@
+"""The runtime benchmark: does the stable phase deliver what the plan promised? Repeated torchrun jobs on the
+embedded default (llama3 debug model, PP=2, CPU), job order interleaved so that slow periods of the machine
+spread over every cell, one result line per job written as it finishes (a re-run skips what is done).
+
+Job kinds, per schedule and repeat:
+
+* ``overhead``: ``[freeze] r_max = 0`` (the plan freezes nothing); in the stable phase, steps alternate
+  between hooks detached (TorchTitan's own step) and TimelyFreeze at ratio 0 with everything on, online
+  re-planning included (``timelyfreeze.experiments.overhead_trainer``). Overhead = mean paired difference
+  of neighbouring steps / median detached step.
+* ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
+  *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
+  *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
+  medians of the upper and stable phases and the monitoring plan (``plan.json``).
+* ``load`` (``--load-change``): a ``phases`` run with a CPU-bound co-tenant process started when the stable
+  phase begins (the bench watches ``metrics.jsonl``) and stopped when the job ends. Reported against the
+  plan in force after the last re-plan: error over the steps after it, and the share
+  ``(no_freeze' / stable' - 1) / (no_freeze' / planned' - 1)`` with that plan's own predicted no-freeze and
+  planned batch times (the upper bound is not re-measured under the new load).
+* ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[freeze] cpu_pinning = false``, next to the
+  pinned ``phases`` runs of the same schedule.
+
+Outputs under ``--out``: ``results.jsonl`` (one line per job, the resume record), ``bench_runtime.csv``
+and ``bench_runtime.md`` (median [min, max] over the repeats). Job dumps (traces, logs) go to
+``--dumps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from timelyfreeze.experiments.runner import REPO_ROOT, fmt_duration
+
+CONFIG = {
+    "GPipe": "llama3_debug_gpipe_cpu.toml",
+    "1F1B": "llama3_debug_1f1b_cpu.toml",
+    "Interleaved1F1B": "llama3_debug_interleaved1f1b_cpu.toml",
+    "ZBVZeroBubble": "llama3_debug_zbv_cpu.toml",
+}
+WARMUP = 3
+"""Warm-up steps of every job (the first steps of a process are slow: allocator, caches)."""
+
+
+class BenchError(Exception):
+    """A job that failed: one line naming its log."""
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+def torchrun(target: list[str], config: str, dump: Path, nproc: int, layout: list[str], args: list[str],
+             on_row=None) -> None:  # noqa: ANN001 - on_row(row dict) is called for every new metrics row
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=localhost:0", *target, "--job.config_file", str(REPO_ROOT / "torchtitan_configs" / config),
+           "--job.dump_folder", str(dump), "--metrics.no-enable-tensorboard", "--validation.no-enable",
+           *layout, *args]
+    dump.mkdir(parents=True, exist_ok=True)
+    metrics = dump / "timelyfreeze" / "metrics.jsonl"
+    if metrics.exists():
+        metrics.unlink()
+    with open(dump / "bench.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        seen = 0
+        while proc.poll() is None:
+            time.sleep(0.5)
+            if on_row is not None and metrics.exists():
+                lines = metrics.read_text().splitlines()
+                for line in lines[seen:]:
+                    try:
+                        on_row(json.loads(line))
+                    except ValueError:
+                        break
+                    seen += 1
+        rc = proc.wait()
+    if rc != 0:
+        raise BenchError(f"job failed (exit {rc}), see {dump / 'bench.log'}")
+
+
+def cycle_args(r_max: float, monitor: int, ramp: int, stable: int) -> list[str]:
+    return ["--freeze.r_max", str(r_max), "--freeze.warmup_steps", str(WARMUP), "--freeze.monitor_steps",
+            str(monitor), "--freeze.ramp_steps", str(ramp), "--training.steps", str(WARMUP + 2 * monitor + ramp + stable)]
+
+
+def overhead_job(schedule: str, dump: Path, opts) -> dict:  # noqa: ANN001 - argparse namespace
+    torchrun(["-m", "timelyfreeze.experiments.overhead_trainer"], CONFIG[schedule], dump, opts.nproc, opts.layout,
+             cycle_args(0.0, 2, 1, 2 * opts.pairs))
+    rows = [r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"]
+    by_step = {r["step"]: r for r in rows}
+    diffs = [by_step[s]["s"] - by_step[s + 1]["s"] for s in by_step
+             if by_step[s]["kind"] == "hooks" and by_step.get(s + 1, {}).get("kind") == "plain"]
+    plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
+    mean_d = statistics.fmean(diffs)
+    return {"pairs": len(diffs), "plain_ms": plain * 1e3,
+            "hooks_ms": statistics.median(r["s"] for r in rows if r["kind"] == "hooks") * 1e3,
+            "diff_ms": mean_d * 1e3, "overhead_pct": 100 * mean_d / plain}
+
+
+def _phase_median(metrics: list[dict], phase: str) -> float:
+    vals = [m["batch_ms"] for m in metrics if m.get("phase") == phase]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: bool = False) -> dict:  # noqa: ANN001
+    stable = opts.load_stable if load else opts.stable
+    hog: list[subprocess.Popen] = []
+
+    def on_row(row: dict) -> None:
+        if load and not hog and row.get("phase") in ("progressive", "stable") and row["step"] >= ramp_end:
+            hog.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+
+    ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
+    try:
+        torchrun(["-m", "timelyfreeze.train"], CONFIG[schedule], dump, opts.nproc, opts.layout,
+                 [*cycle_args(opts.r_max, opts.monitor, opts.ramp, stable), *extra], on_row=on_row)
+    finally:
+        for p in hog:
+            p.kill()
+            p.wait()
+    out = dump / "timelyfreeze"
+    s = json.loads((out / "summary.json").read_text())
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    pred = s["predicted_batch_ms"]
+    med = {p: _phase_median(metrics, p) for p in ("upper", "lower", "stable")}
+    stable_rows = [m for m in metrics if m.get("phase") == "stable" and m.get("predicted_batch_ms")]
+    res = {
+        "upper_ms": med["upper"], "lower_ms": med["lower"], "stable_ms": med["stable"],
+        "pred_no_freeze_ms": pred["no_freeze"], "pred_all_frozen_ms": pred["all_frozen"],
+        "pred_planned_ms": pred["planned"],
+        "error_pct": 100 * (statistics.median(m["batch_ms"] / m["predicted_batch_ms"] for m in stable_rows) - 1),
+        "speedup_measured": med["upper"] / med["stable"], "speedup_predicted": pred["no_freeze"] / pred["planned"],
+        "avg_freeze_ratio": s["avg_freeze_ratio"], "replans": len(s.get("replans") or []),
+        "load_started": bool(hog),
+    }
+    res["share_pct"] = _share(res["speedup_measured"], res["speedup_predicted"])
+    replans = s.get("replans") or []
+    if load and replans:
+        last = replans[-1]
+        plan = json.loads(Path(last["plan"]).read_text())
+        after = [m for m in stable_rows if m["step"] > last["step"]]
+        if after:
+            st = statistics.median(m["batch_ms"] for m in after)
+            nf, pl = plan["batch_time_ms"]["no_freeze"], plan["batch_time_ms"]["planned"]
+            res.update({"replan_step": last["step"], "steps_after": len(after), "stable_after_ms": st,
+                        "pred_after_planned_ms": pl, "pred_after_no_freeze_ms": nf,
+                        "error_after_pct": 100 * (st / pl - 1), "share_after_pct": _share(nf / st, nf / pl)})
+    return res
+
+
+def _share(measured: float, predicted: float) -> float:
+    return 100 * (measured - 1) / (predicted - 1) if predicted > 1 else float("nan")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def plan_jobs(opts) -> list[tuple[str, str, int]]:  # noqa: ANN001
+    """(kind, schedule, repeat) in run order: repeat i of every cell before repeat i + 1."""
+    jobs = []
+    for i in range(opts.repeats):
+        for s in opts.schedules:
+            if not opts.skip_overhead:
+                jobs.append(("overhead", s, i))
+            jobs.append(("phases", s, i))
+        for s in opts.load_change:
+            if i < opts.load_repeats:
+                jobs.append(("load", s, i))
+        for s in opts.pinning_ab:
+            jobs.append(("unpinned", s, i))
+    return jobs
+
+
+def run(opts) -> list[dict]:  # noqa: ANN001
+    out = Path(opts.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    done = {}
+    if results_path.exists():
+        for line in results_path.read_text().splitlines():
+            r = json.loads(line)
+            done[(r["kind"], r["schedule"], r["repeat"])] = r
+    jobs = plan_jobs(opts)
+    todo = [j for j in jobs if j not in done]
+    print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} already done ({results_path})", flush=True)
+    durations: list[float] = []
+    for n, (kind, s, i) in enumerate(todo, 1):
+        dump = Path(opts.dumps) / f"{kind}_{s}_{i}"
+        t0 = time.time()
+        print(f"[{n}/{len(todo)}] {kind} {s} #{i} ...", end=" ", flush=True)
+        if kind == "overhead":
+            res = overhead_job(s, dump, opts)
+        else:
+            res = phases_job(s, dump, opts, extra=["--freeze.no-cpu-pinning"] if kind == "unpinned" else [],
+                             load=kind == "load")
+        durations.append(time.time() - t0)
+        rec = {"kind": kind, "schedule": s, "repeat": i, "seconds": round(durations[-1], 1),
+               "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadavg_1m": os.getloadavg()[0], **res}
+        with open(results_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        done[(kind, s, i)] = rec
+        left = len(todo) - n
+        eta = f", ETA {fmt_duration(left * statistics.fmean(durations))}" if left else ""
+        print(f"{durations[-1]:.0f} s{eta}", flush=True)
+    return [done[j] for j in jobs]
+
+
+def agg(vals: list[float], fmt: str) -> str:
+    vals = [v for v in vals if v is not None and not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    if len(vals) == 1:
+        return format(vals[0], fmt)
+    return f"{format(statistics.median(vals), fmt)} [{format(min(vals), fmt)}, {format(max(vals), fmt)}]"
+
+
+def report(rows: list[dict], opts) -> str:  # noqa: ANN001
+    def of(kind: str, s: str) -> list[dict]:
+        return [r for r in rows if r["kind"] == kind and r["schedule"] == s]
+
+    lines = [f"Machine: {os.cpu_count()} CPU cores, torch CPU/gloo, {opts.nproc} ranks ({opts.layout_text}), llama3 "
+             f"debug model, {opts.size_text}; r_max {opts.r_max}; per job warm-up {WARMUP}, monitoring "
+             f"{opts.monitor} + {opts.monitor}, ramp {opts.ramp}, stable {opts.stable} steps. Median [min, max] over "
+             "the runs (n = runs).", ""]
+    lines += ["| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | speed-up "
+              "measured / predicted | achieved share | re-plans per run | avg freeze ratio |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for s in opts.schedules:
+        ph, ov = of("phases", s), of("overhead", s)
+        lines.append(
+            f"| {s} | {len(ph)} | {agg([r['overhead_pct'] for r in ov], '+.2f')} % | "
+            f"{agg([r['stable_ms'] for r in ph], '.0f')} / {agg([r['pred_planned_ms'] for r in ph], '.0f')} | "
+            f"{agg([r['error_pct'] for r in ph], '+.1f')} % | {agg([r['speedup_measured'] for r in ph], '.3f')}x / "
+            f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
+            f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |")
+    if opts.load_change:
+        lines += ["", "With a CPU-bound co-tenant started at the first stable step:", "",
+                  "| schedule | n | runs that re-planned | first re-plan after stable step | stable after the last "
+                  "re-plan: measured / predicted (ms) | error vs the re-plan | share vs the re-plan | "
+                  "share vs the monitoring plan |", "|---|---|---|---|---|---|---|---|"]
+        ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
+        for s in opts.load_change:
+            ld = of("load", s)
+            rp = [r for r in ld if "replan_step" in r]
+            lines.append(
+                f"| {s} | {len(ld)} | {len(rp)} | {agg([r['replan_step'] - ramp_end for r in rp], '.0f')} | "
+                f"{agg([r['stable_after_ms'] for r in rp], '.0f')} / {agg([r['pred_after_planned_ms'] for r in rp], '.0f')} | "
+                f"{agg([r['error_after_pct'] for r in rp], '+.1f')} % | {agg([r['share_after_pct'] for r in rp], '.0f')} % | "
+                f"{agg([r['share_pct'] for r in ld], '.0f')} % |")
+    if opts.pinning_ab:
+        lines += ["", "CPU pinning (`[freeze] cpu_pinning`), the same job pinned (the `phases` runs) and not:", "",
+                  "| schedule | pinning | n | upper (ms) | stable (ms) | stable error | achieved share |",
+                  "|---|---|---|---|---|---|---|"]
+        for s in opts.pinning_ab:
+            for kind, label in (("phases", "on"), ("unpinned", "off")):
+                rs = of(kind, s)
+                lines.append(f"| {s} | {label} | {len(rs)} | {agg([r['upper_ms'] for r in rs], '.0f')} | "
+                             f"{agg([r['stable_ms'] for r in rs], '.0f')} | {agg([r['error_pct'] for r in rs], '+.1f')} % | "
+                             f"{agg([r['share_pct'] for r in rs], '.0f')} % |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _schedules(text: str, flag: str) -> list[str]:
+    out = [s.strip() for s in text.split(",") if s.strip()]
+    for s in out:
+        if s not in CONFIG:
+            raise SystemExit(f"error: {flag}: unknown schedule {s!r} (choose from {', '.join(CONFIG)})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_runtime.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schedules", default=",".join(CONFIG))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pairs", type=int, default=10, help="paired stable steps of an overhead job")
+    ap.add_argument("--monitor", type=int, default=4)
+    ap.add_argument("--ramp", type=int, default=3)
+    ap.add_argument("--stable", type=int, default=12)
+    ap.add_argument("--load-stable", type=int, default=16, help="stable steps of a --load-change job")
+    ap.add_argument("--r-max", type=float, default=0.8)
+    ap.add_argument("--load-change", default="", help="schedules that also run with a co-tenant (comma list)")
+    ap.add_argument("--load-repeats", type=int, default=5)
+    ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
+    ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--out", default="docs/results/runtime")
+    ap.add_argument("--dumps", default="outputs/bench_runtime")
+    ap.add_argument("--dp-shard", type=int, default=1)
+    ap.add_argument("--dp-replicate", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--small", action="store_true", help="4 microbatches of 128 tokens instead of 8 of 256")
+    opts = ap.parse_args(argv)
+    for name in ("dp_shard", "dp_replicate", "tp", "repeats", "pairs", "monitor", "ramp", "stable", "load_stable"):
+        if getattr(opts, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')}: must be >= 1, got {getattr(opts, name)}")
+    if not 0 <= opts.r_max <= 1:
+        raise SystemExit(f"error: --r-max: must lie in [0, 1], got {opts.r_max}")
+    opts.schedules = _schedules(opts.schedules, "--schedules")
+    opts.load_change = _schedules(opts.load_change, "--load-change")
+    opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")
+    opts.nproc = 2 * opts.dp_shard * opts.dp_replicate * opts.tp
+    opts.layout = ["--parallelism.data_parallel_shard_degree", str(opts.dp_shard),
+                   "--parallelism.data_parallel_replicate_degree", str(opts.dp_replicate),
+                   "--parallelism.tensor_parallel_degree", str(opts.tp)]
+    opts.layout_text = "PP=2" + "".join(f" x {n} {k}" for n, k in (("FSDP", opts.dp_shard), ("replicate",
+                                                                     opts.dp_replicate), ("TP", opts.tp)) if k > 1)
+    opts.size_text = "seq 128, 4 microbatches" if opts.small else "seq 256, 8 microbatches"
+    if opts.small:
+        opts.layout += ["--training.local_batch_size", "4", "--training.seq_len", "128"]
+    opts.out = str((REPO_ROOT / opts.out).resolve())
+    opts.dumps = str((REPO_ROOT / opts.dumps).resolve())
+    try:
+        rows = run(opts)
+    except BenchError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        return 1
+    text = report(rows, opts)
+    print("\n" + text)
+    out = Path(opts.out)
+    write_csv(rows, out / "bench_runtime.csv")
+    (out / "bench_runtime.md").write_text(text + "\n")
+    return 0
