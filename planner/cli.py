@@ -73,6 +73,8 @@ _SOLVER_HELP = f"LP solver: {', '.join(SOLVERS)} (default auto; all give the sam
 _ESTIMATOR_HELP = (f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
                    "pooled: one value per stage and kind, except microbatches whose data show an effect; "
                    "see docs/formats.md)")
+_NO_COMM_HELP = ("ignore the delays on cross-rank edges measured in the trace (records with start_ms; "
+                 "see docs/formats.md) and plan on compute times alone")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
+    q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -93,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--png", metavar="PATH")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
+    q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -128,26 +132,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
+    from .comm import estimate_edge_delays, summary_line
     from .plan import plan_from_trace, plan_summary, write_plan
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator)
+    edge_ms = None if args.no_comm else estimate_edge_delays(trace)
+    plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm,
+                           edge_ms=edge_ms)
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
-    print(plan_summary(plan, trace.meta))
+    print(plan_summary(plan, trace.meta, edge_ms))
     print(f"node weights: estimator {args.estimator}")
+    if "comm" in plan.extra:
+        print(summary_line(plan.extra["comm"]))
     print(f"wrote {args.out}")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
+    from .comm import estimate_edge_delays, summarize, summary_line
     from .estimate import estimate_weights
     from .sweep import format_table, plot_sweep, sweep, write_csv
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    rows = sweep(trace.meta, estimate_weights(trace, args.estimator), args.r_max, solver=args.solver)
+    edge_ms = {} if args.no_comm else estimate_edge_delays(trace)
+    rows = sweep(trace.meta, estimate_weights(trace, args.estimator), args.r_max, solver=args.solver,
+                 edge_ms=edge_ms)
     print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
           f"estimator {args.estimator}")
+    if edge_ms:
+        print(summary_line(summarize(edge_ms)))
     print(format_table(rows))
     if args.csv:
         write_csv(rows, args.csv)

@@ -10,8 +10,10 @@ which is what lets :func:`dag_index` cache its integer index.
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
@@ -19,6 +21,9 @@ import numpy as np
 from .actions import parse_action
 from .errors import PlannerError
 from .trace import TraceMeta
+
+if TYPE_CHECKING:
+    from .comm import EdgeDelays
 
 SOURCE = "source"
 SINK = "sink"
@@ -103,6 +108,8 @@ class DagIndex:
     pred_idx: np.ndarray
     src: np.ndarray
     dst: np.ndarray
+    pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
+    edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
 
 
 _INDEX_CACHE: weakref.WeakKeyDictionary[nx.DiGraph, DagIndex] = weakref.WeakKeyDictionary()
@@ -153,18 +160,60 @@ def dag_index(dag: nx.DiGraph) -> DagIndex:
     if len(order) != n:
         raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
     order_arr = np.asarray(order, dtype=np.int64)
-    di = DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst)
+    di = DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
     if frozen:
         _INDEX_CACHE[dag] = di
     return di
 
 
-def longest_path(dag: nx.DiGraph, durations: dict[str, float]) -> tuple[float, dict[str, float], list[str]]:
-    """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0).
+def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays) -> np.ndarray:
+    """``edge_ms`` (ms per edge ``(u, v)``, ``planner.comm``) as one delay per edge of ``dag_index(dag)``,
+    aligned with its ``src``/``dst`` arrays; edges not in ``edge_ms`` get 0.
+
+    Every key must be an edge of ``dag`` between two actions (source and sink edges carry no delay) and
+    every value a finite number >= 0; anything else is a one-line :class:`PlannerError`.
+    """
+    di = dag_index(dag)
+    out = np.zeros(di.src.size)
+    if not edge_ms:
+        return out
+    n = len(di.names)
+    index = di.index
+    keys, values = [], []
+    for (u, v), x in edge_ms.items():
+        if u not in index or v not in index or u in (SOURCE, SINK) or v in (SOURCE, SINK):
+            raise PlannerError(f"edge delay given for ({u!r}, {v!r}), which is not an edge between two actions")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise PlannerError(f"edge delay of ({u!r}, {v!r}) must be a finite number >= 0 (ms), got {x!r}")
+        keys.append(index[u] * n + index[v])
+        values.append(float(x))
+    if di.edge_keys is None:
+        ekey = di.src * n + di.dst
+        eorder = np.argsort(ekey, kind="stable")
+        di.edge_keys = (ekey[eorder], eorder)
+    sorted_keys, eorder = di.edge_keys
+    k = np.asarray(keys, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, k), max(sorted_keys.size - 1, 0))
+    missing = np.flatnonzero(sorted_keys[pos] != k) if sorted_keys.size else np.arange(k.size)
+    if missing.size:
+        i = int(k[missing[0]])
+        raise PlannerError(f"edge delay given for ({di.names[i // n]!r}, {di.names[i % n]!r}), "
+                           "which is not an edge of the DAG")
+    out[eorder[pos]] = values
+    return out
+
+
+def longest_path(
+    dag: nx.DiGraph, durations: dict[str, float], edge_ms: EdgeDelays | None = None,
+) -> tuple[float, dict[str, float], list[str]]:
+    """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0) and
+    each edge ``(u, v)`` adds the delay ``edge_ms.get((u, v), 0)`` (``planner.comm``): ``v`` starts at the
+    maximum over its predecessors ``u`` of ``start(u) + durations[u] + edge_ms[(u, v)]``.
 
     Returns ``(makespan, starts, critical_path)``: the makespan is the sink's start, ``starts`` maps every
     node (source and sink included) to its start time, and ``critical_path`` lists the actions of one
-    longest path from first to last.  Linear in nodes + edges.
+    longest path from first to last.  Linear in nodes + edges (plus sorting the edges once per DAG when
+    delays are given).
     """
     di = dag_index(dag)
     n = len(di.names)
@@ -179,15 +228,23 @@ def longest_path(dag: nx.DiGraph, durations: dict[str, float]) -> tuple[float, d
     best = [-1] * n
     ptr = di.pred_ptr.tolist()
     preds = di.pred_idx.tolist()
+    # Delays per entry of preds, or None (then the inner loop is exactly the delay-free one).
+    delay = edge_delay_array(dag, edge_ms)[di.pred_perm].tolist() if edge_ms else None
     for v in di.order.tolist():
         lo, hi = ptr[v], ptr[v + 1]
         if lo == hi:
             continue
         bs, bu = -1.0, -1
-        for u in preds[lo:hi]:
-            t = start[u] + dur[u]
-            if t > bs:
-                bs, bu = t, u
+        if delay is None:
+            for u in preds[lo:hi]:
+                t = start[u] + dur[u]
+                if t > bs:
+                    bs, bu = t, u
+        else:
+            for k in range(lo, hi):
+                t = start[preds[k]] + dur[preds[k]] + delay[k]
+                if t > bs:
+                    bs, bu = t, preds[k]
         start[v] = bs
         best[v] = bu
     sink = di.index[SINK]

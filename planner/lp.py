@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from .comm import EdgeDelays
 from .dag import SINK, SOURCE, longest_path
 from .errors import PlannerError
 from .lp_model import dag_arrays
@@ -59,13 +60,16 @@ def solve_freeze_lp(
     solver: str = "auto",
     options: dict[str, object] | None = None,
     stats: dict[str, float] | None = None,
+    edge_ms: EdgeDelays | None = None,
     _config: str = DEFAULT_CONFIG,
 ) -> LPSolution:
     """Solve the freeze LP lexicographically (min batch time, then min total freezing).
 
     ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options; ``stats`` (if given)
-    receives model sizes and timings.  ``_config`` (tests and benchmarks only) names the HiGHS
-    configuration of the whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
+    receives model sizes and timings.  ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges
+    between actions, ``start(v) >= end(u) + edge_ms[(u, v)]``; ``None`` or ``{}``: none (the delay-free
+    solve, bit for bit).  ``_config`` (tests and benchmarks only) names the HiGHS configuration of the
+    whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
     ``solution.solver`` says what ran: ``highs-region``, or ``highs-<config>`` for the whole LP
     (``highs-fast`` with the default configuration).
     """
@@ -77,7 +81,7 @@ def solve_freeze_lp(
         raise PlannerError(f"unknown HiGHS configuration {_config!r} (choose {', '.join(CONFIGS)})")
     r_max = float(r_max)
     t0 = time.perf_counter()
-    ar = dag_arrays(dag, weights)
+    ar = dag_arrays(dag, weights, edge_ms)
     if solver == "auto":
         solver = "region" if len(ar.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
     result = None
@@ -95,7 +99,7 @@ def solve_freeze_lp(
         a = ar.names[i]
         hi, lo = durations[a], float(weights.w_min[a])
         durations[a] = min(hi, max(lo, hi - (hi - lo) * float(r[i])))
-    makespan, starts, _ = longest_path(dag, durations)
+    makespan, starts, _ = longest_path(dag, durations, edge_ms)
     if not math.isclose(makespan, t_star, rel_tol=1e-6, abs_tol=1e-6):
         raise PlannerError(
             f"LP batch time {t_star:.9g} does not match the longest path {makespan:.9g} of its durations"

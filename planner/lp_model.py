@@ -5,16 +5,22 @@ duration (seeds digest 1.6).
 
 * variables: a start time only for actions that need one (see below), ``r_v in [0, 1]`` only for
   freezable actions (fixed actions contribute constants), and ``T``;
-* rows: ``start(v) >= start(u) + d_u`` for the edges that are not implied, ``T >= start(u) + d_u`` for
-  the DAG's last actions, and per stage ``sum r_v <= r_max * |freezable actions of the stage|``.
+* rows: ``start(v) >= start(u) + d_u + c_uv`` for the edges that are not implied, ``T >= start(u) + d_u``
+  for the DAG's last actions, and per stage ``sum r_v <= r_max * |freezable actions of the stage|``.
+  ``c_uv >= 0`` is the edge's delay (``edge_ms``, :mod:`planner.comm`; 0 without delays).
 
 Reductions (all exact, so the reduced LP has the same optimum as the plain one):
 
-* source edges become the bound ``start >= 0``;
-* a same-rank edge ``u -> v`` whose ``v`` is not ``u``'s rank successor is implied by the rank chain;
-* an action with a single remaining predecessor ``u`` starts exactly when ``u`` ends (any feasible
-  schedule stays feasible, with the same durations, when every action starts as early as possible),
-  so its start is the affine expression ``start(u) + d_u`` rather than a variable with a row.
+* source edges become the bound ``start >= 0`` (they carry no delay);
+* a same-rank edge ``u -> v`` whose ``v`` is not ``u``'s rank successor and that has no delay is implied by
+  the rank chain ``u -> s_1 -> ... -> v`` (rank-successor edges, always kept): durations and delays are
+  ``>= 0``, so the chain's rows give ``start(v) >= end(u)``.  An implied edge with a delay is kept (the
+  chain need not cover its delay); the delays of :func:`planner.comm.estimate_edge_delays` are only on
+  cross-rank edges, so there this reduction drops exactly the edges it drops without delays;
+* an action with a single remaining predecessor ``u`` starts exactly when ``u``'s data arrives (any
+  feasible schedule stays feasible, with the same durations, when every action starts as early as
+  possible; the dropped edges above stay satisfied), so its start is the affine expression
+  ``start(u) + d_u + c_uv`` rather than a variable with a row.
   Expressions are capped at ``_MAX_TERMS`` freeze-ratio terms to keep rows short.
 
 Every model comes with a starting basis (one tight precedence row per start variable and for ``T``: the
@@ -30,7 +36,8 @@ import networkx as nx
 import numpy as np
 
 from .actions import FREEZABLE_KINDS
-from .dag import SINK, SOURCE, dag_index
+from .comm import EdgeDelays
+from .dag import SINK, SOURCE, dag_index, edge_delay_array
 from .errors import PlannerError
 from .trace import NodeWeights
 
@@ -86,10 +93,12 @@ class DagArrays:
     sink_preds: np.ndarray
     split: bool = False  # the schedule splits backward into I and W
     stage_counts: dict[int, int] | None = None  # freezable actions per stage (budget base); None: count here
+    k_c: np.ndarray | None = None  # delay (ms) of each kept edge; None: no delays (every edge 0)
 
 
-def dag_arrays(dag: nx.DiGraph, weights: NodeWeights) -> DagArrays:
-    """Index ``dag`` and its weights into arrays, dropping source edges and implied same-rank edges."""
+def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, edge_ms: EdgeDelays | None = None) -> DagArrays:
+    """Index ``dag`` and its weights into arrays, dropping source edges and implied same-rank edges;
+    ``edge_ms`` (:mod:`planner.comm`) gives the kept edges their delays (``k_c``; ``None`` without delays)."""
     di = dag_index(dag)
     names = di.names
     n = len(names)
@@ -130,8 +139,13 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights) -> DagArrays:
     rank_succ = np.full(n, -1, dtype=np.int64)
     rank_succ[s_sorted[first]] = d_sorted[first]
     keep = real & ((rank[src] != rank[dst]) | (rank_succ[src] == dst))
+    delay = None
+    if edge_ms:
+        delay = edge_delay_array(dag, edge_ms)  # source and sink edges never carry one
+        keep |= real & (delay > 0)  # a same-rank edge with a delay is not implied by the rank chain
     return DagArrays(names, di.order.tolist(), src_i, snk_i, stage, wmax, delta,
-                   src[keep], dst[keep], src[(dst == snk_i) & (src != src_i)], split)
+                     src[keep], dst[keep], src[(dst == snk_i) & (src != src_i)], split,
+                     k_c=None if delay is None else delay[keep])
 
 
 class Paths:
@@ -143,35 +157,42 @@ class Paths:
         ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(ar.k_dst, minlength=n), out=ptr[1:])
         self.preds, self.pptr = ar.k_src[perm].tolist(), ptr.tolist()
+        self.pdelay = None if ar.k_c is None else ar.k_c[perm].tolist()  # aligned with preds
         perm = np.argsort(ar.k_src, kind="stable")
         sptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(ar.k_src, minlength=n), out=sptr[1:])
         self.succs, self.sptr = ar.k_dst[perm].tolist(), sptr.tolist()
+        self.sdelay = None if ar.k_c is None else ar.k_c[perm].tolist()  # aligned with succs
         self.order = ar.order
         self.n = n
 
     def head_tail(self, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Longest path (durations ``dur``, kept edges) to each node's start and from its end."""
+        """Longest path (durations ``dur``, kept edges and their delays) to each node's start and from its end."""
         w = dur.tolist()
-        preds, p = self.preds, self.pptr
-        head = [0.0] * self.n
-        for v in self.order:
-            b = 0.0
-            for u in preds[p[v]:p[v + 1]]:
-                x = head[u] + w[u]
-                if x > b:
-                    b = x
-            head[v] = b
-        succs, sp = self.succs, self.sptr
-        tail = [0.0] * self.n
-        for u in reversed(self.order):
-            b = 0.0
-            for v in succs[sp[u]:sp[u + 1]]:
-                x = w[v] + tail[v]
-                if x > b:
-                    b = x
-            tail[u] = b
+        head = _farthest(self.order, self.preds, self.pptr, w, self.pdelay)
+        tail = _farthest(reversed(self.order), self.succs, self.sptr, w, self.sdelay)
         return np.asarray(head), np.asarray(tail)
+
+
+def _farthest(
+    order, nbrs: list[int], ptr: list[int], w: list[float], delay: list[float] | None,  # noqa: ANN001
+) -> list[float]:
+    """``val[x] = max(0, max over y in nbrs[ptr[x]:ptr[x+1]] of val[y] + w[y] + delay)``, for ``x`` in ``order``
+    (every neighbour before ``x``): the longest path to a node's start (predecessors, topological order) or
+    from its end (successors, reverse order)."""
+    val = [0.0] * len(w)
+    for x in order:
+        b = 0.0
+        if delay is None:
+            for y in nbrs[ptr[x]:ptr[x + 1]]:
+                t = val[y] + w[y]
+                if t > b:
+                    b = t
+        else:
+            for k in range(ptr[x], ptr[x + 1]):
+                b = max(b, val[nbrs[k]] + w[nbrs[k]] + delay[k])
+        val[x] = b
+    return val
 
 
 def stage_counts(ar: DagArrays) -> dict[int, int]:
@@ -208,7 +229,7 @@ def build_lp(
     ar = arrays if arrays is not None else dag_arrays(dag, weights)
     names, n = ar.names, len(ar.names)
     delta, wmax = ar.delta, ar.wmax
-    k_src, k_dst, sink_preds = ar.k_src, ar.k_dst, ar.sink_preds
+    k_src, k_dst, sink_preds, k_c = ar.k_src, ar.k_dst, ar.sink_preds, ar.k_c
     stage2 = t_bound is not None
     frz_all = np.flatnonzero(delta > 0)
     if stage2:
@@ -216,8 +237,10 @@ def build_lp(
         cut = t_bound * (1 - 1e-9) - 1e-9
         through = head + wmax + tail
         live = through > cut
-        keep = (head[k_src] + wmax[k_src] + wmax[k_dst] + tail[k_dst]) > cut
+        longest = head[k_src] + wmax[k_src] + wmax[k_dst] + tail[k_dst]  # through the edge
+        keep = (longest if k_c is None else longest + k_c) > cut
         k_src, k_dst = k_src[keep], k_dst[keep]
+        k_c = None if k_c is None else k_c[keep]
         sink_preds = sink_preds[head[sink_preds] + wmax[sink_preds] > cut]
         frz = frz_all[live[frz_all]]
         delta = np.where(live, delta, 0.0)
@@ -233,6 +256,7 @@ def build_lp(
 
     perm = np.argsort(k_dst, kind="stable")
     kp = k_src[perm].tolist()
+    kc = None if k_c is None else k_c[perm].tolist()  # delay of each entry of kp
     kptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(k_dst, minlength=n), out=kptr[1:])
     kptr_l = kptr.tolist()
@@ -253,11 +277,16 @@ def build_lp(
             t = t + ((rcol_l[u], -delta_l[u]),)
         return ex_var[u], ex_c[u] + wmax_l[u], t
 
-    def add_rows(col: int, preds: list[int]) -> float:
-        """Rows ``col - end(u) >= 0`` for each u; marks the tightest as a basis tree row."""
+    def add_rows(col: int, preds: list[int], delays: list[float] | None = None) -> float:
+        """Rows ``col - end(u) >= delay`` for each u (``delays`` aligned with ``preds``, ``None``: 0);
+        marks the tightest as a basis tree row."""
         best, best_row, best_u = -1.0, -1, -1
-        for u in preds:
+        for j, u in enumerate(preds):
             var, c, t = end_expr(u)
+            e = val[u] + dur0_l[u]
+            if delays is not None:
+                c += delays[j]
+                e += delays[j]
             cols = [col]
             vals = [1.0]
             if var >= 0:
@@ -266,7 +295,6 @@ def build_lp(
             for cc, kk in t:
                 cols.append(cc)
                 vals.append(-kk)
-            e = val[u] + dur0_l[u]
             if e > best:
                 best, best_row, best_u = e, len(rows_lo), u
             rows_lo.append(c)
@@ -285,16 +313,19 @@ def build_lp(
             if len(t) <= _MAX_TERMS:
                 ex_var[v], ex_c[v], ex_terms[v] = var, c, t
                 val[v] = val[u] + dur0_l[u]
+                if kc is not None:
+                    ex_c[v] += kc[lo]
+                    val[v] += kc[lo]
                 parent[v] = u
                 continue
         ex_var[v] = ncol
-        val[v], parent[v] = add_rows(ncol, kp[lo:hi])
+        val[v], parent[v] = add_rows(ncol, kp[lo:hi], None if kc is None else kc[lo:hi])
         ncol += 1
     t_col = ncol
     ncol += 1
     r_upper = None
     if sink_preds.size:
-        _, u = add_rows(t_col, sink_preds.tolist())
+        _, u = add_rows(t_col, sink_preds.tolist())  # T >= end(u): no delay on sink edges
         if crit:
             # Dual feasible start: only the freeze ratios on the tree path from T to the source at 1.
             r_upper = np.zeros(frz.size, dtype=bool)

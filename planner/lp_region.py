@@ -39,10 +39,12 @@ def region_arrays(
     Kept actions keep their edges among themselves.  Every path through left-out actions is replaced by
     what it is at least whatever the freezing: a kept action with a left-out predecessor cannot start
     before the longest all-frozen (``w_min``) path to it, and one with a left-out successor leaves at least
-    the longest all-frozen path after it.  These bounds become fixed-duration dummy actions before/after
-    it.  The per-stage budgets stay those of the whole batch (``counts``).  Every schedule of the whole
-    batch restricted to the kept actions is feasible here, so this LP's batch time is a lower bound of
-    ``T*`` and, at ``T <= T*``, its least freezing a lower bound of the least freezing.
+    the longest all-frozen path after it (delays of the edges crossing the region's border included).
+    These bounds become fixed-duration dummy actions before/after it, joined to it by edges without
+    delay; edges among kept actions keep their delays.  The per-stage budgets stay those of the whole
+    batch (``counts``).  Every schedule of the whole batch restricted to the kept actions is feasible
+    here, so this LP's batch time is a lower bound of ``T*`` and, at ``T <= T*``, its least freezing a
+    lower bound of the least freezing.
     Returns the arrays and, per node of them, the index of the node of ``ar`` (-1 for dummies).
     """
     n = len(ar.names)
@@ -54,11 +56,14 @@ def region_arrays(
     ks, kd = ar.k_src, ar.k_dst
     inner = keep[ks] & keep[kd]
     into = ~keep[ks] & keep[kd]
+    kc = ar.k_c
     hb = np.zeros(n)
-    np.maximum.at(hb, kd[into], head_min[ks[into]] + ar.wmax[ks[into]] - ar.delta[ks[into]])
+    arrive = head_min[ks[into]] + ar.wmax[ks[into]] - ar.delta[ks[into]]
+    np.maximum.at(hb, kd[into], arrive if kc is None else arrive + kc[into])
     out = keep[ks] & ~keep[kd]
     tb = np.zeros(n)
-    np.maximum.at(tb, ks[out], ar.wmax[kd[out]] - ar.delta[kd[out]] + tail_min[kd[out]])
+    leave = ar.wmax[kd[out]] - ar.delta[kd[out]] + tail_min[kd[out]]
+    np.maximum.at(tb, ks[out], leave if kc is None else leave + kc[out])
     hv, tv = nodes[hb[nodes] > 0], nodes[tb[nodes] > 0]
     m = 2 + nodes.size
     hd = np.arange(m, m + hv.size)
@@ -78,6 +83,7 @@ def region_arrays(
         np.concatenate([[0.0, 0.0], ar.wmax[nodes], hb[hv], tb[tv]]),
         np.concatenate([[0.0, 0.0], ar.delta[nodes], np.zeros(dummies)]),
         src, dst, sink_preds, ar.split, counts,
+        None if kc is None else np.concatenate([kc[inner], np.zeros(hv.size + tv.size)]),
     )
     back = np.concatenate([[ar.src_i, ar.snk_i], nodes, np.full(dummies, -1)])
     return sub, back

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
+from .comm import EdgeDelays, estimate_edge_delays, summarize
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .estimate import estimate_weights
@@ -69,12 +70,17 @@ class Plan:
         return d
 
 
-def make_plan(meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: str = "auto") -> Plan:
-    """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan."""
+def make_plan(
+    meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: str = "auto", edge_ms: EdgeDelays | None = None,
+) -> Plan:
+    """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan.
+
+    ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
+    non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``)."""
     dag = build_dag(meta)
-    no_freeze = longest_path(dag, weights.w_max)[0]
-    all_frozen = longest_path(dag, weights.w_min)[0]
-    sol = solve_freeze_lp(dag, weights, r_max, solver=solver)
+    no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
+    all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
+    sol = solve_freeze_lp(dag, weights, r_max, solver=solver, edge_ms=edge_ms)
     freezable = weights.freezable
     actions: dict[str, ActionPlan] = {}
     for a in meta.all_actions():
@@ -89,13 +95,23 @@ def make_plan(meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: st
         batch_time_ms={"no_freeze": no_freeze, "all_frozen": all_frozen, "planned": sol.makespan},
         actions=actions,
         solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver},
+        extra={"comm": summarize(edge_ms)} if edge_ms else {},
     )
 
 
-def plan_from_trace(trace: Trace, r_max: float, *, estimator: str = "median", **kw: Any) -> Plan:
+def plan_from_trace(
+    trace: Trace, r_max: float, *, estimator: str = "median", comm: bool = True,
+    edge_ms: EdgeDelays | None = None, **kw: Any,
+) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
-    recorded as the plan's top-level ``estimator`` field."""
-    plan = make_plan(trace.meta, estimate_weights(trace, estimator), r_max, **kw)
+    recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
+    measured in the trace (``planner.comm.estimate_edge_delays``; none for a trace without ``start_ms``),
+    or ``edge_ms`` when given (the caller estimated them already); False ignores them."""
+    if not comm:
+        edge_ms = None
+    elif edge_ms is None:
+        edge_ms = estimate_edge_delays(trace)
+    plan = make_plan(trace.meta, estimate_weights(trace, estimator), r_max, edge_ms=edge_ms, **kw)
     plan.extra["estimator"] = estimator
     return plan
 
@@ -223,8 +239,9 @@ def _abbrev(path: list[str], keep: int = 6) -> str:
     return " -> ".join(path[:keep]) + f" -> ... ({len(path) - 2 * keep} more) -> " + " -> ".join(path[-keep:])
 
 
-def plan_summary(plan: Plan, meta: TraceMeta) -> str:
-    """Human-readable multi-line summary of a plan."""
+def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None) -> str:
+    """Human-readable multi-line summary of a plan; ``edge_ms``: the delays it was made with (for its
+    critical path)."""
     bt = plan.batch_time_ms
     speedup = bt["no_freeze"] / bt["planned"] if bt["planned"] > 0 else float("nan")
     lines = [
@@ -241,7 +258,7 @@ def plan_summary(plan: Plan, meta: TraceMeta) -> str:
         lines.append("mean freeze ratio per stage: no freezable actions")
     durations = {a: p.duration for a, p in plan.actions.items()}
     try:
-        _, _, path = longest_path(build_dag(meta), durations)
+        _, _, path = longest_path(build_dag(meta), durations, edge_ms)
         lines.append(f"critical path ({len(path)} actions): {_abbrev(path)}")
     except PlannerError as e:
         lines.append(f"critical path: unavailable ({e})")

@@ -27,6 +27,7 @@ import random
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .fileio import replace_atomically
+from .comm import EdgeDelays
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .schedules import schedule_meta
@@ -125,9 +126,11 @@ def write_trace(trace: Trace, directory: str | os.PathLike[str]) -> str:
     by_file: dict[tuple[int, int], list[str]] = {
         (d, r): [] for d in range(trace.meta.replicas) for r in range(trace.meta.pp_degree)}
     for rec in trace.records:
-        by_file[rec.replica, rec.rank].append(json.dumps(
-            {"step": rec.step, "action": rec.action, "ms": rec.ms, "phase": rec.phase,
-             "freeze_ratio": rec.freeze_ratio}))
+        obj = {"step": rec.step, "action": rec.action, "ms": rec.ms, "phase": rec.phase,
+               "freeze_ratio": rec.freeze_ratio}
+        if rec.start_ms is not None:
+            obj["start_ms"] = rec.start_ms
+        by_file[rec.replica, rec.rank].append(json.dumps(obj))
     files = {META_FILE: json.dumps(trace.meta.to_json(), indent=1) + "\n"}
     files.update({rank_file_name(r, d): "".join(line + "\n" for line in lines)
                   for (d, r), lines in by_file.items()})
@@ -145,6 +148,7 @@ def _write_text(path: str, text: str) -> None:
         f.write(text)
 
 
-def simulate_batch(meta: TraceMeta, durations: dict[str, float]) -> float:
-    """Batch time (ms) of one training batch with these action durations: the DAG's longest path."""
-    return longest_path(build_dag(meta), durations)[0]
+def simulate_batch(meta: TraceMeta, durations: dict[str, float], edge_ms: EdgeDelays | None = None) -> float:
+    """Batch time (ms) of one training batch with these action durations: the DAG's longest path
+    (with the delays ``edge_ms`` on its edges, ``planner.comm``, when given)."""
+    return longest_path(build_dag(meta), durations, edge_ms)[0]

@@ -12,6 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, fields
 
+from .comm import EdgeDelays
 from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
@@ -53,15 +54,19 @@ def mean_freeze_ratio(durations: dict[str, float], weights: NodeWeights) -> floa
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def sweep(meta: TraceMeta, weights: NodeWeights, r_values: list[float], *, solver: str = "auto") -> list[SweepRow]:
-    """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order) on one DAG."""
+def sweep(
+    meta: TraceMeta, weights: NodeWeights, r_values: list[float], *, solver: str = "auto",
+    edge_ms: EdgeDelays | None = None,
+) -> list[SweepRow]:
+    """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order) on one DAG, with the
+    delays ``edge_ms`` on its edges (``planner.comm``) when given."""
     r_values = check_r_values(list(r_values))
     dag = build_dag(meta)
-    no_freeze = longest_path(dag, weights.w_max)[0]
-    all_frozen = longest_path(dag, weights.w_min)[0]
+    no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
+    all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
     rows: list[SweepRow] = []
     for r in r_values:
-        sol = solve_freeze_lp(dag, weights, r, solver=solver)
+        sol = solve_freeze_lp(dag, weights, r, solver=solver, edge_ms=edge_ms)
         speedup = no_freeze / sol.makespan if sol.makespan > 0 else 1.0
         rows.append(
             SweepRow(

@@ -24,8 +24,10 @@ TRACE_FORMAT = "timelyfreeze-trace/1"
 META_FILE = "meta.json"
 
 _META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
-_OPTIONAL_META_FIELDS = ("replicas",)  # checked when present
+_OPTIONAL_META_FIELDS = ("replicas", "hosts")  # checked when present
+_EXTRA_META_FIELDS = ("hosts",)  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
 _RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
+_OPTIONAL_RECORD_FIELDS = ("start_ms",)  # checked when present
 
 
 def rank_file_name(rank: int, replica: int = 0) -> str:
@@ -39,6 +41,7 @@ class TraceMeta:
 
     ``replicas`` is the number of data-parallel pipeline replicas (default 1). A ``"replicas"`` key passed
     in ``extra`` (e.g. ``build_meta(..., replicas=n)``) is moved into the attribute, so ``extra`` never holds it.
+    The optional ``hosts`` field stays in ``extra`` (read it as :attr:`hosts`).
     """
 
     schedule: str
@@ -78,6 +81,11 @@ class TraceMeta:
             d["replicas"] = self.replicas
         return d
 
+    @property
+    def hosts(self) -> list[str] | None:
+        """Host name of each pipeline rank (of replica 0), index = rank; ``None`` when the trace does not say."""
+        return self.extra.get("hosts")
+
     def all_actions(self) -> list[str]:
         """Every action of one batch, rank by rank in execution order."""
         return [a for r in sorted(self.rank_orders) for a in self.rank_orders[r]]
@@ -94,6 +102,7 @@ class Record:
     freeze_ratio: float
     rank: int
     replica: int = 0
+    start_ms: float | None = None  # start on the host's monotonic clock (ms), when the trace has it
 
 
 @dataclass
@@ -142,6 +151,11 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
     replicas = d.get("replicas", 1)
     if not _is_int(replicas) or replicas < 1:
         raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
+
+    hosts = d.get("hosts")
+    if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp
+                         or not all(isinstance(h, str) for h in hosts)):
+        raise err(f"field 'hosts' must be a list of pp_degree={pp} host-name strings, got {hosts!r}")
 
     s2r = d["stage_to_rank"]
     if not isinstance(s2r, list) or not all(_is_int(x) for x in s2r):
@@ -205,7 +219,7 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
                 raise err(f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
                           f"exactly once, has {have}")
 
-    known = set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}
+    known = (set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}) - set(_EXTRA_META_FIELDS)
     extra = {k: v for k, v in d.items() if k not in known}
     return TraceMeta(schedule, pp, n_stages, n_mb, list(s2r), rank_orders, extra, replicas)
 
@@ -234,7 +248,12 @@ def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], re
         raise PlannerError(f"{where}: field 'phase' must be a non-empty string, got {phase!r}")
     if not _is_num(fr) or not math.isfinite(fr) or not 0.0 <= fr <= 1.0:
         raise PlannerError(f"{where}: field 'freeze_ratio' must be a number in [0, 1], got {fr!r}")
-    return Record(step, action, float(ms), phase, float(fr), rank, replica)
+    start = obj.get("start_ms")
+    if "start_ms" in obj:
+        if not _is_num(start) or not math.isfinite(start):
+            raise PlannerError(f"{where}: field 'start_ms' must be a finite number, got {start!r}")
+        start = float(start)
+    return Record(step, action, float(ms), phase, float(fr), rank, replica, start)
 
 
 def trace_from_records(

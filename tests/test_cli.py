@@ -145,6 +145,44 @@ def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
     assert float(rows[1]["batch_ms"]) == pytest.approx(plans["pooled"]["batch_time_ms"]["planned"], rel=1e-6)
 
 
+def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
+    """A trace whose records carry start_ms: ``plan`` uses the delays on cross-rank edges and prints one line
+    about them, the plan records them (``comm``); ``--no-comm`` plans as without start times; sweep agrees."""
+    from planner.comm import estimate_edge_delays, summarize, summary_line
+    from planner.plan import plan_from_trace
+    from planner.simulate import write_trace
+    from tests.test_comm import timed_trace
+
+    trace = timed_trace("1F1B", 4, 8, lambda es: {e: 1.5 for e in es}, stage_scale=[1, 1.3, 0.8, 1.1])
+    root = write_trace(trace, tmp_path / "timed")
+    delays = estimate_edge_delays(trace)
+    line = summary_line(summarize(delays))
+    assert line == "communication: 48 cross-rank edges, median 1.5 ms, max 1.5 ms"
+    out = assert_ok(run("plan", root, "--r-max", 0.5, "--out", tmp_path / "comm.json"))
+    assert line in out.splitlines()
+    with_comm = json.loads((tmp_path / "comm.json").read_text())
+    assert with_comm["comm"] == summarize(delays)
+    assert with_comm["batch_time_ms"]["planned"] == pytest.approx(
+        plan_from_trace(trace, 0.5).batch_time_ms["planned"], rel=1e-9)
+    out = assert_ok(run("plan", root, "--r-max", 0.5, "--out", tmp_path / "plain.json", "--no-comm"))
+    assert "communication" not in out
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    assert "comm" not in plain
+    assert plain["batch_time_ms"]["planned"] < with_comm["batch_time_ms"]["planned"]
+    assert plain["batch_time_ms"]["planned"] == pytest.approx(
+        plan_from_trace(trace, 0.5, comm=False).batch_time_ms["planned"], rel=1e-9)
+    for extra, want in (((), with_comm), (("--no-comm",), plain)):
+        out = assert_ok(run("sweep", root, "--r-max", "0,0.5", "--csv", tmp_path / "s.csv", *extra))
+        assert (line in out.splitlines()) == (not extra)
+        with open(tmp_path / "s.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert float(rows[1]["batch_ms"]) == pytest.approx(want["batch_time_ms"]["planned"], rel=1e-6)
+        assert float(rows[0]["batch_ms"]) == pytest.approx(want["batch_time_ms"]["no_freeze"], rel=1e-6)
+    # A trace without start times (the module's synthetic one): no line, with or without the flag.
+    out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", tmp_path / "p.json"))
+    assert "communication" not in out and "comm" not in json.loads((tmp_path / "p.json").read_text())
+
+
 def test_orders(tmp_path):
     out = assert_ok(run("orders", "--schedule", "1F1B", "--pp", 2, "--microbatches", 4))
     assert out.splitlines() == ["rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3", "rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"]

@@ -48,7 +48,8 @@ def test_versions_and_backticked_fields(doc: str) -> None:
     for version in (trace_mod.TRACE_FORMAT, plan_mod.PLAN_FORMAT):
         assert version in doc
     fields = (
-        trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
+        trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS
+        + trace_mod._OPTIONAL_RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
         + plan_mod._BATCH_TIME_FIELDS + plan_mod._SOLVER_FIELDS + ("format",)
     )
     for name in fields:
@@ -59,7 +60,7 @@ def test_versions_and_backticked_fields(doc: str) -> None:
     "heading,fields",
     [
         ("### `meta.json`", checked(trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS, with_format=True)),
-        ("### `actions_rank<r>.jsonl`", checked(trace_mod._RECORD_FIELDS)),
+        ("### `actions_rank<r>.jsonl`", checked(trace_mod._RECORD_FIELDS + trace_mod._OPTIONAL_RECORD_FIELDS)),
         ("### `plan.json`", checked(plan_mod._PLAN_FIELDS, with_format=True)),
         ("### `plan.json`: `batch_time_ms`", checked(plan_mod._BATCH_TIME_FIELDS)),
         ("### `plan.json`: `actions.<action>`", checked(plan_mod._ACTION_FIELDS)),
@@ -76,6 +77,18 @@ def test_runtime_extras_documented_as_unchecked(doc: str) -> None:
     assert meta.get("freezable_tensors") is False and meta.get("method") is False
     assert table(doc, "### `actions_rank<r>.jsonl`").get("frozen_tensors") is False
     assert "docs/run-outputs.md" in doc and (DOC.parent / "run-outputs.md").is_file()
+
+
+def test_communication_delays_documented(doc: str) -> None:
+    from planner.comm import summarize
+
+    assert "### Communication delays on cross-rank edges (`planner.comm`)" in doc.splitlines()
+    assert table(doc, "### `plan.json`").get("comm") is False
+    assert table(doc, "### `actions_rank<r>.jsonl`").get("start_ms") is True
+    assert table(doc, "### `meta.json`").get("hosts") is True
+    assert "--no-comm" in doc
+    for key in summarize({("0F0", "1F0"): 1.0}):
+        assert f'"{key}"' in doc, key
 
 
 @pytest.mark.parametrize("schedule,pp,mb", [("1F1B", 2, 4), ("ZBVZeroBubble", 2, 4)])

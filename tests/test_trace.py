@@ -166,6 +166,10 @@ def _line_cases() -> list[tuple[str, object, str]]:
         ("ms-type", ok | {"ms": "1.0"}, "ms"),
         ("ratio-range", ok | {"freeze_ratio": 1.5}, "freeze_ratio"),
         ("ratio-neg", ok | {"freeze_ratio": -0.1}, "freeze_ratio"),
+        ("start-nan", ok | {"start_ms": float("nan")}, "field 'start_ms' must be a finite number"),
+        ("start-type", ok | {"start_ms": "1.0"}, "start_ms"),
+        ("start-null", ok | {"start_ms": None}, "start_ms"),
+        ("start-bool", ok | {"start_ms": True}, "start_ms"),
     ]
 
 
@@ -359,3 +363,29 @@ def test_replica_weights_need_records_in_every_replica() -> None:
     with pytest.raises(PlannerError, match=r"actions_rank1_replica1\.jsonl: action '1F0' has no record with "
                                            r"phase 'upper'"):
         node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))
+
+
+# ----------------------------------------------------------------------- start times and hosts (planner.comm)
+
+
+def test_start_ms_and_hosts_are_optional_and_kept(tmp_path) -> None:
+    meta = good_meta() | {"hosts": ["node-a", "node-a"]}
+    recs = {int(r): [x | {"start_ms": 100.0 * x["step"] + i} for i, x in enumerate(records(o))]
+            for r, o in meta["rank_orders"].items()}
+    recs[1][0]["start_ms"] = -5  # any finite number (an int too) on the monotonic clock
+    tr = load_trace(write_trace(tmp_path / "t", meta, recs))
+    assert tr.meta.hosts == ["node-a", "node-a"] and tr.meta.to_json() == meta
+    assert tr.records[0].start_ms == 100.0 and isinstance(tr.records[0].start_ms, float)
+    assert [r for r in tr.records if r.rank == 1][0].start_ms == -5.0
+    plain = load_trace(write_trace(tmp_path / "p", good_meta()))
+    assert plain.meta.hosts is None and {r.start_ms for r in plain.records} == {None}
+    assert node_weights(tr) == node_weights(plain)  # start times do not change the node weights
+
+
+@pytest.mark.parametrize("value", [["a"], ["a", "b", "c"], "ab", ["a", 1], None, {"0": "a", "1": "b"}])
+def test_bad_hosts_value(tmp_path, value) -> None:
+    root = write_trace(tmp_path / "t", good_meta() | {"hosts": value})
+    with pytest.raises(PlannerError) as e:
+        load_trace(root)
+    assert str(e.value) == (f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 host-name "
+                            f"strings, got {value!r}")
