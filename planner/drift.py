@@ -10,9 +10,11 @@ is robust to a single slow action, and it is what a load change moves (a co-tena
 throttled device, longer sequences: every action of the stage slows alike).
 
 **Drift** of a step: the batch time the plan in force would take if every action's planned duration were
-multiplied by its group's scale (the DAG's longest path), relative to the plan's predicted batch time,
-minus 1. Longest paths are monotone and positively homogeneous in the durations, so the drift lies between
-``min(scale) - 1`` and ``max(scale) - 1``: a group slowed that is not on any critical path moves it less.
+multiplied by its group's scale (the DAG's longest path, with the plan's delays on cross-rank edges,
+``planner.comm``, unchanged), relative to the plan's predicted batch time,
+minus 1. Longest paths are monotone and positively homogeneous in the durations and delays, so the drift lies
+between ``min(min(scale), 1) - 1`` and ``max(max(scale), 1) - 1``: a group slowed that is not on any critical
+path moves it less, and so do fixed delays.
 
 **Re-plan weights**: the current node weights with both bounds of every group multiplied by its scale (the
 per-group median over the last steps): what freezing saves in a slowed stage grows with it.
@@ -26,6 +28,7 @@ from typing import Iterable, Mapping
 import networkx as nx
 
 from .actions import parse_action
+from .comm import EdgeDelays
 from .dag import longest_path
 from .trace import NodeWeights
 
@@ -85,13 +88,15 @@ def planned_durations(weights: NodeWeights, ratios: Mapping[str, float],
     return out
 
 
-def drift(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float]) -> float:
+def drift(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float],
+          edge_ms: EdgeDelays | None = None) -> float:
     """Relative drift of the batch time under ``scales``: ``longest path(planned durations x scale) /
-    longest path(planned durations) - 1`` (0 for an empty plan)."""
-    base = longest_path(dag, planned_durations(weights, ratios))[0]
+    longest path(planned durations) - 1`` (0 for an empty plan); ``edge_ms``: the plan's delays on
+    cross-rank edges (``planner.comm``), the same in both paths."""
+    base = longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
     if base <= 0:
         return 0.0
-    return longest_path(dag, planned_durations(weights, ratios, scales))[0] / base - 1.0
+    return longest_path(dag, planned_durations(weights, ratios, scales), edge_ms)[0] / base - 1.0
 
 
 def scaled_weights(weights: NodeWeights, scales: Mapping[str, float]) -> NodeWeights:

@@ -58,7 +58,7 @@ def main() -> int:
     print("$ " + " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.time()
-    shown = re.compile(r"\[freeze\] (step|plan|planning|restored)|validate step|Error|error:")
+    shown = re.compile(r"\[freeze\] (step|plan|planning|restored|re-plan)|validate step|Error|error:")
     with open(log_path, "w") as log, subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as proc:

@@ -149,3 +149,24 @@ def test_summary_lists_the_replans():
     assert s["replans"] == [event]
     assert "re-planned after step 8: drift +185.4% (beyond 10%) for 2 stable steps; predicted batch 337.3 -> 944.3 ms" \
         in format_summary(s)
+
+
+def test_delays_on_cross_rank_edges_stay_fixed_in_the_drift_and_travel_with_the_state():
+    from planner.comm import cross_rank_edges
+
+    meta, weights, plan, ratios = setup()
+    dag = build_dag(meta)
+    edges = {e: 50.0 for e in cross_rank_edges(dag)}
+    groups = {drift.group_of(a) for a in weights.w_max}
+    slow = {g: 1.5 for g in groups}
+    # compute 50 % slower, delays unchanged: the batch stretches by less than 50 %
+    with_delays = drift.drift(dag, weights, ratios, slow, edges)
+    assert 0.0 < with_delays < drift.drift(dag, weights, ratios, slow) == pytest.approx(0.5)
+    rp = Replanner(meta, 0.1, 1)
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms, [[u, v, ms] for (u, v), ms in edges.items()])
+    assert rp.observe(slow) == pytest.approx(with_delays)
+    again = Replanner(meta, 0.1, 1)
+    again.load_state_dict(state_codec.decode(state_codec.encode(rp.state_dict())))
+    assert again.edge_ms == edges
+    with pytest.raises(ValueError, match="edge_ms"):
+        again.load_state_dict(dict(rp.state_dict(), edge_ms=[["0F0", "nope", 1.0]]))

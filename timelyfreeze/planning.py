@@ -22,38 +22,44 @@ def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solv
     weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
     as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
     try:
+        from planner.comm import estimate_edge_delays
         from planner.plan import plan_from_trace, plan_summary, write_plan
         from planner.trace import trace_from_records
 
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
-        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator)
+        edge_ms = estimate_edge_delays(trace)
+        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms)
         write_plan(plan, plan_path)
-        return {**plan_result(plan), "summary": plan_summary(plan, trace.meta)}
+        return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta, edge_ms)}
     except Exception as e:  # noqa: BLE001 -- reported in the summary, training goes on
         return {"failure": f"planning failed: {one_line(e)}"}
 
 
-def replan(meta: dict, weights, r_max: float, solver: str, plan_path: Path, extra: dict) -> dict:  # noqa: ANN001
-    """Like ``solve``, from given node weights (``planner.trace.NodeWeights``); ``extra`` goes into the
-    plan file's top level (step, reason, scales). Never raises."""
+def replan(meta: dict, weights, r_max: float, solver: str, plan_path: Path, extra: dict,  # noqa: ANN001
+           edge_ms: dict | None = None) -> dict:
+    """Like ``solve``, from given node weights (``planner.trace.NodeWeights``) and delays on cross-rank
+    edges (``planner.comm``); ``extra`` goes into the plan file's top level (step, reason, scales). Never
+    raises."""
     try:
         from planner.plan import make_plan, write_plan
         from planner.trace import validate_meta
 
-        plan = make_plan(validate_meta(meta, "meta.json"), weights, r_max, solver=solver)
+        plan = make_plan(validate_meta(meta, "meta.json"), weights, r_max, solver=solver, edge_ms=edge_ms)
         plan.extra.update(extra)
         Path(plan_path).parent.mkdir(parents=True, exist_ok=True)
         write_plan(plan, plan_path)
-        return plan_result(plan)
+        return plan_result(plan, edge_ms)
     except Exception as e:  # noqa: BLE001 -- the run keeps the plan in force
         return {"failure": f"re-planning failed: {one_line(e)}"}
 
 
-def plan_result(plan) -> dict:  # noqa: ANN001 - planner.plan.Plan
-    """What every rank needs of a plan: per-action ratios, predicted batch times, node weights."""
+def plan_result(plan, edge_ms: dict | None = None) -> dict:  # noqa: ANN001 - planner.plan.Plan
+    """What every rank needs of a plan: per-action ratios, predicted batch times, node weights, and the
+    delays on cross-rank edges it was made with (``[u, v, ms]`` triples)."""
     return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
             "batch_time_ms": dict(plan.batch_time_ms),
-            "weights": {a: [ap.w_min, ap.w_max] for a, ap in plan.actions.items()}}
+            "weights": {a: [ap.w_min, ap.w_max] for a, ap in plan.actions.items()},
+            "edge_ms": [[u, v, ms] for (u, v), ms in (edge_ms or {}).items()]}
 
 
 def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int) -> dict:

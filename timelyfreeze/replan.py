@@ -34,17 +34,22 @@ class Replanner:
         self.ratios: dict[str, float] = {}
         self.batch_ms: dict[str, float] | None = None
         """The plan in force's predicted batch times (``no_freeze``, ``all_frozen``, ``planned``)."""
+        self.edge_ms: dict[tuple[str, str], float] = {}
+        """The plan in force's delays on cross-rank edges (kept by re-plans)."""
         self.window: list[dict[str, float]] = []
         """The scales of the consecutive drifting steps so far (at most ``patience``)."""
         self.events: list[dict[str, Any]] = []
 
     # -- the plan in force ----------------------------------------------------------------------
-    def install(self, weights: dict[str, list[float]], ratios: dict[str, float], batch_ms: dict[str, float]) -> None:
-        """A plan takes effect (``weights``: action -> [w_min, w_max] ms); the drift count restarts."""
+    def install(self, weights: dict[str, list[float]], ratios: dict[str, float], batch_ms: dict[str, float],
+                edge_ms: list | None = None) -> None:
+        """A plan takes effect (``weights``: action -> [w_min, w_max] ms; ``edge_ms``: its delays on
+        cross-rank edges as ``[u, v, ms]`` triples, ``planner.comm``); the drift count restarts."""
         self.weights = NodeWeights({a: float(w[0]) for a, w in weights.items()},
                                    {a: float(w[1]) for a, w in weights.items()})
         self.ratios = {a: float(r) for a, r in ratios.items()}
         self.batch_ms = dict(batch_ms)
+        self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
         self.window = []
 
     def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
@@ -58,7 +63,7 @@ class Replanner:
         """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
         if self.weights is None or not scales:
             return None
-        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales)
+        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms)
         if abs(d) > self.threshold:
             self.window.append(dict(scales))
             self.window = self.window[-self.patience:]
@@ -82,6 +87,7 @@ class Replanner:
         return {
             "weights": {a: [self.weights.w_min[a], self.weights.w_max[a]] for a in self.weights.w_max},
             "ratios": dict(self.ratios), "batch_ms": dict(self.batch_ms or {}),
+            "edge_ms": [[u, v, ms] for (u, v), ms in self.edge_ms.items()],
             "window": [dict(w) for w in self.window], "events": list(self.events),
         }
 
@@ -105,6 +111,11 @@ class Replanner:
             raise ValueError("window must be a list of {group: scale}")
         if not (isinstance(state["events"], list) and all(isinstance(e, dict) for e in state["events"])):
             raise ValueError("events must be a list of objects")
-        self.install(weights, ratios, state["batch_ms"])
+        edges = state.get("edge_ms", [])
+        if not (isinstance(edges, list) and all(
+                isinstance(e, list) and len(e) == 3 and e[0] in actions and e[1] in actions
+                and isinstance(e[2], (int, float)) and e[2] >= 0 for e in edges)):
+            raise ValueError("edge_ms must be a list of [action, action, ms >= 0]")
+        self.install(weights, ratios, state["batch_ms"], edges)
         self.window = [{str(g): float(s) for g, s in w.items()} for w in state["window"]][-self.patience:]
         self.events = list(state["events"])

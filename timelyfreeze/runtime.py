@@ -269,7 +269,7 @@ class FreezeRuntime:
 
         self.replanner = Replanner(validate_meta(self.meta, "meta.json"), self.cfg.replan_threshold,
                                    self.cfg.replan_patience)
-        self.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"])
+        self.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
 
     def _replan(self, step: int, row: dict) -> None:
         """Re-plan after ``step`` (every rank, collective): from the current node weights rescaled by the
@@ -284,7 +284,7 @@ class FreezeRuntime:
         if self.job.rank == 0:
             result = planning.replan(self.meta, weights, self.cfg.r_max, self.cfg.solver, path,
                                      {"replanned_at_step": step, "reason": reason, "scales": scales,
-                                      "estimator": "rescaled"})
+                                      "estimator": "rescaled"}, rp.edge_ms)
         result = self.job.broadcast(result)
         if "failure" in result:
             rp.window = []
@@ -292,7 +292,7 @@ class FreezeRuntime:
             self.log(f"[freeze] ERROR {result['failure']}; the plan in force stays")
             return
         self.method.set_plan(result["ratios"])
-        rp.install(result["weights"], result["ratios"], result["batch_time_ms"])
+        rp.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
         new = result["batch_time_ms"]["planned"]
         event = {"step": step, "reason": reason, "scales": scales, "old_planned_ms": old,
                  "new_planned_ms": new, "plan": str(path)}
