@@ -64,24 +64,23 @@ def test_scaled_weights_scale_both_bounds_of_a_group():
         assert sw.w_max[a] == weights.w_max[a] * k and sw.w_min[a] == weights.w_min[a] * k
 
 
-def test_replanner_is_due_after_patience_steps_beyond_threshold():
+def test_replanner_is_due_when_the_median_drift_of_the_window_is_beyond_the_threshold():
     meta, weights, plan, ratios = setup()
     rp = Replanner(meta, threshold=0.1, patience=3)
     assert rp.observe({"1F": 3.0}) is None and not rp.due()  # no plan yet
     rp.install(as_lists(weights), ratios, plan.batch_time_ms)
     assert rp.observe({"1F": 1.02}) == pytest.approx(drift.drift(build_dag(meta), weights, ratios, {"1F": 1.02}))
     slow = {"0F": 1.5, "0B": 1.5, "1F": 1.5, "1B": 1.5}
-    rp.observe(slow), rp.observe(slow)
-    assert not rp.due()
-    rp.observe({"0F": 1.0})  # back within the threshold: the count restarts
-    rp.observe(slow), rp.observe({g: 1.7 for g in slow})
-    assert not rp.due()
     rp.observe(slow)
-    assert rp.due()
+    assert not rp.due() and rp.window_drift() is None  # two steps only
+    rp.observe({g: 1.0 for g in slow})  # drifts 0.0x, 0.5, 0.0: median within the threshold
+    assert not rp.due()
+    rp.observe({g: 1.7 for g in slow})  # 0.5, 0.0, 0.7: median 0.5 -- one quiet step does not restart it
+    assert rp.due() and rp.window_drift() == pytest.approx(0.5)
     proposed, scales = rp.proposed_weights()
     assert scales == {g: 1.5 for g in slow}
     assert longest_path(build_dag(meta), proposed.w_max)[0] == pytest.approx(1.5 * plan.batch_time_ms["no_freeze"])
-    # a faster machine counts too
+    # a new plan starts a new window; a faster machine counts too
     rp.install(as_lists(proposed), ratios, plan.batch_time_ms)
     assert not rp.due()
     for _ in range(3):
@@ -103,6 +102,8 @@ def test_replanner_state_round_trips_through_the_checkpoint_codec():
     assert again.state_dict() == rp.state_dict()
     assert len(again.window) == 1
     assert again.observe(slow) == rp.observe(slow) == pytest.approx(0.5) and again.due() and rp.due()
+    with pytest.raises(ValueError, match="window"):
+        Replanner(meta, 0.1, 2).load_state_dict(dict(st, window=[{"1F": 1.0}]))
     bad = dict(st, weights={a: w for a, w in list(st["weights"].items())[1:]})
     with pytest.raises(ValueError, match="node weights"):
         Replanner(meta, 0.1, 2).load_state_dict(bad)

@@ -79,8 +79,8 @@ class Freeze:
 
     replan: bool = True
     """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action
-    times with the plan in force; when the batch time they imply drifts beyond ``replan_threshold`` for
-    ``replan_patience`` consecutive steps (load, throttling, data), rescale the node weights by what was
+    times with the plan in force; when the batch time they imply drifts beyond ``replan_threshold`` (the
+    median over the last ``replan_patience`` steps: load, throttling, data), rescale the node weights by what was
     measured and solve the LP again, the same plan on every rank (``timelyfreeze.replan``). Each re-plan is
     logged in the metrics, TensorBoard and the summary, written to ``replans/plan_step<N>.json`` and
     checkpointed; ``plan.json`` stays the plan made from the monitoring windows."""
@@ -90,8 +90,8 @@ class Freeze:
     prediction (0.1: slower or faster by more than 10 %)."""
 
     replan_patience: int = 3
-    """Consecutive stable steps beyond ``replan_threshold`` before a re-plan (also the steps whose median
-    scales the re-plan uses)."""
+    """Stable steps whose median drift must lie beyond ``replan_threshold`` for a re-plan (also the steps
+    whose median scales the re-plan uses)."""
 
     cpu_pinning: bool = True
     """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at

@@ -4,11 +4,12 @@ Each stable step, every rank turns its own action times into per-group scales (`
 measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
 over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
 decision without a further collective. The step's **drift** is how much the plan in force would stretch
-(or shrink) the batch under those scales. When it stays beyond ``[freeze] replan_threshold`` (either way)
-for ``replan_patience`` consecutive stable steps, a re-plan is due: the runtime solves the LP again on
-global rank 0 from the current node weights times the per-group median scales of those steps
-(``proposed_weights``), broadcasts the plan, and calls ``install``; the next drift is measured against
-the new plan. A drift back inside the threshold resets the count.
+(or shrink) the batch under those scales. When the median drift of the last ``[freeze] replan_patience``
+stable steps under the plan in force lies beyond ``replan_threshold`` (either way), a re-plan is due: the
+runtime solves the LP again on global rank 0 from the current node weights times the per-group median
+scales of those steps (``proposed_weights``), broadcasts the plan, and calls ``install``; the next drifts
+are measured against the new plan. The median (rather than "every step beyond") keeps one quiet step in a
+slow period from restarting the count, and one noisy step from triggering anything.
 
 The state (the plan in force with its node weights, the recent scales, the events) is plain data and
 goes into the checkpoint (``state_dict``).
@@ -16,6 +17,7 @@ goes into the checkpoint (``state_dict``).
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from planner import drift as plan_drift
@@ -36,8 +38,8 @@ class Replanner:
         """The plan in force's predicted batch times (``no_freeze``, ``all_frozen``, ``planned``)."""
         self.edge_ms: dict[tuple[str, str], float] = {}
         """The plan in force's delays on cross-rank edges (kept by re-plans)."""
-        self.window: list[dict[str, float]] = []
-        """The scales of the consecutive drifting steps so far (at most ``patience``)."""
+        self.window: list[dict] = []
+        """The last ``patience`` stable steps under the plan in force: ``{"drift", "scales"}`` each."""
         self.events: list[dict[str, Any]] = []
 
     # -- the plan in force ----------------------------------------------------------------------
@@ -64,20 +66,23 @@ class Replanner:
         if self.weights is None or not scales:
             return None
         d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms)
-        if abs(d) > self.threshold:
-            self.window.append(dict(scales))
-            self.window = self.window[-self.patience:]
-        else:
-            self.window = []
+        self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience:]
         return d
 
+    def window_drift(self) -> float | None:
+        """Median drift of the window (None until it holds ``patience`` steps)."""
+        if len(self.window) < self.patience:
+            return None
+        return float(statistics.median(w["drift"] for w in self.window))
+
     def due(self) -> bool:
-        return self.weights is not None and len(self.window) >= self.patience
+        d = self.window_drift()
+        return self.weights is not None and d is not None and abs(d) > self.threshold
 
     def proposed_weights(self) -> tuple[NodeWeights, dict[str, float]]:
-        """(node weights for the re-plan, the per-group scales they apply)."""
+        """(node weights for the re-plan, the per-group scales they apply: medians over the window)."""
         assert self.weights is not None
-        scales = plan_drift.window_scales(self.window)
+        scales = plan_drift.window_scales(w["scales"] for w in self.window)
         return plan_drift.scaled_weights(self.weights, scales), scales
 
     # -- checkpoint -----------------------------------------------------------------------------
@@ -88,7 +93,8 @@ class Replanner:
             "weights": {a: [self.weights.w_min[a], self.weights.w_max[a]] for a in self.weights.w_max},
             "ratios": dict(self.ratios), "batch_ms": dict(self.batch_ms or {}),
             "edge_ms": [[u, v, ms] for (u, v), ms in self.edge_ms.items()],
-            "window": [dict(w) for w in self.window], "events": list(self.events),
+            "window": [{"drift": w["drift"], "scales": dict(w["scales"])} for w in self.window],
+            "events": list(self.events),
         }
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
@@ -107,8 +113,10 @@ class Replanner:
             raise ValueError("ratios must map this schedule's actions to numbers in [0, 1]")
         if not all(isinstance(state["batch_ms"].get(k), (int, float)) for k in ("no_freeze", "all_frozen", "planned")):
             raise ValueError("batch_ms needs no_freeze, all_frozen and planned")
-        if not (isinstance(state["window"], list) and all(isinstance(w, dict) for w in state["window"])):
-            raise ValueError("window must be a list of {group: scale}")
+        if not (isinstance(state["window"], list) and all(
+                isinstance(w, dict) and isinstance(w.get("drift"), (int, float)) and isinstance(w.get("scales"), dict)
+                for w in state["window"])):
+            raise ValueError("window must be a list of {drift, scales}")
         if not (isinstance(state["events"], list) and all(isinstance(e, dict) for e in state["events"])):
             raise ValueError("events must be a list of objects")
         edges = state.get("edge_ms", [])
@@ -117,5 +125,6 @@ class Replanner:
                 and isinstance(e[2], (int, float)) and e[2] >= 0 for e in edges)):
             raise ValueError("edge_ms must be a list of [action, action, ms >= 0]")
         self.install(weights, ratios, state["batch_ms"], edges)
-        self.window = [{str(g): float(s) for g, s in w.items()} for w in state["window"]][-self.patience:]
+        self.window = [{"drift": float(w["drift"]), "scales": {str(g): float(s) for g, s in w["scales"].items()}}
+                       for w in state["window"]][-self.patience:]
         self.events = list(state["events"])

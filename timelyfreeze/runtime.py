@@ -277,8 +277,8 @@ class FreezeRuntime:
         rp = self.replanner
         weights, scales = rp.proposed_weights()
         old = rp.batch_ms["planned"]
-        reason = (f"drift {row['drift']:+.1%} (beyond {rp.threshold:.0%}) for {rp.patience} stable step"
-                  f"{'s' if rp.patience > 1 else ''}")
+        reason = (f"median drift {rp.window_drift():+.1%} over the last {rp.patience} stable step"
+                  f"{'s' if rp.patience > 1 else ''} (beyond {rp.threshold:.0%})")
         path = self.out_dir / "replans" / f"plan_step{step}.json"
         result = None
         if self.job.rank == 0:
