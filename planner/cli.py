@@ -34,6 +34,15 @@ def _unit_float(text: str) -> float:
     return v
 
 
+def _r_max_arg(text: str) -> float | tuple[float, ...]:
+    from .budget import parse_r_max
+
+    try:
+        return parse_r_max(text)
+    except PlannerError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _unit_float_list(text: str) -> list[float]:
     parts = [p.strip() for p in text.split(",")]
     if not parts or any(p == "" for p in parts):
@@ -81,9 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m planner", description="TimelyFreeze offline planner: traces -> freeze plans.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
-    q = sub.add_parser("plan", help="solve the freeze LP for one r_max and write PLAN.json")
+    q = sub.add_parser("plan", help="solve the freeze LP for one r_max (or one per stage) and write PLAN.json")
     q.add_argument("trace", metavar="TRACE_DIR")
-    q.add_argument("--r-max", type=_unit_float, required=True, help="max mean freeze ratio per stage, in [0, 1]")
+    q.add_argument("--r-max", type=_r_max_arg, required=True, metavar="R or R0,R1,...",
+                   help="max mean freeze ratio per stage, in [0, 1]: one value for every stage, or one per stage "
+                        "(as many as the trace has stages)")
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
@@ -132,11 +143,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
+    from .budget import check_r_max
     from .comm import estimate_edge_delays, summary_line
     from .plan import plan_from_trace, plan_summary, write_plan
     from .trace import load_trace
 
     trace = load_trace(args.trace)
+    check_r_max(args.r_max, trace.meta.num_stages)  # a per-stage list must match the trace's stages
     edge_ms = None if args.no_comm else estimate_edge_delays(trace)
     plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm,
                            edge_ms=edge_ms)
@@ -172,6 +185,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
+    from .budget import format_r_max
     from .gantt import plot_timeline, stable_panel
     from .trace import load_trace, node_weights
 
@@ -188,7 +202,7 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
         missing = [a for a in meta.all_actions() if a not in plan.actions]
         if missing:
             raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
-        panels.append((f"planned, r_max={plan.r_max:g}",
+        panels.append((f"planned, r_max={format_r_max(plan.r_max)}",
                        {a: plan.actions[a].duration for a in meta.all_actions()}))
         ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
     stable = stable_panel(trace)

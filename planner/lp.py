@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
 
+from .budget import RMax, check_r_max, per_stage, sensitivity
 from .comm import EdgeDelays
 from .dag import SINK, SOURCE, longest_path
 from .errors import PlannerError
-from .lp_model import dag_arrays
+from .lp_model import dag_arrays, stage_counts
 from .lp_region import solve_region
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_whole
 from .trace import NodeWeights
@@ -42,7 +44,8 @@ _REGION_MIN_ACTIONS = 20_000
 
 @dataclass
 class LPSolution:
-    """Durations and starts of every action, the batch time, and how the solve went."""
+    """Durations and starts of every action, the batch time, how the solve went, and per stage the ms of
+    batch time one more 0.01 of its ``r_max`` would save (``budget_sensitivity``, :func:`solve_freeze_lp`)."""
 
     durations: dict[str, float]
     starts: dict[str, float]
@@ -50,12 +53,13 @@ class LPSolution:
     status: str
     seconds: float
     solver: str
+    budget_sensitivity: dict[int, float] = field(default_factory=dict)
 
 
 def solve_freeze_lp(
     dag: nx.DiGraph,
     weights: NodeWeights,
-    r_max: float,
+    r_max: float | Sequence[float],
     *,
     solver: str = "auto",
     options: dict[str, object] | None = None,
@@ -72,26 +76,45 @@ def solve_freeze_lp(
     whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
     ``solution.solver`` says what ran: ``highs-region``, or ``highs-<config>`` for the whole LP
     (``highs-fast`` with the default configuration).
+
+    ``r_max``: one budget for every stage (a number in ``[0, 1]``), or one per stage (a sequence of
+    ``num_stages`` numbers in ``[0, 1]``, ``num_stages`` = the DAG's largest stage + 1): stage ``s``'s freeze
+    ratios sum to at most ``r_max_s`` times its number of freezable actions.
+
+    ``solution.budget_sensitivity[s]`` (every stage): ms of batch time one more 0.01 of ``r_max_s`` saves,
+    ``dual_s * n_s * 0.01`` (:func:`planner.budget.sensitivity`; 0 where ``r_max_s = 1``), with ``dual_s``
+    the shadow price HiGHS returns for stage ``s``'s budget row in the stage-1 (min ``T``) solve.  For the
+    region method these are the duals of the last round's region LP, used as they are (no extra solve):
+    the region LP with budgets ``b`` is a relaxation of the whole LP for *every* ``b`` (its border bounds
+    come from all-frozen paths, which do not depend on ``b``), so ``T_R(b) <= T*(b)``, and at the solved
+    budgets ``b0`` the two are equal.  By LP duality ``T_R(b) >= T_R(b0) + y . (b - b0)`` for the region's
+    optimal row duals ``y`` (they stay dual feasible for every ``b``), hence
+    ``T*(b) >= T*(b0) + y . (b - b0)``: ``y`` is a subgradient of the whole LP's ``T*`` at ``b0``, exactly
+    what a dual of the whole LP is.  Each component therefore lies between the left and right derivative
+    of ``T*`` in that stage's budget, and equals the derivative wherever ``T*`` has no kink there (a stage
+    whose budget row is not in the region LP gets 0, a valid component of the same subgradient).
     """
-    if not isinstance(r_max, (int, float)) or isinstance(r_max, bool) or not 0.0 <= float(r_max) <= 1.0:
-        raise PlannerError(f"r_max must be a number in [0, 1], got {r_max!r}")
+    if not per_stage(r_max):
+        r_max = check_r_max(r_max)  # one budget: checked before anything else, as always
     if solver not in SOLVERS:
         raise PlannerError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
     if _config not in CONFIGS:
         raise PlannerError(f"unknown HiGHS configuration {_config!r} (choose {', '.join(CONFIGS)})")
-    r_max = float(r_max)
     t0 = time.perf_counter()
     ar = dag_arrays(dag, weights, edge_ms)
+    num_stages = int(ar.stage.max()) + 1
+    budget: RMax = check_r_max(r_max, num_stages)
     if solver == "auto":
         solver = "region" if len(ar.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
     result = None
     method = "region"
     if solver == "region" and (ar.delta > 0).any():
-        result = solve_region(ar, r_max, options)
+        result = solve_region(ar, budget, options)
     if result is None:
         method = _config
-        result = solve_whole(ar, r_max, _config, options)
+        result = solve_whole(ar, budget, _config, options)
     t_star, r, info = result
+    sens = sensitivity(info.pop("budget_duals"), stage_counts(ar), budget, num_stages)  # type: ignore[arg-type]
     t3 = time.perf_counter()
 
     durations = {a: float(weights.w_max[a]) for a in ar.names if a != SOURCE and a != SINK}
@@ -107,4 +130,4 @@ def solve_freeze_lp(
     seconds = time.perf_counter() - t0
     if stats is not None:
         stats.update(info, actions=len(durations), total_s=seconds, check_s=time.perf_counter() - t3)
-    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}")
+    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}", sens)

@@ -6,7 +6,8 @@ duration (seeds digest 1.6).
 * variables: a start time only for actions that need one (see below), ``r_v in [0, 1]`` only for
   freezable actions (fixed actions contribute constants), and ``T``;
 * rows: ``start(v) >= start(u) + d_u + c_uv`` for the edges that are not implied, ``T >= start(u) + d_u``
-  for the DAG's last actions, and per stage ``sum r_v <= r_max * |freezable actions of the stage|``.
+  for the DAG's last actions, and per stage ``sum r_v <= r_max_s * |freezable actions of the stage|``
+  (``r_max_s``: the one ``r_max`` of every stage, or the stage's own; :mod:`planner.budget`).
   ``c_uv >= 0`` is the edge's delay (``edge_ms``, :mod:`planner.comm`; 0 without delays).
 
 Reductions (all exact, so the reduced LP has the same optimum as the plain one):
@@ -36,6 +37,7 @@ import networkx as nx
 import numpy as np
 
 from .actions import FREEZABLE_KINDS
+from .budget import RMax, stage_r_max
 from .comm import EdgeDelays
 from .dag import SINK, SOURCE, dag_index, edge_delay_array
 from .errors import PlannerError
@@ -71,6 +73,7 @@ class LPModel:
     r_at_upper: bool  # starting basis has every freeze ratio at 1 (else at 0)
     r_upper: np.ndarray | None = None  # per freeze ratio: at 1 in the starting basis (overrides r_at_upper)
     build_seconds: float = 0.0
+    budget_stages: list[int] | None = None  # stage of each budget row (the last rows, in this order)
 
     @property
     def nnz(self) -> int:
@@ -206,7 +209,7 @@ def stage_counts(ar: DagArrays) -> dict[int, int]:
 def build_lp(
     dag: nx.DiGraph,
     weights: NodeWeights,
-    r_max: float,
+    r_max: RMax,
     *,
     t_bound: float | None = None,
     arrays: DagArrays | None = None,
@@ -335,8 +338,8 @@ def build_lp(
                 u = parent[u]
     n_prec = len(rows_lo)
 
-    # Per-stage budget rows: sum of the stage's freeze ratios <= r_max * (its number of freezable actions).
-    budget = {k: r_max * c for k, c in stage_counts(ar).items()}
+    # Per-stage budget rows: sum of the stage's freeze ratios <= r_max_s * (its number of freezable actions).
+    budget = {k: stage_r_max(r_max, k) * c for k, c in stage_counts(ar).items()}
     f_stage = ar.stage[frz]
     stages, counts = np.unique(f_stage, return_counts=True)
     lengths = np.fromiter((len(c) for c in rows_cols), dtype=np.int64, count=n_prec)
@@ -366,5 +369,6 @@ def build_lp(
         row_lower=row_lower, row_upper=row_upper, start=start, index=index, value=value, t_col=t_col,
         r_actions=[names[i] for i in frz.tolist()], tree_rows=np.asarray(tree, dtype=np.int64),
         r_at_upper=not stage2, r_upper=r_upper, build_seconds=time.perf_counter() - t0,
+        budget_stages=stages.tolist(),
     )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .budget import RMax, node_r_max
 from .dag import SINK, SOURCE
 from .lp_model import DagArrays, Paths, stage_counts
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_lexicographic
@@ -90,7 +91,7 @@ def region_arrays(
 
 
 def solve_region(
-    ar: DagArrays, r_max: float, options: dict[str, object] | None = None,
+    ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None,
 ) -> tuple[float, np.ndarray, dict[str, object]] | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
 
@@ -101,8 +102,12 @@ def solve_region(
     of the whole LP (exact, no heuristics in the result).  Otherwise the actions on the paths longer than
     ``T_R`` are added and the round repeats.
     The first set: actions within ``_REGION_START`` of the longest path when every freezable action is
-    frozen by ``r_max`` (the budget spread evenly).
+    frozen by its stage's ``r_max`` (the budget spread evenly).
     ``options``: extra HiGHS options on top of the default configuration's.
+    ``info["budget_duals"]``: the last round's stage-1 shadow prices of the budget rows; they are a
+    subgradient of the whole LP's batch time in the budgets (the region LP is a relaxation for every
+    budget and tight at this one; :func:`planner.lp.solve_freeze_lp` has the argument), so no whole-LP
+    solve is needed for them.
     """
     opts = {**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}
     paths = Paths(ar)
@@ -110,7 +115,7 @@ def solve_region(
     wmin = ar.wmax - ar.delta
     head_min, tail_min = paths.head_tail(wmin)
     counts = stage_counts(ar)
-    ref = ar.wmax - r_max * ar.delta
+    ref = ar.wmax - node_r_max(r_max, ar.stage) * ar.delta
     h, t = paths.head_tail(ref)
     through = h + ref + t
     keep = through >= through.max() * (1 - _REGION_START)

@@ -14,7 +14,9 @@ Invariants:
   feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.  Without it, stage 2 is
   a fresh model pruned to the paths that can reach ``T*``;
 * every configuration in :data:`CONFIGS` reaches the same lexicographic optimum; they differ only in
-  speed (measurements: ``docs/planner-solver-notes.md``).
+  speed (measurements: ``docs/planner-solver-notes.md``);
+* the stage-1 row duals are read once: for the optimal face and for the budget rows' shadow prices
+  (:func:`budget_duals`, the budget sensitivity of :mod:`planner.budget`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .budget import RMax
 from .errors import PlannerError
 from .lp_model import DagArrays, LPModel, build_lp
 
@@ -123,17 +126,16 @@ def _run(
     return np.asarray(sol.col_value), int(h.getInfo().simplex_iteration_count), sol
 
 
-def _face_lp(m: LPModel, sol, t_bound: float):  # noqa: ANN001 - highspy solution
+def _face_lp(m: LPModel, sol, rd: np.ndarray, t_bound: float):  # noqa: ANN001 - highspy solution
     """Stage 2 on the stage-1 model: objective ``sum r``, ``T <= t_bound``, restricted to the optimal face.
 
-    Complementary slackness: with ``(y, d)`` one optimal dual of stage 1, the optimal solutions of stage 1
-    are exactly the feasible points with every column of nonzero reduced cost at its bound and every row
-    of nonzero dual tight.  Fixing those (exact) lets presolve remove most of the model.
-    Returns the ``HighsLp`` and the numbers of fixed columns and rows.
+    Complementary slackness: with ``(y, d)`` one optimal dual of stage 1 (``rd``: its row duals), the
+    optimal solutions of stage 1 are exactly the feasible points with every column of nonzero reduced cost
+    at its bound and every row of nonzero dual tight.  Fixing those (exact) lets presolve remove most of
+    the model.  Returns the ``HighsLp`` and the numbers of fixed columns and rows.
     """
     x = np.asarray(sol.col_value)
     cd = np.asarray(sol.col_dual)
-    rd = np.asarray(sol.row_dual)
     cl, cu = m.col_lower.copy(), m.col_upper.copy()
     fc = np.abs(cd) > _FIX_TOL
     fc[m.t_col] = False
@@ -152,17 +154,27 @@ def _face_lp(m: LPModel, sol, t_bound: float):  # noqa: ANN001 - highspy solutio
     return _highs_lp(m, cl, cu, rl, ru, cost), int(fc.sum()), int((lo_side | hi_side).sum())
 
 
+def budget_duals(m: LPModel, rd: np.ndarray) -> dict[int, float]:
+    """Shadow price (ms of ``T`` per unit of budget, ``>= 0``) of each budget row of the stage-1 model ``m``,
+    by stage, from its row duals ``rd``.  HiGHS's row dual of a minimisation is ``d objective / d bound``:
+    ``<= 0`` for a ``<=`` row, so the shadow price is its negation (clipped at 0 against round-off)."""
+    first = m.num_row - len(m.budget_stages or ())
+    return {s: max(0.0, -float(y)) for s, y in zip(m.budget_stages or (), rd[first:].tolist())}
+
+
 def solve_lexicographic(
-    ar: DagArrays, r_max: float, opts: dict[str, object], use_basis: bool, basis_start: str, on_face: bool,
+    ar: DagArrays, r_max: RMax, opts: dict[str, object], use_basis: bool, basis_start: str, on_face: bool,
 ) -> tuple[float, np.ndarray, dict[str, object]]:
     """Both LP stages on ``ar``: returns ``T*``, the freeze ratio of every node of ``ar`` (0 for fixed
-    actions) and sizes/timings."""
+    actions) and sizes/timings; ``info["budget_duals"]`` holds the stage-1 shadow prices of the budget
+    rows (:func:`budget_duals`)."""
     t0 = time.perf_counter()
     m1 = build_lp(None, None, r_max, arrays=ar, basis_start=basis_start)  # type: ignore[arg-type]
     t1 = time.perf_counter()
     col, it1, sol1 = _run(m1, opts, use_basis, "batch-time")
     t_star = float(col[m1.t_col])
     t2 = time.perf_counter()
+    rd = np.asarray(sol1.row_dual)
     r = np.zeros(len(ar.names))
     m2 = None
     it2 = 0
@@ -172,7 +184,7 @@ def solve_lexicographic(
     frz = np.flatnonzero(ar.delta > 0)
     if m1.r_actions and on_face:
         tb = time.perf_counter()
-        lp2, fc, fr = _face_lp(m1, sol1, t_bound)
+        lp2, fc, fr = _face_lp(m1, sol1, rd, t_bound)
         fixed = (fc, fr)
         build2 = time.perf_counter() - tb
         try:
@@ -194,13 +206,13 @@ def solve_lexicographic(
         cols2=m2.num_col if m2 else 0, rows2=m2.num_row if m2 else 0, nnz2=m2.nnz if m2 else 0,
         build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
         build2_s=build2, iters1=it1, iters2=it2, fixed_cols2=fixed[0], fixed_rows2=fixed[1],
-        stage1_start=basis_start,
+        stage1_start=basis_start, budget_duals=budget_duals(m1, rd),
     )
     return t_star, r, info
 
 
 def solve_whole(
-    ar: DagArrays, r_max: float, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
+    ar: DagArrays, r_max: RMax, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
 ) -> tuple[float, np.ndarray, dict[str, object]]:
     """Both stages on the whole LP with the configuration ``config`` (a key of :data:`CONFIGS`) plus the
     extra HiGHS ``options``.  ``basis_start="auto"``: the critical-path start for full-backward schedules,

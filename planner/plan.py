@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
+from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from .comm import EdgeDelays, estimate_edge_delays, summarize
 from .dag import build_dag, longest_path
 from .errors import PlannerError
@@ -23,6 +25,7 @@ _ACTION_FIELDS = ("w_min", "w_max", "start", "duration", "freeze_ratio")
 _PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
 _BATCH_TIME_FIELDS = ("no_freeze", "all_frozen", "planned")
 _SOLVER_FIELDS = ("name", "status", "seconds")
+SENSITIVITY_FIELD = "budget_sensitivity"  # writer field (unchecked): stage -> ms saved per +0.01 of its r_max
 # Required field names: top level (_PLAN_FIELDS, plus "format"), per action (_ACTION_FIELDS), in
 # batch_time_ms (_BATCH_TIME_FIELDS) and in solver (_SOLVER_FIELDS); see docs/formats.md.
 
@@ -40,16 +43,21 @@ class ActionPlan:
 
 @dataclass
 class Plan:
-    """A freeze plan as the spec lays it out; ``extra`` keeps unknown top-level fields."""
+    """A freeze plan as the spec lays it out; ``extra`` keeps unknown top-level fields.
+
+    ``r_max``: one number (every stage's budget) or a list of ``num_stages`` numbers (each stage's own).
+    ``budget_sensitivity``: per stage, ms of batch time one more 0.01 of its ``r_max`` would save
+    (:func:`planner.lp.solve_freeze_lp`); ``None`` for a plan file written without it."""
 
     schedule: str
     num_stages: int
     num_microbatches: int
-    r_max: float
+    r_max: float | list[float]
     batch_time_ms: dict[str, float]
     actions: dict[str, ActionPlan]
     solver: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    budget_sensitivity: dict[int, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
@@ -59,7 +67,7 @@ class Plan:
                 "schedule": self.schedule,
                 "num_stages": self.num_stages,
                 "num_microbatches": self.num_microbatches,
-                "r_max": self.r_max,
+                "r_max": self.r_max if isinstance(self.r_max, (int, float)) else list(self.r_max),
                 "batch_time_ms": dict(self.batch_time_ms),
                 "actions": {
                     a: {k: getattr(p, k) for k in _ACTION_FIELDS} for a, p in self.actions.items()
@@ -67,20 +75,27 @@ class Plan:
                 "solver": dict(self.solver),
             }
         )
+        if self.budget_sensitivity is not None:
+            d[SENSITIVITY_FIELD] = {str(s): v for s, v in sorted(self.budget_sensitivity.items())}
         return d
 
 
 def make_plan(
-    meta: TraceMeta, weights: NodeWeights, r_max: float, *, solver: str = "auto", edge_ms: EdgeDelays | None = None,
+    meta: TraceMeta, weights: NodeWeights, r_max: float | Sequence[float], *, solver: str = "auto",
+    edge_ms: EdgeDelays | None = None,
 ) -> Plan:
     """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan.
 
+    ``r_max``: one budget for every stage, or a sequence of ``meta.num_stages`` budgets, one per stage
+    (:func:`planner.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
+    ``budget_sensitivity`` says per stage how many ms of batch time one more 0.01 of its ``r_max`` saves.
     ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
     non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``)."""
+    budget = check_r_max(r_max, meta.num_stages)
     dag = build_dag(meta)
     no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
     all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
-    sol = solve_freeze_lp(dag, weights, r_max, solver=solver, edge_ms=edge_ms)
+    sol = solve_freeze_lp(dag, weights, budget, solver=solver, edge_ms=edge_ms)
     freezable = weights.freezable
     actions: dict[str, ActionPlan] = {}
     for a in meta.all_actions():
@@ -91,16 +106,17 @@ def make_plan(
         schedule=meta.schedule,
         num_stages=meta.num_stages,
         num_microbatches=meta.num_microbatches,
-        r_max=float(r_max),
+        r_max=budget if isinstance(budget, float) else list(budget),
         batch_time_ms={"no_freeze": no_freeze, "all_frozen": all_frozen, "planned": sol.makespan},
         actions=actions,
         solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver},
         extra={"comm": summarize(edge_ms)} if edge_ms else {},
+        budget_sensitivity=sol.budget_sensitivity,
     )
 
 
 def plan_from_trace(
-    trace: Trace, r_max: float, *, estimator: str = "median", comm: bool = True,
+    trace: Trace, r_max: float | Sequence[float], *, estimator: str = "median", comm: bool = True,
     edge_ms: EdgeDelays | None = None, **kw: Any,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
@@ -159,9 +175,10 @@ def validate_plan(d: Any, source: str) -> Plan:
     for k in ("num_stages", "num_microbatches"):
         if not isinstance(d[k], int) or isinstance(d[k], bool) or d[k] < 1:
             raise err(f"field '{k}' must be a positive integer, got {d[k]!r}")
-    r_max = d["r_max"]
-    if not _num(r_max) or not 0 <= r_max <= 1:
-        raise err(f"field 'r_max' must be a number in [0, 1], got {r_max!r}")
+    try:
+        r_max = check_r_max(d["r_max"], d["num_stages"], "field 'r_max'")
+    except PlannerError as e:
+        raise err(str(e)) from None
     bt = d["batch_time_ms"]
     if not isinstance(bt, dict):
         raise err("field 'batch_time_ms' must be an object")
@@ -206,14 +223,34 @@ def validate_plan(d: Any, source: str) -> Plan:
                       f"(expected {expect:.9g})")
         actions[a] = ap
     extra = {k: v for k, v in d.items() if k not in _PLAN_FIELDS and k != "format"}
-    plan = Plan(d["schedule"], d["num_stages"], d["num_microbatches"], float(r_max),
+    sens = _sensitivity(extra.get(SENSITIVITY_FIELD), d["num_stages"])
+    if sens is not None:
+        del extra[SENSITIVITY_FIELD]  # well-formed: parsed; anything else stays an unknown field, kept as is
+    plan = Plan(d["schedule"], d["num_stages"], d["num_microbatches"],
+                r_max if isinstance(r_max, float) else list(r_max),
                 {k: float(bt[k]) for k in _BATCH_TIME_FIELDS} | {
                     k: v for k, v in bt.items() if k not in _BATCH_TIME_FIELDS},
-                actions, dict(solver), extra)
+                actions, dict(solver), extra, sens)
     for s, mean in stage_mean_ratios(plan).items():
-        if mean > r_max + 1e-6:
-            raise err(f"stage {s}: mean freeze ratio {mean:.6g} exceeds r_max={r_max}")
+        if isinstance(r_max, float):
+            if mean > r_max + 1e-6:
+                raise err(f"stage {s}: mean freeze ratio {mean:.6g} exceeds r_max={r_max}")
+        elif mean > r_max[s] + 1e-6:
+            raise err(f"stage {s}: mean freeze ratio {mean:.6g} exceeds its r_max={r_max[s]} (r_max[{s}])")
     return plan
+
+
+def _sensitivity(v: Any, num_stages: int) -> dict[int, float] | None:
+    """The writer's ``budget_sensitivity`` (``{"<stage>": ms}`` with canonical stage keys below
+    ``num_stages``) as ``{stage: ms}``; ``None`` when absent or not of that form."""
+    if not isinstance(v, dict):
+        return None
+    out: dict[int, float] = {}
+    for k, x in v.items():
+        if not (isinstance(k, str) and k.isdigit() and str(int(k)) == k and int(k) < num_stages and _num(x)):
+            return None
+        out[int(k)] = float(x)
+    return out
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
@@ -246,7 +283,7 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     speedup = bt["no_freeze"] / bt["planned"] if bt["planned"] > 0 else float("nan")
     lines = [
         f"schedule {plan.schedule}: {plan.num_stages} stages x {plan.num_microbatches} microbatches, "
-        f"{len(plan.actions)} actions, r_max {plan.r_max:g}",
+        f"{len(plan.actions)} actions, r_max {format_r_max(plan.r_max)}",
         f"batch time (ms): no-freeze {bt['no_freeze']:.3f}, all-frozen {bt['all_frozen']:.3f}, "
         f"planned {bt['planned']:.3f}  (predicted speedup x{speedup:.3f}, "
         f"{100 * (1 - bt['planned'] / bt['no_freeze']) if bt['no_freeze'] > 0 else 0.0:.1f}% less time)",
@@ -256,6 +293,8 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
         lines.append("mean freeze ratio per stage: " + ", ".join(f"{s}: {m:.3f}" for s, m in means.items()))
     else:
         lines.append("mean freeze ratio per stage: no freezable actions")
+    if plan.budget_sensitivity is not None:
+        lines.append(sensitivity_line(plan))
     durations = {a: p.duration for a, p in plan.actions.items()}
     try:
         _, _, path = longest_path(build_dag(meta), durations, edge_ms)
@@ -266,3 +305,22 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     lines.append(f"solver: {s.get('name')} {s.get('method', '')} status {s.get('status')}, "
                  f"{float(s.get('seconds', 0.0)):.3f} s".replace("  ", " "))
     return "\n".join(lines)
+
+
+def sensitivity_line(plan: Plan) -> str:
+    """One line: per stage, ms of batch time one more 0.01 of its ``r_max`` saves, e.g.
+    ``budget sensitivity (ms of batch time saved per +0.01 of r_max): stage 0: 3.2, stage 1: 0 (slack)``.
+    A zero says why: ``slack`` (more budget buys nothing now), ``r_max 1`` (everything may be frozen
+    already) or ``nothing to freeze``."""
+    means = stage_mean_ratios(plan)
+    parts = []
+    for s, ms in sorted((plan.budget_sensitivity or {}).items()):
+        if ms > 0:
+            parts.append(f"stage {s}: {ms:.4g}")
+        elif s not in means:
+            parts.append(f"stage {s}: 0 (nothing to freeze)")
+        elif stage_r_max(plan.r_max, s) >= 1.0:
+            parts.append(f"stage {s}: 0 (r_max 1)")
+        else:
+            parts.append(f"stage {s}: 0 (slack)")
+    return f"budget sensitivity (ms of batch time saved per +{SENSITIVITY_STEP:g} of r_max): " + ", ".join(parts)

@@ -2,16 +2,20 @@
 
 One DAG is built and reused for every LP solve. ``speedup`` is ``no_freeze / batch_ms`` (the
 predicted throughput relative to training without freezing), ``throughput_gain = speedup - 1``,
-and ``mean_ratio`` is the mean planned freeze ratio over all freezable actions.
+and ``mean_ratio`` is the mean planned freeze ratio over all freezable actions.  A value is one budget
+for every stage (a number; what ``python -m planner sweep`` takes) or one per stage (a sequence of
+``num_stages`` numbers, :mod:`planner.budget`): the table and CSV write it as ``0.5,0.8,...`` and the plot
+puts it at the mean of its values.
 """
 
 from __future__ import annotations
 
 import csv
-import math
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
+from .budget import RMax, check_r_max
 from .comm import EdgeDelays
 from .fileio import replace_atomically
 from .dag import build_dag, longest_path
@@ -22,9 +26,10 @@ from .trace import NodeWeights, TraceMeta
 
 @dataclass(frozen=True)
 class SweepRow:
-    """The planned batch for one ``r_max`` (times in ms, ``seconds`` = LP solve wall time)."""
+    """The planned batch for one ``r_max`` (times in ms, ``seconds`` = LP solve wall time); ``r_max`` is a
+    float, or a tuple of one float per stage."""
 
-    r_max: float
+    r_max: float | tuple[float, ...]
     batch_ms: float
     speedup: float
     throughput_gain: float
@@ -34,13 +39,10 @@ class SweepRow:
     all_frozen_ms: float
 
 
-def check_r_values(r_values: list[float]) -> list[float]:
-    """Every value must be a finite number in [0, 1]; at least one value."""
-    out: list[float] = []
-    for r in r_values:
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0.0 <= r <= 1.0:
-            raise PlannerError(f"r_max must be a number in [0, 1], got {r!r}")
-        out.append(float(r))
+def check_r_values(r_values: list, num_stages: int | None = None) -> list[RMax]:
+    """Every value must be a finite number in [0, 1], or a sequence of ``num_stages`` of them (any non-zero
+    length when ``num_stages`` is None; :func:`planner.budget.check_r_max`); at least one value."""
+    out = [check_r_max(r, num_stages) for r in r_values]
     if not out:
         raise PlannerError("no r_max values to sweep")
     return out
@@ -55,12 +57,12 @@ def mean_freeze_ratio(durations: dict[str, float], weights: NodeWeights) -> floa
 
 
 def sweep(
-    meta: TraceMeta, weights: NodeWeights, r_values: list[float], *, solver: str = "auto",
+    meta: TraceMeta, weights: NodeWeights, r_values: Sequence[float | Sequence[float]], *, solver: str = "auto",
     edge_ms: EdgeDelays | None = None,
 ) -> list[SweepRow]:
-    """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order) on one DAG, with the
-    delays ``edge_ms`` on its edges (``planner.comm``) when given."""
-    r_values = check_r_values(list(r_values))
+    """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order; each one number or one
+    per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given."""
+    r_values = check_r_values(list(r_values), meta.num_stages)
     dag = build_dag(meta)
     no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
     all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
@@ -90,10 +92,21 @@ def format_table(rows: list[SweepRow]) -> str:
         "|------:|---------:|--------:|-----------:|",
     ]
     for row in rows:
-        lines.append(f"| {row.r_max:.3g} | {row.batch_ms:.3f} | {row.speedup:.4f}x | {row.mean_ratio:.3f} |")
+        r = _r_text(row.r_max, ".3g")
+        lines.append(f"| {r} | {row.batch_ms:.3f} | {row.speedup:.4f}x | {row.mean_ratio:.3f} |")
     if rows:
         lines.append(f"no freezing: {rows[0].no_freeze_ms:.3f} ms, everything frozen: {rows[0].all_frozen_ms:.3f} ms")
     return "\n".join(lines)
+
+
+def _r_text(v: float | tuple[float, ...], spec: str) -> str:
+    """A number with format ``spec``; a per-stage budget as its values joined by commas."""
+    return ",".join(format(x, spec) for x in v) if isinstance(v, tuple) else format(v, spec)
+
+
+def _x(r_max: float | tuple[float, ...]) -> float:
+    """Where a row goes on the plot's r_max axis: the value, or the mean of a per-stage budget."""
+    return sum(r_max) / len(r_max) if isinstance(r_max, tuple) else r_max
 
 
 def write_csv(rows: list[SweepRow], path: str | os.PathLike[str]) -> None:
@@ -105,7 +118,7 @@ def write_csv(rows: list[SweepRow], path: str | os.PathLike[str]) -> None:
             w = csv.DictWriter(f, fieldnames=names)
             w.writeheader()
             for row in rows:
-                w.writerow({k: f"{v:.9g}" for k, v in asdict(row).items()})
+                w.writerow({k: _r_text(v, ".9g") for k, v in asdict(row).items()})
 
     replace_atomically(os.fspath(path), write)
 
@@ -120,16 +133,18 @@ def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str], title: str | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = sorted(rows, key=lambda r: r.r_max)
+    rows = sorted(rows, key=lambda r: _x(r.r_max))
     no_freeze, all_frozen = rows[0].no_freeze_ms, rows[0].all_frozen_ms
-    xs = [r.r_max for r in rows]
+    xs = [_x(r.r_max) for r in rows]
+    per_stage = any(isinstance(r.r_max, tuple) for r in rows)
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(xs, [r.speedup for r in rows], marker="o", color="tab:blue", label="planned (LP)")
     ax.axhline(1.0, color="0.4", linestyle="--", label=f"no freezing ({no_freeze:.2f} ms/batch)")
     if all_frozen > 0:
         ax.axhline(no_freeze / all_frozen, color="tab:green", linestyle=":",
                    label=f"everything frozen ({all_frozen:.2f} ms/batch)")
-    ax.set_xlabel("r_max (freeze budget: max mean freeze ratio per stage)")
+    ax.set_xlabel("r_max (freeze budget: max mean freeze ratio per stage)" if not per_stage
+                  else "r_max (freeze budget; per-stage budgets at their mean)")
     ax.set_ylabel("predicted throughput / no-freeze throughput")
     ax.set_xlim(min(0.0, xs[0]), max(1.0, xs[-1]))
     ax.grid(True, alpha=0.3)

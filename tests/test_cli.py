@@ -86,6 +86,29 @@ def test_simulate_plan_sweep_gantt(trace_dir, tmp_path):
     assert gantt_path.read_bytes()[:4] == b"\x89PNG" and gantt_path.stat().st_size > 20_000
 
 
+def test_plan_with_per_stage_budgets_and_sensitivity(trace_dir, tmp_path):
+    """``--r-max`` takes one value per stage; the plan keeps the list, respects each stage's budget, and
+    ``plan`` prints the budget sensitivity it writes."""
+    from planner.plan import load_plan, stage_mean_ratios
+
+    path = tmp_path / "per_stage.json"
+    out = assert_ok(run("plan", trace_dir, "--r-max", "0.5, 0.8,0.8,0.6", "--out", path))
+    assert "r_max 0.5,0.8,0.8,0.6" in out
+    plan = json.loads(path.read_text())
+    assert plan["r_max"] == [0.5, 0.8, 0.8, 0.6]
+    sens = plan["budget_sensitivity"]
+    assert set(sens) == {"0", "1", "2", "3"} and all(v >= 0 for v in sens.values())
+    line = next(x for x in out.splitlines() if x.startswith("budget sensitivity"))
+    assert line.startswith("budget sensitivity (ms of batch time saved per +0.01 of r_max): stage 0: ")
+    for s, v in sens.items():
+        assert (f"stage {s}: {v:.4g}" if v > 0 else f"stage {s}: 0 (") in line
+    means = stage_mean_ratios(load_plan(path))
+    assert all(means[s] <= plan["r_max"][s] + 1e-7 for s in means)
+    # One value is one budget for every stage: the plan file keeps a number.
+    assert_ok(run("plan", trace_dir, "--r-max", "0.8", "--out", tmp_path / "scalar.json"))
+    assert json.loads((tmp_path / "scalar.json").read_text())["r_max"] == 0.8
+
+
 def test_plan_on_two_replica_trace(tmp_path):
     """``plan`` on a trace of 2 data-parallel replicas plans on the per-action max of their weights."""
     import dataclasses
@@ -279,6 +302,11 @@ def test_rank_orders_not_covering_every_pair(trace_dir, tmp_path):
         (("plan", "{trace}", "--r-max", "1.5", "--out", "{tmp}/p.json"), ("r_max", "1.5")),
         (("plan", "{trace}", "--r-max", "-0.1", "--out", "{tmp}/p.json"), ("r_max",)),
         (("plan", "{trace}", "--r-max", "nan", "--out", "{tmp}/p.json"), ("r_max",)),
+        (("plan", "{trace}", "--r-max", "0.5,0.8,0.8", "--out", "{tmp}/p.json"), ("r_max: 3 values for 4 stages",)),
+        (("plan", "{trace}", "--r-max", "0.5,0.8,0.8,0.6,1", "--out", "{tmp}/p.json"),
+         ("r_max: 5 values for 4 stages",)),
+        (("plan", "{trace}", "--r-max", "0.5,1.2,0.8,0.6", "--out", "{tmp}/p.json"), ("--r-max", "r_max[1]", "1.2")),
+        (("plan", "{trace}", "--r-max", "0.5,,0.8,0.6", "--out", "{tmp}/p.json"), ("--r-max", "r_max[1]")),
         (("sweep", "{trace}", "--r-max", "0.1,x"), ("r_max", "x")),
         (("sweep", "{trace}", "--r-max", "0.1,,0.2"), ("r_max",)),
         (("sweep", "{trace}", "--r-max", "0.5", "--csv", "{tmp}/no/dir/s.csv"), ("s.csv",)),

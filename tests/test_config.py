@@ -46,6 +46,9 @@ def test_given_plan_skips_monitoring():
         ({"solver": "simplex"}, 100, 10, "solver = 'simplex'"),  # names the README once listed
         ({"solver": "ipm"}, 100, 10, "solver = 'ipm'"),
         ({"estimator": "mean"}, 100, 10, "estimator = 'mean'"),
+        ({"r_max_per_stage": [0.5, 1.2]}, 100, 10, "r_max_per_stage[1] = 1.2"),
+        ({"r_max_per_stage": [0.5, True]}, 100, 10, "r_max_per_stage[1] = True"),
+        ({"replan_threshold": -1}, 100, 10, "replan_threshold = -1"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 5}, 15, 0, "plan step must come before the last step"),
         ({"warmup_steps": 5, "monitor_steps": 5, "ramp_steps": 10}, 18, 0, "ramp ends at step 25"),
         ({}, 100, 0, "derived from [lr_scheduler] warmup_steps"),

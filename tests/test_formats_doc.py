@@ -91,6 +91,21 @@ def test_communication_delays_documented(doc: str) -> None:
         assert f'"{key}"' in doc, key
 
 
+def test_budgets_documented(doc: str) -> None:
+    """Per-stage ``r_max`` (checked) and the writer's ``budget_sensitivity`` (unchecked) are documented; a
+    plan the writer makes uses only documented top-level fields."""
+    from planner.plan import SENSITIVITY_FIELD, make_plan
+    from planner.trace import node_weights
+
+    rows = table(doc, "### `plan.json`")
+    assert rows.get("r_max") is True and rows.get(SENSITIVITY_FIELD) is False
+    assert "### Budget sensitivity (`budget_sensitivity`)" in doc.splitlines()
+    assert "--r-max 0.5,0.8,0.8,0.6" in doc and "dual_s * n_s * 0.01" in doc
+    tr = synthetic_trace("1F1B", 2, 4)
+    plan = make_plan(tr.meta, node_weights(tr), [0.5, 0.8]).to_json()
+    assert set(plan) <= set(rows) and plan["r_max"] == [0.5, 0.8] and SENSITIVITY_FIELD in plan
+
+
 @pytest.mark.parametrize("schedule,pp,mb", [("1F1B", 2, 4), ("ZBVZeroBubble", 2, 4)])
 def test_synthetic_trace_uses_only_documented_fields(doc: str, tmp_path, schedule: str, pp: int, mb: int) -> None:
     root = Path(write_trace(synthetic_trace(schedule, pp, mb, stable_ratio=0.5), tmp_path / "t"))

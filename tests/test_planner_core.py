@@ -175,10 +175,13 @@ def test_random_plan_properties(seed: int) -> None:
     check_plan_properties(meta, w, r_max)
 
 
-def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float, slack: float = 1e-9) -> tuple[float, float]:
+def scipy_lexicographic(
+    meta: TraceMeta, w: NodeWeights, r_max: float | list[float], slack: float = 1e-9,
+) -> tuple[float, float]:
     """Independent straightforward model: a start and a duration for every node, every DAG edge a row.
 
-    Stage 2 bounds the batch time by ``T* (1 + slack) + slack``."""
+    ``r_max``: one budget, or a list of one per stage.  Stage 2 bounds the batch time by
+    ``T* (1 + slack) + slack``."""
     g = build_dag(meta)
     nodes = list(g.nodes)
     idx = {a: i for i, a in enumerate(nodes)}
@@ -196,7 +199,7 @@ def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float, slack: fl
     by_stage: dict[int, list[str]] = {}
     for a in frz:
         by_stage.setdefault(g.nodes[a]["stage"], []).append(a)
-    for acts in by_stage.values():  # sum (w_max - d)/delta <= r_max * k  <=>  -sum d/delta <= r_max k - sum w_max/delta
+    for stage, acts in by_stage.items():  # sum (w_max - d)/delta <= r k  <=>  -sum d/delta <= r k - sum w_max/delta
         r = np.zeros(nv)
         c = 0.0
         for a in acts:
@@ -204,7 +207,7 @@ def scipy_lexicographic(meta: TraceMeta, w: NodeWeights, r_max: float, slack: fl
             r[n + idx[a]] = -1.0 / dlt
             c += w.w_max[a] / dlt
         rows.append(r)
-        rhs.append(r_max * len(acts) - c)
+        rhs.append((r_max[stage] if isinstance(r_max, list) else r_max) * len(acts) - c)
     bounds = [(0, None)] * n
     for a in nodes:
         if a in (SOURCE, SINK):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.plan import load_plan
+from planner.plan import load_plan, stage_mean_ratios
 from planner.trace import load_trace
 from tests.torchrun_util import short_cycle, torchrun
 
@@ -25,12 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 WARMUP, MONITOR, RAMP, STABLE = 1, 2, 1, 5
 SLOW_FROM = WARMUP + 2 * MONITOR + RAMP + 1  # the first stable step
 PATIENCE = 2
+BUDGETS = (0.8, 0.6)  # per-stage budgets ([freeze] r_max_per_stage) ride along in this run
 
 
 def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
                    "--training.local_batch_size", "4", "--training.seq_len", "128", "--validation.no-enable",
                    "--freeze.replan_patience", str(PATIENCE), "--freeze.replan_threshold", "0.1",
+                   "--freeze.r_max_per_stage", *map(str, BUDGETS),
                    target=(str(ROOT / "tests" / "slow_stage_job.py"),),
                    env={"SLOW_FROM": str(SLOW_FROM), "SLOW_MS": "150", "SLOW_RANK": "1"})
     assert run.rc == 0, run.tail()
@@ -55,6 +57,13 @@ def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     for a in f1:
         assert again.actions[a].w_max == pytest.approx(original.actions[a].w_max * first["scales"]["1F"])
     assert original.batch_time_ms == summary["predicted_batch_ms"]
+    # per-stage budgets: in both plans, each stage's mean ratio within its own budget; sensitivity per stage
+    assert summary["r_max_per_stage"] == list(BUDGETS)
+    for p in (original, again):
+        assert p.r_max == list(BUDGETS)
+        for s, mean in stage_mean_ratios(p).items():
+            assert mean <= BUDGETS[s] + 1e-9
+        assert set(p.budget_sensitivity) == {0, 1} and all(v >= 0 for v in p.budget_sensitivity.values())
     # both pipeline ranks froze by the re-plan from the next step on (until a later re-plan, if any)
     until = replans[1]["step"] if len(replans) > 1 else WARMUP + 2 * MONITOR + RAMP + STABLE
     trace = load_trace(run.out / "trace")

@@ -41,6 +41,11 @@ class Freeze:
     """Per-stage budget: the mean freeze ratio over a stage's freezable backward actions (B or W)
     may not exceed this (0..1). The paper uses 0.8 for LLMs."""
 
+    r_max_per_stage: list[float] = field(default_factory=list)
+    """Per-stage budgets instead of one: one value in [0, 1] per pipeline stage (global stage order; the
+    count is checked once the pipeline is built). Empty (the default): ``r_max`` for every stage. The
+    plan's ``budget_sensitivity`` says which stage's budget is worth raising (``docs/formats.md``)."""
+
     warmup_steps: int = -1
     """Steps with nothing measured and nothing frozen. -1: derived from the LR warm-up as in the
     paper (monitoring ends when the LR warm-up ends: ``lr_warmup - 2 * monitor_steps``)."""
@@ -222,6 +227,9 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         raise FreezeConfigError(f"[freeze] method = {cfg.method!r}: choose one of {', '.join(METHODS)}")
     if not (isinstance(cfg.r_max, (int, float)) and 0.0 <= cfg.r_max <= 1.0):
         raise FreezeConfigError(f"[freeze] r_max = {cfg.r_max}: must lie in [0, 1]")
+    for i, v in enumerate(cfg.r_max_per_stage):
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
+            raise FreezeConfigError(f"[freeze] r_max_per_stage[{i}] = {v!r}: must lie in [0, 1]")
     for name in ("warmup_steps", "monitor_steps", "ramp_steps"):
         v = getattr(cfg, name)
         if v < -1:

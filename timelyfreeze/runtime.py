@@ -75,6 +75,8 @@ class FreezeRuntime:
         self.views: list[StageView] = build_stage_views(stages, info.n_layers)
         self.stage_to_rank = _stage_to_rank(self.pg.all_gather([v.stage for v in self.views]))
         self.num_stages = len(self.stage_to_rank)
+        self.r_max = self._budgets()
+        """``[freeze] r_max``, or the per-stage tuple of ``r_max_per_stage``, as the planner takes it."""
         self.ctx = MethodContext(
             stages=self.views, num_stages=self.num_stages, num_microbatches=info.num_microbatches,
             schedule=info.schedule, total_steps=info.total_steps, all_gather=self.pg.all_gather, get_lr=get_lr,
@@ -254,6 +256,19 @@ class FreezeRuntime:
         self.metrics.append({"step": step, "val_loss": loss})
 
     # -- plan ------------------------------------------------------------------------------------
+    def _budgets(self) -> float | tuple[float, ...]:
+        from planner.budget import check_r_max
+        from planner.errors import PlannerError
+
+        from timelyfreeze.config import FreezeConfigError
+
+        if not self.cfg.r_max_per_stage:
+            return float(self.cfg.r_max)
+        try:
+            return check_r_max(list(self.cfg.r_max_per_stage), self.num_stages, "[freeze] r_max_per_stage")
+        except PlannerError as e:
+            raise FreezeConfigError(str(e)) from None
+
     def _predicted_ms(self) -> float | None:
         """The plan in force's predicted batch time."""
         if self.replanner is not None and self.replanner.batch_ms:
@@ -282,7 +297,7 @@ class FreezeRuntime:
         path = self.out_dir / "replans" / f"plan_step{step}.json"
         result = None
         if self.job.rank == 0:
-            result = planning.replan(self.meta, weights, self.cfg.r_max, self.cfg.solver, path,
+            result = planning.replan(self.meta, weights, self.r_max, self.cfg.solver, path,
                                      {"replanned_at_step": step, "reason": reason, "scales": scales,
                                       "estimator": "rescaled"}, rp.edge_ms)
         result = self.job.broadcast(result)
@@ -306,7 +321,7 @@ class FreezeRuntime:
         gathered = self.job.gather_to_zero(self.monitor_records)
         result = None
         if self.job.rank == 0:
-            result = planning.solve(self.meta, gathered, self.cfg.r_max, self.cfg.solver,
+            result = planning.solve(self.meta, gathered, self.r_max, self.cfg.solver,
                                     self.trace_dir, self.plan_path, self.cfg.estimator)
         result = self.job.broadcast(result)
         if "failure" in result:
@@ -390,7 +405,8 @@ class FreezeRuntime:
             tokens_per_step=self.info.tokens_per_step,
             run={"method": self.cfg.method, "knob": knob_of(self.cfg), "schedule": self.info.schedule,
                  "pp_degree": self.pg.size, "replicas": self.job.replicas, "num_stages": self.num_stages,
-                 "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed},
+                 "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed}
+            | ({"r_max_per_stage": list(self.r_max)} if isinstance(self.r_max, tuple) else {}),
             predicted_batch_ms=self.plan_batch_ms, val_curve=self.val_curve,
             method_summary=self.method.summary(), failures=self.failures,
             replans=self.replanner.events if self.replanner is not None else [],

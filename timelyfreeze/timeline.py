@@ -12,6 +12,8 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
+from planner.budget import format_r_max
+
 
 def phase_medians(trace_file: Path | None) -> dict[str, dict[str, float]]:
     """``{"upper": {action: ms}, "stable": {...}, "stable_ratio": {action: mean ratio}}`` of one rank."""
@@ -59,7 +61,7 @@ def draw(meta: dict | None, medians: dict[str, dict[str, float]], plan_path: Pat
             from planner.plan import load_plan
 
             plan = load_plan(plan_path)
-            panels.append((f"planned (r_max {plan.r_max})", {a: ap.duration for a, ap in plan.actions.items()}))
+            panels.append((f"planned (r_max {format_r_max(plan.r_max)})", {a: ap.duration for a, ap in plan.actions.items()}))
             ratios.append({a: ap.freeze_ratio for a, ap in plan.actions.items()})
         if "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
             panels.append(("measured, stable phase (mean applied ratios)", medians["stable"]))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from planner.budget import format_r_max
 from planner.errors import PlannerError
 
 
@@ -63,7 +64,7 @@ class Planner:
                 raise PlannerError(f"{plan}: plan has no entry for action {missing[0]!r} of the trace")
             panels: list[tuple[str, dict[str, float]]] = [
                 ("measured, nothing frozen (upper bound)", node_weights(tr).w_max),
-                (f"planned, r_max={p.r_max:g}", {a: p.actions[a].duration for a in actions}),
+                (f"planned, r_max={format_r_max(p.r_max)}", {a: p.actions[a].duration for a in actions}),
             ]
             ratios: list[dict[str, float] | None] = [None, {a: p.actions[a].freeze_ratio for a in actions}]
             stable = stable_panel(tr)
