@@ -20,6 +20,13 @@ Job kinds, per schedule and repeat:
 * ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[freeze] cpu_pinning = false``, next to the
   pinned ``phases`` runs of the same schedule.
 
+Where the stable error comes from (``decompose``, from a run's trace and metrics, per stable step ``k``):
+measured batch ``M_k`` / predicted ``P_k`` = (``M_k / L_k``) x (``L_k / P_k``), with ``L_k`` the DAG's longest
+path over the step's *measured* action times plus the plan's delays on cross-rank edges. ``M_k / L_k - 1``
+is what the DAG model misses given the true action times (Python and scheduling between actions, waits
+the edges do not carry); ``L_k / P_k - 1`` is how far the actions themselves ran from the plan's estimates.
+Both are reported as medians over the stable steps.
+
 Outputs under ``--out``: ``results.jsonl`` (one line per job, the resume record), ``bench_runtime.csv``
 and ``bench_runtime.md`` (median [min, max] over the repeats). Job dumps (traces, logs) go to
 ``--dumps``.
@@ -140,6 +147,7 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
         "load_started": bool(hog),
     }
     res["share_pct"] = _share(res["speedup_measured"], res["speedup_predicted"])
+    res.update(decompose(dump))
     replans = s.get("replans") or []
     if load and replans:
         last = replans[-1]
@@ -152,6 +160,36 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
                         "pred_after_planned_ms": pl, "pred_after_no_freeze_ms": nf,
                         "error_after_pct": 100 * (st / pl - 1), "share_after_pct": _share(nf / st, nf / pl)})
     return res
+
+
+def decompose(dump: Path) -> dict:
+    """``{"model_gap_pct", "action_drift_pct"}`` of a phases run (module docstring); {} without a trace."""
+    from planner.comm import estimate_edge_delays
+    from planner.dag import build_dag, longest_path
+    from planner.trace import load_trace
+
+    out = Path(dump) / "timelyfreeze"
+    if not (out / "trace" / "meta.json").exists():
+        return {}
+    trace = load_trace(out / "trace")
+    edges = estimate_edge_delays(trace)
+    dag = build_dag(trace.meta)
+    rows = {m["step"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if m.get("phase") == "stable" and m.get("predicted_batch_ms")}
+    steps: dict[int, dict[str, float]] = {}
+    for rec in trace.records:
+        if rec.step in rows and rec.replica == 0:
+            steps.setdefault(rec.step, {})[rec.action] = rec.ms
+    gap, drift = [], []
+    for k, durations in steps.items():
+        if len(durations) != len(trace.meta.all_actions()):
+            continue
+        length = longest_path(dag, durations, edges)[0]
+        gap.append(rows[k]["batch_ms"] / length - 1)
+        drift.append(length / rows[k]["predicted_batch_ms"] - 1)
+    if not gap:
+        return {}
+    return {"model_gap_pct": 100 * statistics.median(gap), "action_drift_pct": 100 * statistics.median(drift)}
 
 
 def _share(measured: float, predicted: float) -> float:
@@ -209,6 +247,19 @@ def run(opts) -> list[dict]:  # noqa: ANN001
     return [done[j] for j in jobs]
 
 
+def _reanalyse(opts) -> None:  # noqa: ANN001
+    path = Path(opts.out) / "results.jsonl"
+    if not path.exists():
+        return
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in rows:
+        if r["kind"] != "overhead":
+            r.update(decompose(Path(opts.dumps) / f"{r['kind']}_{r['schedule']}_{r['repeat']}"))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
 def agg(vals: list[float], fmt: str) -> str:
     vals = [v for v in vals if v is not None and not math.isnan(v)]
     if not vals:
@@ -226,15 +277,17 @@ def report(rows: list[dict], opts) -> str:  # noqa: ANN001
              f"debug model, {opts.size_text}; r_max {opts.r_max}; per job warm-up {WARMUP}, monitoring "
              f"{opts.monitor} + {opts.monitor}, ramp {opts.ramp}, stable {opts.stable} steps. Median [min, max] over "
              "the runs (n = runs).", ""]
-    lines += ["| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | speed-up "
-              "measured / predicted | achieved share | re-plans per run | avg freeze ratio |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | of which: "
+              "model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
+              "| avg freeze ratio |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for s in opts.schedules:
         ph, ov = of("phases", s), of("overhead", s)
         lines.append(
             f"| {s} | {len(ph)} | {agg([r['overhead_pct'] for r in ov], '+.2f')} % | "
             f"{agg([r['stable_ms'] for r in ph], '.0f')} / {agg([r['pred_planned_ms'] for r in ph], '.0f')} | "
-            f"{agg([r['error_pct'] for r in ph], '+.1f')} % | {agg([r['speedup_measured'] for r in ph], '.3f')}x / "
+            f"{agg([r['error_pct'] for r in ph], '+.1f')} % | {agg([r.get('model_gap_pct') for r in ph], '+.1f')} % / "
+            f"{agg([r.get('action_drift_pct') for r in ph], '+.1f')} % | {agg([r['speedup_measured'] for r in ph], '.3f')}x / "
             f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
             f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |")
     if opts.load_change:
@@ -303,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp-replicate", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--small", action="store_true", help="4 microbatches of 128 tokens instead of 8 of 256")
+    ap.add_argument("--reanalyse", action="store_true",
+                    help="recompute the error decomposition of finished phases jobs from their dumps, then report")
     opts = ap.parse_args(argv)
     for name in ("dp_shard", "dp_replicate", "tp", "repeats", "pairs", "monitor", "ramp", "stable", "load_stable"):
         if getattr(opts, name) < 1:
@@ -323,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         opts.layout += ["--training.local_batch_size", "4", "--training.seq_len", "128"]
     opts.out = str((REPO_ROOT / opts.out).resolve())
     opts.dumps = str((REPO_ROOT / opts.dumps).resolve())
+    if opts.reanalyse:
+        _reanalyse(opts)
     try:
         rows = run(opts)
     except BenchError as e:
