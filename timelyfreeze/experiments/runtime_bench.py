@@ -27,9 +27,10 @@ is what the DAG model misses given the true action times (Python and scheduling 
 the edges do not carry); ``L_k / P_k - 1`` is how far the actions themselves ran from the plan's estimates.
 Both are reported as medians over the stable steps.
 
-Outputs under ``--out``: ``results.jsonl`` (one line per job, the resume record), ``bench_runtime.csv``
-and ``bench_runtime.md`` (median [min, max] over the repeats). Job dumps (traces, logs) go to
-``--dumps``.
+Outputs under ``--out``: ``results.jsonl`` (one line per job, the resume record, keyed by kind, schedule,
+repeat and layout: a re-run with the same layout skips what is done), ``bench_runtime.csv`` and
+``bench_runtime.md`` (median [min, max] over the repeats; a layout other than the embedded default writes
+``bench_runtime_<layout>.md``). Job dumps (traces, logs) go to ``--dumps``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ CONFIG = {
     "Interleaved1F1B": "llama3_debug_interleaved1f1b_cpu.toml",
     "ZBVZeroBubble": "llama3_debug_zbv_cpu.toml",
 }
+DEFAULT_LAYOUT = "PP=2; seq 256, 8 microbatches"
+"""The layout of a result line without a ``layout`` field (the embedded default)."""
 WARMUP = 3
 """Warm-up steps of every job (the first steps of a process are slow: allocator, caches)."""
 
@@ -221,13 +224,14 @@ def run(opts) -> list[dict]:  # noqa: ANN001
     if results_path.exists():
         for line in results_path.read_text().splitlines():
             r = json.loads(line)
-            done[(r["kind"], r["schedule"], r["repeat"])] = r
+            if r.get("layout", DEFAULT_LAYOUT) == opts.layout_key:
+                done[(r["kind"], r["schedule"], r["repeat"])] = r
     jobs = plan_jobs(opts)
     todo = [j for j in jobs if j not in done]
     print(f"{len(jobs)} jobs, {len(jobs) - len(todo)} already done ({results_path})", flush=True)
     durations: list[float] = []
     for n, (kind, s, i) in enumerate(todo, 1):
-        dump = Path(opts.dumps) / f"{kind}_{s}_{i}"
+        dump = Path(opts.dumps) / job_dir_name(kind, s, i, opts)
         t0 = time.time()
         print(f"[{n}/{len(todo)}] {kind} {s} #{i} ...", end=" ", flush=True)
         if kind == "overhead":
@@ -236,7 +240,7 @@ def run(opts) -> list[dict]:  # noqa: ANN001
             res = phases_job(s, dump, opts, extra=["--freeze.no-cpu-pinning"] if kind == "unpinned" else [],
                              load=kind == "load")
         durations.append(time.time() - t0)
-        rec = {"kind": kind, "schedule": s, "repeat": i, "seconds": round(durations[-1], 1),
+        rec = {"kind": kind, "schedule": s, "repeat": i, "layout": opts.layout_key, "seconds": round(durations[-1], 1),
                "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadavg_1m": os.getloadavg()[0], **res}
         with open(results_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
@@ -254,10 +258,20 @@ def _reanalyse(opts) -> None:  # noqa: ANN001
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     for r in rows:
         if r["kind"] != "overhead":
-            r.update(decompose(Path(opts.dumps) / f"{r['kind']}_{r['schedule']}_{r['repeat']}"))
+            if r.get("layout", DEFAULT_LAYOUT) == opts.layout_key:
+                r.update(decompose(Path(opts.dumps) / job_dir_name(r["kind"], r["schedule"], r["repeat"], opts)))
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, path)
+
+
+def layout_tag(opts) -> str:  # noqa: ANN001
+    """``""`` for the embedded default's layout, else ``_`` and the layout key in file-name characters."""
+    return "" if opts.layout_key == DEFAULT_LAYOUT else "_" + "".join(c if c.isalnum() else "-" for c in opts.layout_key)
+
+
+def job_dir_name(kind: str, schedule: str, repeat: int, opts) -> str:  # noqa: ANN001
+    return f"{kind}_{schedule}_{repeat}{layout_tag(opts)}"
 
 
 def agg(vals: list[float], fmt: str) -> str:
@@ -272,6 +286,7 @@ def agg(vals: list[float], fmt: str) -> str:
 def report(rows: list[dict], opts) -> str:  # noqa: ANN001
     def of(kind: str, s: str) -> list[dict]:
         return [r for r in rows if r["kind"] == kind and r["schedule"] == s]
+    # (rows: this layout's jobs only, as ``run`` returns them)
 
     lines = [f"Machine: {os.cpu_count()} CPU cores, torch CPU/gloo, {opts.nproc} ranks ({opts.layout_text}), llama3 "
              f"debug model, {opts.size_text}; r_max {opts.r_max}; per job warm-up {WARMUP}, monitoring "
@@ -376,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.size_text = "seq 128, 4 microbatches" if opts.small else "seq 256, 8 microbatches"
     if opts.small:
         opts.layout += ["--training.local_batch_size", "4", "--training.seq_len", "128"]
+    opts.layout_key = f"{opts.layout_text}; {opts.size_text}"
     opts.out = str((REPO_ROOT / opts.out).resolve())
     opts.dumps = str((REPO_ROOT / opts.dumps).resolve())
     if opts.reanalyse:
@@ -388,6 +404,6 @@ def main(argv: list[str] | None = None) -> int:
     text = report(rows, opts)
     print("\n" + text)
     out = Path(opts.out)
-    write_csv(rows, out / "bench_runtime.csv")
-    (out / "bench_runtime.md").write_text(text + "\n")
+    write_csv(rows, out / f"bench_runtime{layout_tag(opts)}.csv")
+    (out / f"bench_runtime{layout_tag(opts)}.md").write_text(text + "\n")
     return 0
