@@ -342,11 +342,17 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+def _fail(msg: str) -> None:
+    """Bad input: one ``error:`` line, exit code 2."""
+    print(f"error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _schedules(text: str, flag: str) -> list[str]:
     out = [s.strip() for s in text.split(",") if s.strip()]
     for s in out:
         if s not in CONFIG:
-            raise SystemExit(f"error: {flag}: unknown schedule {s!r} (choose from {', '.join(CONFIG)})")
+            _fail(f"{flag}: unknown schedule {s!r} (choose from {', '.join(CONFIG)})")
     return out
 
 
@@ -376,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     opts = ap.parse_args(argv)
     for name in ("dp_shard", "dp_replicate", "tp", "repeats", "pairs", "monitor", "ramp", "stable", "load_stable"):
         if getattr(opts, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')}: must be >= 1, got {getattr(opts, name)}")
+            _fail(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(opts, name)}")
     if not 0 <= opts.r_max <= 1:
-        raise SystemExit(f"error: --r-max: must lie in [0, 1], got {opts.r_max}")
+        _fail(f"--r-max: must lie in [0, 1], got {opts.r_max}")
     opts.schedules = _schedules(opts.schedules, "--schedules")
     opts.load_change = _schedules(opts.load_change, "--load-change")
     opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")
