@@ -14,7 +14,7 @@ def opts(**kw):
     o = SimpleNamespace(schedules=["1F1B", "ZBVZeroBubble"], repeats=2, skip_overhead=False, load_change=["1F1B"],
                         load_repeats=1, pinning_ab=["1F1B"], layout_key=rb.DEFAULT_LAYOUT, nproc=2,
                         layout_text="PP=2", size_text="seq 256, 8 microbatches", r_max=0.8, monitor=4, ramp=3,
-                        stable=12)
+                        stable=12, load_core=None)
     o.__dict__.update(kw)
     return o
 
@@ -51,7 +51,7 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
     text = rb.report(rows, opts())
     assert "| 1F1B | 2 | +0.50 % | 100 [100, 100] / 95 [95, 95] |" in text
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
-    assert "| 1F1B | 1 | 1 | 6 |" in text  # first re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
+    assert "| 1F1B | 1 | 1 | 6 |" in text  # the last re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
     assert "| 1F1B | off | 1 |" in text
 
 

@@ -98,10 +98,11 @@ class Freeze:
     """Stable steps whose median drift must lie beyond ``replan_threshold`` for a re-plan (also the steps
     whose median scales the re-plan uses)."""
 
-    cpu_pinning: bool = True
+    cpu_pinning: bool = False
     """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
     least as many cores as local ranks), so that ranks do not share a core while another idles
-    (``timelyfreeze.cpu_shims.pin_cpu_cores``). Ignored on CUDA hosts."""
+    (``timelyfreeze.cpu_shims.pin_cpu_cores``). Ignored on CUDA hosts. Off by default: on the 2-core test
+    machine, with one core per rank, pinned runs were not faster (README, "Runtime benchmark")."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""

@@ -13,12 +13,13 @@ Job kinds, per schedule and repeat:
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
   medians of the upper and stable phases and the monitoring plan (``plan.json``).
 * ``load`` (``--load-change``): a ``phases`` run with a CPU-bound co-tenant process started when the stable
-  phase begins (the bench watches ``metrics.jsonl``) and stopped when the job ends. Reported against the
+  phase begins (the bench watches ``metrics.jsonl``) and stopped when the job ends; ``--load-core N`` pins
+  it to core N (kind ``load_coreN``), so that the rank pinned there is the one slowed. Reported against the
   plan in force after the last re-plan: error over the steps after it, and the share
   ``(no_freeze' / stable' - 1) / (no_freeze' / planned' - 1)`` with that plan's own predicted no-freeze and
   planned batch times (the upper bound is not re-measured under the new load).
 * ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[freeze] cpu_pinning = false``, next to the
-  pinned ``phases`` runs of the same schedule.
+  ``phases`` runs of the same schedule, which (like ``load`` and ``overhead``) run with ``cpu_pinning = true``.
 
 Where the stable error comes from (``decompose``, from a run's trace and metrics, per stable step ``k``):
 measured batch ``M_k`` / predicted ``P_k`` = (``M_k / L_k``) x (``L_k / P_k``), with ``L_k`` the DAG's longest
@@ -101,7 +102,7 @@ def cycle_args(r_max: float, monitor: int, ramp: int, stable: int) -> list[str]:
 
 def overhead_job(schedule: str, dump: Path, opts) -> dict:  # noqa: ANN001 - argparse namespace
     torchrun(["-m", "timelyfreeze.experiments.overhead_trainer"], CONFIG[schedule], dump, opts.nproc, opts.layout,
-             cycle_args(0.0, 2, 1, 2 * opts.pairs))
+             [*cycle_args(0.0, 2, 1, 2 * opts.pairs), "--freeze.cpu-pinning"])
     rows = [r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"]
     by_step = {r["step"]: r for r in rows}
     diffs = [by_step[s]["s"] - by_step[s + 1]["s"] for s in by_step
@@ -118,22 +119,32 @@ def _phase_median(metrics: list[dict], phase: str) -> float:
     return statistics.median(vals) if vals else float("nan")
 
 
-def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: bool = False) -> dict:  # noqa: ANN001
+def load_kind(opts) -> str:  # noqa: ANN001
+    """``load``, or ``load_core<N>`` for a co-tenant pinned to core N."""
+    return "load" if opts.load_core is None else f"load_core{opts.load_core}"
+
+
+def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: bool = False,  # noqa: ANN001
+               load_core: int | None = None) -> dict:
     stable = opts.load_stable if load else opts.stable
     hog: list[subprocess.Popen] = []
 
     def on_row(row: dict) -> None:
         if load and not hog and row.get("phase") in ("progressive", "stable") and row["step"] >= ramp_end:
-            hog.append(subprocess.Popen([sys.executable, "-c", "while True: pass"]))
+            pin = f"import os\nos.sched_setaffinity(0, {{{load_core}}})\n" if load_core is not None else ""
+            hog.append(subprocess.Popen([sys.executable, "-c", pin + "while True:\n    pass\n"]))
 
     ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
     try:
         torchrun(["-m", "timelyfreeze.train"], CONFIG[schedule], dump, opts.nproc, opts.layout,
                  [*cycle_args(opts.r_max, opts.monitor, opts.ramp, stable), *extra], on_row=on_row)
     finally:
+        alive = bool(hog) and all(p.poll() is None for p in hog)
         for p in hog:
             p.kill()
             p.wait()
+    if load and not alive:
+        raise BenchError(f"the co-tenant process {'never started' if not hog else 'died'} ({dump})")
     out = dump / "timelyfreeze"
     s = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -210,7 +221,7 @@ def plan_jobs(opts) -> list[tuple[str, str, int]]:  # noqa: ANN001
             jobs.append(("phases", s, i))
         for s in opts.load_change:
             if i < opts.load_repeats:
-                jobs.append(("load", s, i))
+                jobs.append((load_kind(opts), s, i))
         for s in opts.pinning_ab:
             jobs.append(("unpinned", s, i))
     return jobs
@@ -237,8 +248,10 @@ def run(opts) -> list[dict]:  # noqa: ANN001
         if kind == "overhead":
             res = overhead_job(s, dump, opts)
         else:
-            res = phases_job(s, dump, opts, extra=["--freeze.no-cpu-pinning"] if kind == "unpinned" else [],
-                             load=kind == "load")
+            # every job but the A/B's other half runs pinned, as the results so far were measured
+            pin = "--freeze.no-cpu-pinning" if kind == "unpinned" else "--freeze.cpu-pinning"
+            res = phases_job(s, dump, opts, extra=[pin],
+                             load=kind.startswith("load"), load_core=opts.load_core)
         durations.append(time.time() - t0)
         rec = {"kind": kind, "schedule": s, "repeat": i, "layout": opts.layout_key, "seconds": round(durations[-1], 1),
                "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadavg_1m": os.getloadavg()[0], **res}
@@ -306,19 +319,22 @@ def report(rows: list[dict], opts) -> str:  # noqa: ANN001
             f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
             f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |")
     if opts.load_change:
-        lines += ["", "With a CPU-bound co-tenant started at the first stable step:", "",
-                  "| schedule | n | runs that re-planned | first re-plan after stable step | stable after the last "
+        where = "free to move between cores" if opts.load_core is None else f"pinned to core {opts.load_core}"
+        lines += ["", f"With a CPU-bound co-tenant ({where}) started at the first stable step:", "",
+                  "| schedule | n | runs that re-planned | last re-plan after stable step | stable after the last "
                   "re-plan: measured / predicted (ms) | error vs the re-plan | share vs the re-plan | "
-                  "share vs the monitoring plan |", "|---|---|---|---|---|---|---|---|"]
+                  "share vs the monitoring plan | whole stable phase: model gap / action drift |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
         for s in opts.load_change:
-            ld = of("load", s)
+            ld = of(load_kind(opts), s)
             rp = [r for r in ld if "replan_step" in r]
             lines.append(
                 f"| {s} | {len(ld)} | {len(rp)} | {agg([r['replan_step'] - ramp_end for r in rp], '.0f')} | "
                 f"{agg([r['stable_after_ms'] for r in rp], '.0f')} / {agg([r['pred_after_planned_ms'] for r in rp], '.0f')} | "
                 f"{agg([r['error_after_pct'] for r in rp], '+.1f')} % | {agg([r['share_after_pct'] for r in rp], '.0f')} % | "
-                f"{agg([r['share_pct'] for r in ld], '.0f')} % |")
+                f"{agg([r['share_pct'] for r in ld], '.0f')} % | {agg([r.get('model_gap_pct') for r in ld], '+.1f')} % / "
+                f"{agg([r.get('action_drift_pct') for r in ld], '+.1f')} % |")
     if opts.pinning_ab:
         lines += ["", "CPU pinning (`[freeze] cpu_pinning`), the same job pinned (the `phases` runs) and not:", "",
                   "| schedule | pinning | n | upper (ms) | stable (ms) | stable error | achieved share |",
@@ -369,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--r-max", type=float, default=0.8)
     ap.add_argument("--load-change", default="", help="schedules that also run with a co-tenant (comma list)")
     ap.add_argument("--load-repeats", type=int, default=5)
+    ap.add_argument("--load-core", type=int, default=None,
+                    help="pin the co-tenant to this core (the rank pinned there slows; default: free to move)")
     ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--out", default="docs/results/runtime")
