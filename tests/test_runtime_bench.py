@@ -45,13 +45,13 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
                 "speedup_predicted": 1.25, "share_pct": share, "replans": 1, "avg_freeze_ratio": 0.5, "upper_ms": 120.0}
     rows = [phases("1F1B", 0, 80.0), phases("1F1B", 1, 90.0), phases("ZBVZeroBubble", 0, 70.0),
             {"kind": "overhead", "schedule": "1F1B", "repeat": 0, "overhead_pct": 0.5},
-            {"kind": "load", "schedule": "1F1B", "repeat": 0, "share_pct": 10.0, "replan_step": 20,
+            {"kind": "load", "schedule": "1F1B", "repeat": 0, "share_pct": 10.0, "replans": 2, "replan_step": 20,
              "stable_after_ms": 150.0, "pred_after_planned_ms": 140.0, "error_after_pct": 7.0, "share_after_pct": 60.0},
             dict(phases("1F1B", 0, 50.0), kind="unpinned")]
     text = rb.report(rows, opts())
     assert "| 1F1B | 2 | +0.50 % | 100 [100, 100] / 95 [95, 95] |" in text
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
-    assert "| 1F1B | 1 | 1 | 6 |" in text  # the last re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
+    assert "| 1F1B | 1 | 1 | 6 |" in text  # the first re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
     assert "| 1F1B | off | 1 |" in text
 
 

@@ -162,18 +162,36 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
     }
     res["share_pct"] = _share(res["speedup_measured"], res["speedup_predicted"])
     res.update(decompose(dump))
-    replans = s.get("replans") or []
-    if load and replans:
-        last = replans[-1]
-        plan = json.loads(Path(last["plan"]).read_text())
-        after = [m for m in stable_rows if m["step"] > last["step"]]
-        if after:
-            st = statistics.median(m["batch_ms"] for m in after)
-            nf, pl = plan["batch_time_ms"]["no_freeze"], plan["batch_time_ms"]["planned"]
-            res.update({"replan_step": last["step"], "steps_after": len(after), "stable_after_ms": st,
-                        "pred_after_planned_ms": pl, "pred_after_no_freeze_ms": nf,
-                        "error_after_pct": 100 * (st / pl - 1), "share_after_pct": _share(nf / st, nf / pl)})
+    if load:
+        res.update(after_replan(dump))
     return res
+
+
+def after_replan(dump: Path) -> dict:
+    """A load run after its first re-plan: per stable step ``k`` the plan in force (the latest re-plan
+    before ``k``) predicts ``P_k`` (planned) and ``N_k`` (no-freeze, under the load it was re-planned for);
+    medians over those steps of ``M_k / P_k - 1`` and of the share ``(N_k / M_k - 1) / (N_k / P_k - 1)``.
+    {} without a re-plan that has stable steps after it."""
+    out = Path(dump) / "timelyfreeze"
+    s = json.loads((out / "summary.json").read_text())
+    replans = s.get("replans") or []
+    if not replans:
+        return {}
+    plans = [(e["step"], json.loads(Path(e["plan"]).read_text())["batch_time_ms"]) for e in replans]
+    errors, shares, measured, planned = [], [], [], []
+    for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()):
+        if m.get("phase") != "stable" or m["step"] <= plans[0][0]:
+            continue
+        bt = [b for step, b in plans if step < m["step"]][-1]
+        errors.append(m["batch_ms"] / bt["planned"] - 1)
+        shares.append(_share(bt["no_freeze"] / m["batch_ms"], bt["no_freeze"] / bt["planned"]))
+        measured.append(m["batch_ms"])
+        planned.append(bt["planned"])
+    if not errors:
+        return {}
+    return {"replan_step": plans[0][0], "steps_after": len(errors), "stable_after_ms": statistics.median(measured),
+            "pred_after_planned_ms": statistics.median(planned), "error_after_pct": 100 * statistics.median(errors),
+            "share_after_pct": statistics.median(shares)}
 
 
 def decompose(dump: Path) -> dict:
@@ -272,7 +290,13 @@ def _reanalyse(opts) -> None:  # noqa: ANN001
     for r in rows:
         if r["kind"] != "overhead":
             if r.get("layout", DEFAULT_LAYOUT) == opts.layout_key:
-                r.update(decompose(Path(opts.dumps) / job_dir_name(r["kind"], r["schedule"], r["repeat"], opts)))
+                dump = Path(opts.dumps) / job_dir_name(r["kind"], r["schedule"], r["repeat"], opts)
+                r.update(decompose(dump))
+                if r["kind"].startswith("load") and (dump / "timelyfreeze" / "summary.json").exists():
+                    for k in ("replan_step", "steps_after", "stable_after_ms", "pred_after_planned_ms",
+                              "pred_after_no_freeze_ms", "error_after_pct", "share_after_pct"):
+                        r.pop(k, None)
+                    r.update(after_replan(dump))
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     os.replace(tmp, path)
@@ -321,8 +345,8 @@ def report(rows: list[dict], opts) -> str:  # noqa: ANN001
     if opts.load_change:
         where = "free to move between cores" if opts.load_core is None else f"pinned to core {opts.load_core}"
         lines += ["", f"With a CPU-bound co-tenant ({where}) started at the first stable step:", "",
-                  "| schedule | n | runs that re-planned | last re-plan after stable step | stable after the last "
-                  "re-plan: measured / predicted (ms) | error vs the re-plan | share vs the re-plan | "
+                  "| schedule | n | runs that re-planned | first re-plan after stable step | stable after the first "
+                  "re-plan: measured / predicted (ms) | error vs the plan in force | share vs the plan in force | "
                   "share vs the monitoring plan | whole stable phase: model gap / action drift |",
                   "|---|---|---|---|---|---|---|---|---|"]
         ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
@@ -330,7 +354,8 @@ def report(rows: list[dict], opts) -> str:  # noqa: ANN001
             ld = of(load_kind(opts), s)
             rp = [r for r in ld if "replan_step" in r]
             lines.append(
-                f"| {s} | {len(ld)} | {len(rp)} | {agg([r['replan_step'] - ramp_end for r in rp], '.0f')} | "
+                f"| {s} | {len(ld)} | {sum(1 for r in ld if r['replans'])} | "
+                f"{agg([r['replan_step'] - ramp_end for r in rp], '.0f')} | "
                 f"{agg([r['stable_after_ms'] for r in rp], '.0f')} / {agg([r['pred_after_planned_ms'] for r in rp], '.0f')} | "
                 f"{agg([r['error_after_pct'] for r in rp], '+.1f')} % | {agg([r['share_after_pct'] for r in rp], '.0f')} % | "
                 f"{agg([r['share_pct'] for r in ld], '.0f')} % | {agg([r.get('model_gap_pct') for r in ld], '+.1f')} % / "
