@@ -159,7 +159,7 @@ def test_a_failed_plan_is_reported_in_the_summary(monkeypatch):
     from timelyfreeze.summary import format_summary
 
     rt = rt_mod.FreezeRuntime.__new__(rt_mod.FreezeRuntime)
-    rt.cfg, rt.step, rt.failures = Freeze(enable=True), 6, []
+    rt.cfg, rt.step, rt.failures, rt.r_max = Freeze(enable=True), 6, [], 0.8
     rt.method, rt.meta, rt.monitor_records = make(), {"schedule": "1F1B"}, []  # meta the planner rejects
     rt.trace_dir = rt.plan_path = None
     rt.job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
