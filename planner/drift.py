@@ -88,12 +88,20 @@ def planned_durations(weights: NodeWeights, ratios: Mapping[str, float],
     return out
 
 
+def planned_batch(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float],
+                  edge_ms: EdgeDelays | None = None) -> float:
+    """The longest path of the planned durations (with the delays): what :func:`drift` compares with."""
+    return longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
+
+
 def drift(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float],
-          edge_ms: EdgeDelays | None = None) -> float:
+          edge_ms: EdgeDelays | None = None, base: float | None = None) -> float:
     """Relative drift of the batch time under ``scales``: ``longest path(planned durations x scale) /
     longest path(planned durations) - 1`` (0 for an empty plan); ``edge_ms``: the plan's delays on
-    cross-rank edges (``planner.comm``), the same in both paths."""
-    base = longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
+    cross-rank edges (``planner.comm``), the same in both paths. ``base``: :func:`planned_batch` of the same
+    arguments, when the caller keeps it (it is constant while the plan is)."""
+    if base is None:
+        base = planned_batch(dag, weights, ratios, edge_ms)
     if base <= 0:
         return 0.0
     return longest_path(dag, planned_durations(weights, ratios, scales), edge_ms)[0] / base - 1.0

@@ -26,6 +26,18 @@ from planner.trace import NodeWeights, TraceMeta
 
 
 class Replanner:
+    @classmethod
+    def for_run(cls, cfg, meta: dict) -> "Replanner | None":  # noqa: ANN001 - timelyfreeze.config.Freeze
+        """The re-planner of a run with ``[freeze]`` settings ``cfg`` and trace ``meta`` (a ``meta.json``
+        dict), or None where re-planning is off or the method has no plan."""
+        from planner.trace import validate_meta
+
+        from timelyfreeze.config import PLANNED_METHODS
+
+        if not (cfg.replan and cfg.method in PLANNED_METHODS):
+            return None
+        return cls(validate_meta(meta, "meta.json"), cfg.replan_threshold, cfg.replan_patience)
+
     def __init__(self, meta: TraceMeta, threshold: float, patience: int):
         self.meta = meta
         self.threshold = float(threshold)
@@ -52,6 +64,7 @@ class Replanner:
         self.ratios = {a: float(r) for a, r in ratios.items()}
         self.batch_ms = dict(batch_ms)
         self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
+        self._base = plan_drift.planned_batch(self._dag, self.weights, self.ratios, self.edge_ms)
         self.window = []
 
     def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
@@ -65,7 +78,7 @@ class Replanner:
         """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
         if self.weights is None or not scales:
             return None
-        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms)
+        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms, self._base)
         self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience:]
         return d
 

@@ -28,7 +28,7 @@ from planner.drift import max_scales
 from planner.fileio import write_json_atomically
 
 from timelyfreeze import freeze_state, planning, stage_hooks, summary as run_summary, timeline
-from timelyfreeze.config import PLANNED_METHODS, Freeze, Phases, knob_of
+from timelyfreeze.config import Freeze, Phases, knob_of
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
@@ -278,13 +278,9 @@ class FreezeRuntime:
     def _start_replanner(self, result: dict) -> None:
         """Watch the plan ``result`` (``planning.plan_result``) for drift, where re-planning is on."""
         self._pending_plan = None
-        if not (self.cfg.replan and self.cfg.method in PLANNED_METHODS):
-            return
-        from planner.trace import validate_meta
-
-        self.replanner = Replanner(validate_meta(self.meta, "meta.json"), self.cfg.replan_threshold,
-                                   self.cfg.replan_patience)
-        self.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
+        self.replanner = Replanner.for_run(self.cfg, self.meta)
+        if self.replanner is not None:
+            self.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
 
     def _replan(self, step: int, row: dict) -> None:
         """Re-plan after ``step`` (every rank, collective): from the current node weights rescaled by the
@@ -372,14 +368,14 @@ class FreezeRuntime:
     def _restore_replanner(self, st: dict) -> Replanner | None:
         """The saved re-planning state on this run's schedule (None where none was saved, or re-planning is
         off now); ``FreezeStateError`` naming what does not fit."""
-        if st["replan"] is None or st["meta"] is None or not (self.cfg.replan and self.cfg.method in PLANNED_METHODS):
+        if st["replan"] is None or st["meta"] is None:
             return None
         from planner.errors import PlannerError
-        from planner.trace import validate_meta
 
         try:
-            rp = Replanner(validate_meta(st["meta"], "meta"), self.cfg.replan_threshold, self.cfg.replan_patience)
-            rp.load_state_dict(st["replan"])
+            rp = Replanner.for_run(self.cfg, st["meta"])
+            if rp is not None:
+                rp.load_state_dict(st["replan"])
         except (PlannerError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise FreezeStateError(f"saved freezing state: replan: {planning.one_line(e)}") from None
         return rp
