@@ -18,9 +18,11 @@ The rule of :func:`estimate_edge_delays`:
   rank's order (``meta.rank_orders``) and ``end_p`` its end in that batch (``-inf`` when ``v`` is its rank's
   first action, which then needs no record of ``p``).  The sample ``start_v - end_u`` is *uncensored* only
   when ``end_p <= end_u``: ``v``'s rank was free when ``u``'s data became due, so ``v``'s start was set by
-  ``u``'s data.  Otherwise ``v`` waited for its own rank and the sample is discarded.  (Every action has at
-  most one cross-rank predecessor in these DAGs, so the rank predecessor is the only other thing ``v``
-  can have waited for.)  Batches missing a record of ``u``, ``v`` or ``p`` are skipped.
+  ``u``'s data.  Otherwise ``v`` waited for its own rank and the sample is discarded.  (Every action but a
+  DualPipeV pair has at most one cross-rank predecessor in these DAGs, so the rank predecessor is the only
+  other thing ``v`` can have waited for; a pair, which has one for each of its parts, also needs its other
+  cross-rank predecessor to have ended by ``end_u``.)  Batches missing a record of ``u``, ``v``, ``p`` (or
+  that other predecessor) are skipped.
 * An edge's delay is the median of its uncensored samples, clamped at ``>= 0``.  An edge with no
   uncensored sample (cross-host edges included) gets the *link* value: the median of all uncensored
   samples of all cross-rank edges, clamped at ``>= 0``, or 0 when there is none at all.
@@ -30,7 +32,6 @@ The rule of :func:`estimate_edge_delays`:
 
 from __future__ import annotations
 
-import math
 import statistics
 
 import networkx as nx
@@ -78,18 +79,20 @@ def estimate_edge_delays(trace: Trace) -> EdgeDelays:
     prev = {a: (order[i - 1] if i else None) for order in meta.rank_orders.values() for i, a in enumerate(order)}
     batches = list(_batches(trace).values())
     edges = cross_rank_edges(dag)
+    cross_preds: dict[str, list[str]] = {}
+    for u, v in edges:
+        cross_preds.setdefault(v, []).append(u)
     samples: dict[tuple[str, str], list[float]] = {}
     for u, v in edges:
         if hosts is not None and hosts[rank_of[u]] != hosts[rank_of[v]]:
             continue
-        p = prev[v]
+        waits = [w for w in [prev[v], *cross_preds[v]] if w is not None and w != u]
         got = samples.setdefault((u, v), [])
         for t in batches:
-            if u not in t or v not in t or (p is not None and p not in t):
+            if u not in t or v not in t or any(w not in t for w in waits):
                 continue
             end_u = t[u][1]
-            end_p = t[p][1] if p is not None else -math.inf
-            if end_p <= end_u:
+            if all(t[w][1] <= end_u for w in waits):
                 got.append(t[v][0] - end_u)
     pooled = [x for xs in samples.values() for x in xs]
     link = max(0.0, float(statistics.median(pooled))) if pooled else 0.0

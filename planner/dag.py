@@ -3,6 +3,9 @@
 Nodes are the batch's actions plus ``"source"`` and ``"sink"``.  Edges are the data dependencies
 (forward chain across stages, backward chain back across stages, F before its backward, I before its W)
 plus each rank's execution order, which is what makes the DAG schedule-specific (seeds digest 1.5).
+An ``OVERLAP_F_B`` pair (DualPipeV) is one node with the edges of both its parts: it starts when the
+inputs of its forward and of its backward are there and both parts' outputs are due at its end (torch
+sends them after the whole pair); its attributes ``stage``/``microbatch`` are its backward part's.
 Placement is taken from ``stage_to_rank``, so looped/interleaved and V-shaped placements need no
 special cases.  :func:`build_dag` returns a frozen graph (``nx.freeze``): its structure cannot change,
 which is what lets :func:`dag_index` cache its integer index.
@@ -38,13 +41,14 @@ def build_dag(meta: TraceMeta) -> nx.DiGraph:
     g = nx.DiGraph()
     g.add_node(SOURCE)
     g.add_node(SINK)
-    by_key: dict[tuple[int, str, int], str] = {}
+    by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes = []
     for r in sorted(meta.rank_orders):
         for a in meta.rank_orders[r]:
             act = parse_action(a)
             nodes.append((a, {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}))
-            by_key[(act.stage, act.kind, act.microbatch)] = a
+            for part in act.parts:
+                by_key[(part.stage, part.kind, part.microbatch)] = a
     g.add_nodes_from(nodes)
 
     edges: list[tuple[str, str]] = []
@@ -73,9 +77,9 @@ def build_dag(meta: TraceMeta) -> nx.DiGraph:
             i, w = by_key.get((s, "I", m)), by_key.get((s, "W", m))
             if i is not None and w is not None:
                 edges.append((i, w))
-    g.add_edges_from(edges)
+    g.add_edges_from((u, v) for u, v in edges if u != v)  # (a pair's parts never depend on each other)
 
-    actions = list(by_key.values())
+    actions = [a for a, _ in nodes]
     pred, succ = g.pred, g.succ
     heads = [a for a in actions if not pred[a]]
     tails = [a for a in actions if not succ[a]]

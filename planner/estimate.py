@@ -5,14 +5,14 @@ Two estimators turn a trace's ``upper``/``lower`` records into :class:`~planner.
 leave them unchanged; only the weights the LP sees differ.
 
 ``median`` (the default) is :func:`planner.trace.node_weights`: per replica, each action's own median of its
-``upper`` records (``w_max``) and of its ``lower`` records (``w_min``, kinds B/W only).
+``upper`` records (``w_max``) and of its ``lower`` records (``w_min``, freezable kinds B/W/OVERLAP_F_B only).
 
 ``pooled`` uses that every microbatch of a stage does the same work. Each action has only the records of
 its own monitoring steps (a handful), so the plain medians of the B actions of one stage scatter by noise
 alone, and the LP fits that noise (it freezes some microbatches fully and others not at all). Rule:
 
 * Group the records by (replica, stage, action kind, phase) with phase ``upper`` or ``lower`` (``lower``
-  only for the freezable kinds B and W, as in ``median``): one group holds every record of every
+  only for the freezable kinds B, W and OVERLAP_F_B, as in ``median``): one group holds every record of every
   microbatch of that stage and kind.
 * The group's pooled value is the median of all its ``N`` samples. Its spread is a robust scale,
   ``sigma = 1.4826 * MAD`` (``MAD``: median absolute deviation of the samples from the pooled value;
@@ -96,7 +96,7 @@ def _group_estimates(samples: dict[str, list[float]]) -> dict[str, Estimate]:
 def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     """``(replica, action, phase) -> Estimate`` of the ``pooled`` rule (module docstring), before the
     clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
-    ``upper`` for every action, ``lower`` for B and W."""
+    ``upper`` for every action, ``lower`` for the freezable kinds (B, W, OVERLAP_F_B)."""
     groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
     for rec in trace.records:
         act = parse_action(rec.action)

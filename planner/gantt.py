@@ -14,17 +14,26 @@ import os
 import statistics
 from collections.abc import Mapping, Sequence
 
-from .actions import parse_action
+from .actions import KINDS, PAIR, parse_action
 from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .trace import TraceMeta
 
-KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3"}
+KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
 FROZEN_COLOR = "#222222"
-KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad"}
+KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad",
+               PAIR: "F+B overlapped pair"}
 
 Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
+
+
+def _legend_width_in(meta: TraceMeta) -> float:
+    """Width (inches) the one-row legend needs at font size 8, with every entry it can show for ``meta``."""
+    kinds = {parse_action(a).kind for a in meta.all_actions()}
+    labels = [KIND_LABELS[k] for k in KINDS if k in kinds]
+    labels += ["frozen fraction (faded box, bar, label)", "critical path", "batch end"]
+    return sum(0.075 * len(label) + 0.45 for label in labels)
 
 
 def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:  # noqa: ANN001 - Trace
@@ -91,7 +100,7 @@ def plot_timeline(
     n_panels = len(solved)
     xmax = max(m for _, _, m, _, _ in solved) or 1.0
     longest_order = max((len(o) for o in meta.rank_orders.values()), default=1)
-    width_in = min(40.0, max(10.0, 0.3 * longest_order))
+    width_in = min(40.0, max(10.0, 0.3 * longest_order, _legend_width_in(meta)))
     height_in = 1.2 + n_panels * (0.55 * pp + 0.9)
     fig, axes = plt.subplots(
         n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False
@@ -137,7 +146,8 @@ def plot_timeline(
                 )
                 box_px = w * px_per_ms
                 fs = 7 if pp <= 8 else 6
-                label = a if not frozen else f"{a}\n{ratio:.2f}"
+                short = a[1:a.index(")")] if kind == PAIR else a  # "(0F3;3B1)OVERLAP_F_B" -> "0F3;3B1"
+                label = short if not frozen else f"{short}\n{ratio:.2f}"
                 text_pt = max(sum(char_pt(c, fs) for c in part) for part in label.split("\n"))
                 if box_px >= text_pt * fig.dpi / 72 + 4:
                     ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
@@ -152,7 +162,7 @@ def plot_timeline(
     axes[-1].set_xlim(0, xmax * 1.02)
     axes[-1].set_xlabel("time (ms), earliest start on the schedule DAG")
 
-    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in "FBIW" if k in kinds_seen]
+    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS if k in kinds_seen]
     if any_frozen:
         handles.append(Patch(facecolor=FROZEN_COLOR, label="frozen fraction (faded box, bar, label)"))
     handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.3, label="critical path"))

@@ -9,13 +9,17 @@ generators below re-derive torch's algorithms (``torch/distributed/pipelining/sc
   ``_step_microbatches`` loop, and their ``pipeline_order`` IR exists only for visualisation. The
   loop is the truth. (``Schedule1F1B._get_pipeline_order`` is off by one on the last rank: it lists
   ``F1..Fn`` instead of ``F0..F(n-1)``; the loop runs ``F0 B0 F1 B1 ...`` there.)
-* ``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble`` and ``ZBVZeroBubble`` are
+* ``Interleaved1F1B``, ``LoopedBFS``, ``InterleavedZeroBubble``, ``ZBVZeroBubble`` and ``DualPipeV`` are
   ``_PipelineScheduleRuntime`` schedules: the runtime executes the IR (lowered with comms, compute
   order unchanged), so the IR with its ``None`` slots removed is the executed order.
+* ``DualPipeV`` mixes full backwards (B), split ones (I then W) and ``OVERLAP_F_B`` pairs (a forward
+  and a full backward of the rank's two stages as one action, ``planner.actions.pair_action``), named
+  as torch names them: ``(0F3;3B1)OVERLAP_F_B``.
 
 Microbatch constraints are torch's: ``1F1B`` needs ``n >= num_stages``; the two interleaved ones need
 ``n`` to be a multiple of ``max(1, n // pp)`` (the number of rounds); ``ZBVZeroBubble`` needs exactly
-two stages per rank and accepts any ``n >= 1``.
+two stages per rank and accepts any ``n >= 1``; ``DualPipeV`` needs exactly two stages per rank and
+``n >= num_stages``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable
 
+from .actions import Action, pair_action
 from .errors import PlannerError
 from .trace import TRACE_FORMAT
 
@@ -33,11 +38,12 @@ SCHEDULES: tuple[str, ...] = (
     "LoopedBFS",
     "InterleavedZeroBubble",
     "ZBVZeroBubble",
+    "DualPipeV",
 )
 """Schedule names as ``pipeline_parallel_schedule`` (and torch's ``get_schedule_class``) spell them."""
 
 _SINGLE_STAGE = frozenset({"GPipe", "1F1B"})
-_V_STYLE = frozenset({"ZBVZeroBubble"})
+_V_STYLE = frozenset({"ZBVZeroBubble", "DualPipeV"})
 _ROUNDS = frozenset({"Interleaved1F1B", "InterleavedZeroBubble"})
 
 
@@ -75,8 +81,8 @@ def _check(schedule: str, pp: int, num_microbatches: int | None, spr: int | None
     if num_microbatches is None:
         return name, spr
     n = _positive_int(num_microbatches, "number of microbatches")
-    if name == "1F1B" and n < pp * spr:
-        raise PlannerError(f"1F1B needs at least as many microbatches as stages ({pp * spr}), got {n}")
+    if name in ("1F1B", "DualPipeV") and n < pp * spr:
+        raise PlannerError(f"{name} needs at least as many microbatches as stages ({pp * spr}), got {n}")
     if name in _ROUNDS:
         rounds = max(1, n // pp)
         if n % rounds:
@@ -88,7 +94,7 @@ def _check(schedule: str, pp: int, num_microbatches: int | None, spr: int | None
 
 
 def stage_to_rank(schedule: str, pp: int, stages_per_rank: int | None = None) -> list[int]:
-    """``result[s]`` is the rank running stage ``s``: looped (``s % pp``) or V-shaped for ZBV."""
+    """``result[s]`` is the rank running stage ``s``: looped (``s % pp``) or V-shaped (ZBV, DualPipeV)."""
     name, spr = _check(schedule, pp, None, stages_per_rank)
     num_stages = pp * spr
     if name in _V_STYLE:
@@ -99,7 +105,8 @@ def stage_to_rank(schedule: str, pp: int, stages_per_rank: int | None = None) ->
 
 # -- generators: each returns the executed compute actions of one rank as (stage, kind, microbatch) --
 
-Op = tuple[int, str, int]
+Op = tuple[int, str, int] | Action
+"""(stage, kind, microbatch), or an :class:`Action` (DualPipeV's pairs)."""
 
 
 def _gpipe(rank: int, pp: int, n: int) -> list[Op]:
@@ -220,6 +227,79 @@ def _zbv(rank: int, pp: int, n: int) -> list[Op]:
     return [op for op in ops if op[2] < n]
 
 
+def _dualpipev(rank: int, pp: int, n: int) -> list[Op]:
+    """``ScheduleDualPipeV._calculate_single_rank_operations``: V placement, chunk 0 = stage ``rank``,
+    chunk 1 = stage ``2pp-1-rank``; a backward's microbatch is its stage's count of backwards so far, a
+    W runs the oldest I still waiting for one.
+
+    1. ``2(pp-rank-1)`` chunk-0 forwards; 2. ``rank+1`` (F0, F1); 3. ``pp-rank-1`` (I1, pending W, F1);
+    4. ``n-2pp+rank+1`` times the pairs (F0+B1, F1+B0), the first of them unpaired (F0, B1) on the last
+    rank; 5. ``pp-rank-1`` (B1, F1+B0); 6. ``rank+1`` (backward 1, backward 0), split into I from the
+    middle one on (odd ranks from chunk 1 of it, even ranks from its chunk 0); 7. ``pp-rank-1``
+    (pending W, backward 0, split as step 6 left it); 8. ``rank+1`` pending W's."""
+    c0, c1 = rank, 2 * pp - 1 - rank
+    fwd: dict[int, int] = defaultdict(int)
+    bwd: dict[int, int] = defaultdict(int)
+    pending_w: deque[tuple[int, int]] = deque()
+    ops: list[Op] = []
+
+    def f(stage: int) -> None:
+        ops.append((stage, "F", fwd[stage]))
+        fwd[stage] += 1
+
+    def b(stage: int, split: bool = False) -> None:
+        ops.append((stage, "I" if split else "B", bwd[stage]))
+        if split:
+            pending_w.append((stage, bwd[stage]))
+        bwd[stage] += 1
+
+    def w() -> None:
+        if pending_w:
+            stage, mb = pending_w.popleft()
+            ops.append((stage, "W", mb))
+
+    def pair(f_stage: int, b_stage: int) -> None:
+        ops.append(pair_action(f_stage, fwd[f_stage], b_stage, bwd[b_stage]))
+        fwd[f_stage] += 1
+        bwd[b_stage] += 1
+
+    for _ in range(2 * (pp - rank - 1)):
+        f(c0)
+    for _ in range(rank + 1):
+        f(c0)
+        f(c1)
+    for _ in range(pp - rank - 1):
+        b(c1, split=True)
+        w()
+        f(c1)
+    for i in range(n - 2 * pp + rank + 1):
+        if i == 0 and rank == pp - 1:
+            f(c0)
+            b(c1)
+        else:
+            pair(c0, c1)
+        pair(c1, c0)
+    for _ in range(pp - rank - 1):
+        b(c1)
+        pair(c1, c0)
+    split = False
+    for i in range(rank + 1):
+        split |= i == (rank + 1) // 2 and rank % 2 == 1
+        b(c1, split)
+        split |= i == (rank + 1) // 2 and rank % 2 == 0
+        b(c0, split)
+    for _ in range(pp - rank - 1):
+        w()
+        b(c0, split)
+    for _ in range(rank + 1):
+        w()
+    return ops
+
+
+def _name(op: Op) -> str:
+    return str(op) if isinstance(op, Action) else f"{op[0]}{op[1]}{op[2]}"
+
+
 def rank_orders(
     schedule: str, pp: int, num_microbatches: int, stages_per_rank: int | None = None
 ) -> dict[int, list[str]]:
@@ -233,8 +313,9 @@ def rank_orders(
         "Interleaved1F1B": lambda r: _interleaved(r, pp, n, spr, zero_bubble=False),
         "InterleavedZeroBubble": lambda r: _interleaved(r, pp, n, spr, zero_bubble=True),
         "ZBVZeroBubble": lambda r: _zbv(r, pp, n),
+        "DualPipeV": lambda r: _dualpipev(r, pp, n),
     }[name]
-    return {r: [f"{s}{k}{m}" for s, k, m in gen(r)] for r in range(pp)}
+    return {r: [_name(op) for op in gen(r)] for r in range(pp)}
 
 
 def schedule_meta(

@@ -6,6 +6,8 @@ The timing model (all times in ms, per action, before jitter):
 * A full backward of stage ``s`` costs ``b_ms * scale[s]``; the weight-gradient part of it is
   ``w_share * b_ms * scale[s]`` and the input-gradient part the rest. Split-backward schedules
   (ZBV, InterleavedZeroBubble) run it as ``I`` (input part) and ``W`` (weight part), so ``B = I + W``.
+* A DualPipeV ``OVERLAP_F_B`` pair takes its forward's time plus its full backward's (no overlap gain:
+  torch runs the two parts one after the other unless a custom function overlaps them).
 * Freezing shrinks only the weight-gradient part, linearly in the frozen fraction ``r``; with
   everything frozen it is ``lower_share`` of its unfrozen value (the rest models the fixed overhead
   that remains: kernel launches, activation-grad bookkeeping). ``F`` and ``I`` never change.
@@ -44,9 +46,17 @@ def _check_number(value: object, what: str, lo: float, hi: float, hi_open: bool 
 
 
 def model_ms(action: str, *, f_ms: float, b_ms: float, w_share: float, lower_share: float,
-             scale: float, freeze_ratio: float) -> float:
-    """Model duration of one action (no jitter) when a fraction ``freeze_ratio`` of its stage is frozen."""
-    kind = parse_action(action).kind
+             scale: float, freeze_ratio: float, forward_scale: float | None = None) -> float:
+    """Model duration of one action (no jitter) when a fraction ``freeze_ratio`` of its stage is frozen.
+    An ``OVERLAP_F_B`` pair (DualPipeV) takes its forward's time (stage scale ``forward_scale``, default
+    ``scale``) plus its full backward's, which ``scale`` and ``freeze_ratio`` are for."""
+    act = parse_action(action)
+    if act.forward is not None:
+        fwd, bwd = (str(p) for p in act.parts)
+        common = dict(f_ms=f_ms, b_ms=b_ms, w_share=w_share, lower_share=lower_share)
+        return (model_ms(fwd, **common, scale=scale if forward_scale is None else forward_scale, freeze_ratio=0.0)
+                + model_ms(bwd, **common, scale=scale, freeze_ratio=freeze_ratio))
+    kind = act.kind
     weight = w_share * b_ms * scale
     weight_now = weight * (1.0 - freeze_ratio * (1.0 - lower_share))
     if kind == "F":
@@ -106,7 +116,8 @@ def synthetic_trace(
                     act = parse_action(a)
                     freezes = act.kind in FREEZABLE_KINDS
                     ms = model_ms(a, f_ms=f_ms, b_ms=b_ms, w_share=w_share, lower_share=lower_share,
-                                  scale=scales[act.stage], freeze_ratio=ratio if freezes else 0.0)
+                                  scale=scales[act.stage], freeze_ratio=ratio if freezes else 0.0,
+                                  forward_scale=scales[act.parts[0].stage])
                     if jitter:
                         ms *= rng.uniform(1.0 - jitter, 1.0 + jitter)
                     records[r].append({"step": step, "action": a, "ms": round(ms, 6), "phase": phase,

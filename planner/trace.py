@@ -196,21 +196,23 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
                 raise err(f"field 'rank_orders'[{str(r)!r}]: {e}") from None
             if str(act) != a:
                 raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is not in canonical form ({str(act)!r})")
-            if act.stage >= n_stages:
-                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has stage {act.stage}, "
-                          f"but num_stages={n_stages}")
-            if act.microbatch >= n_mb:
-                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has microbatch {act.microbatch}, "
-                          f"but num_microbatches={n_mb}")
-            if s2r[act.stage] != r:
-                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is on rank {r}, "
-                          f"but stage_to_rank[{act.stage}] = {s2r[act.stage]}")
+            for part in act.parts:  # a pair: both parts' stages and microbatches, on this rank
+                if part.stage >= n_stages:
+                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has stage {part.stage}, "
+                              f"but num_stages={n_stages}")
+                if part.microbatch >= n_mb:
+                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has microbatch {part.microbatch}, "
+                              f"but num_microbatches={n_mb}")
+                if s2r[part.stage] != r:
+                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is on rank {r}, "
+                              f"but stage_to_rank[{part.stage}] = {s2r[part.stage]}")
+                kinds.setdefault((part.stage, part.microbatch), []).append(part.kind)
             if a in seen:
                 raise err(f"field 'rank_orders': action {a!r} is listed more than once")
             seen[a] = r
-            kinds.setdefault((act.stage, act.microbatch), []).append(act.kind)
 
-    # Coverage: each (stage, microbatch) has exactly one F and either one B or one I plus one W.
+    # Coverage: each (stage, microbatch) has exactly one F and either one B or one I plus one W (a pair's
+    # parts count as the F and the B they run).
     for s in range(n_stages):
         for m in range(n_mb):
             ks = sorted(kinds.get((s, m), []))
@@ -339,7 +341,7 @@ class NodeWeights:
 
     @property
     def freezable(self) -> set[str]:
-        """Actions of kind B or W whose duration can shrink (``w_max - w_min > 0``)."""
+        """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
         return {
             a
             for a, hi in self.w_max.items()
@@ -365,7 +367,7 @@ def node_weights(trace: Trace) -> NodeWeights:
 
 def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) -> NodeWeights:
     """Node weights from one estimate (ms) per ``(replica, action, phase)``: per replica ``w_max`` is the
-    ``upper`` estimate and ``w_min`` the ``lower`` one clamped to ``w_max`` (B and W; other kinds get
+    ``upper`` estimate and ``w_min`` the ``lower`` one clamped to ``w_max`` (B, W and pairs; other kinds get
     ``w_min = w_max``); across replicas, the per-action maximum of each (see :func:`node_weights`). A
     missing estimate is a one-line :class:`PlannerError` naming the replica's file. Every estimator
     (``planner.estimate``) ends here."""

@@ -11,6 +11,10 @@ and with activation checkpointing recomputing the forward inside the backward.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import torch
@@ -26,6 +30,7 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
 from timelyfreeze import stage_hooks
 from timelyfreeze.freezing import FreezingHook
+from timelyfreeze.profiler import ActionProfiler
 from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.selection import action_generator, uniform_subset
 from timelyfreeze.stage_layout import build_stage_views
@@ -105,8 +110,15 @@ def build_parts(n_stages: int, ac: bool, seed: int = 0):
     return [Part(s == 0, s == n_stages - 1, list(range(s * per, (s + 1) * per)), ac) for s in range(n_stages)]
 
 
-def run_pipeline(schedule: str, ratio: float, ac: bool):
-    multi = schedule in ("Interleaved1F1B", "ZBVZeroBubble")
+MULTI_STAGE = ("Interleaved1F1B", "ZBVZeroBubble", "DualPipeV")
+
+
+def run_pipeline(schedule: str, ratio: float, ac: bool, overlap: bool = False, profiler: list | None = None):
+    """One pipeline step. ``overlap``: DualPipeV's OVERLAP_F_B actions run by TorchTitan's overlap callback
+    (forward and backward in two threads), as TorchTitan registers it on GPU hosts, with the accelerator
+    stream calls it makes stubbed out for CPU. ``profiler``: a list that receives the run's
+    ``ActionProfiler`` (pairs named from the schedule, as the runtime does)."""
+    multi = schedule in MULTI_STAGE
     n_stages = 2 if multi else 1
     parts = build_parts(n_stages, ac)
     stages = [PipelineStage(p, i, n_stages, torch.device("cpu"), group=dist.group.WORLD) for i, p in enumerate(parts)]
@@ -114,15 +126,41 @@ def run_pipeline(schedule: str, ratio: float, ac: bool):
     sched = cls(stages if multi else stages[0], n_microbatches=N_MB, loss_fn=loss_fn, scale_grads=False)
     views = build_stage_views(stages, n_layers=2 * n_stages)
     method = RandomPerAction(views, ratio)
-    hook = FreezingHook(views, method, lambda: 1)
+    pairs = stage_hooks.overlap_pairs(sched)
+    hook = FreezingHook(views, method, lambda: 1, pairs=pairs)
     order = BackwardOrder()
+    prof = ActionProfiler(0, use_cuda=False, pairs=pairs)
+    if profiler is not None:
+        profiler.append(prof)
     for st in stages:
-        stage_hooks.install(st, [hook, order])
+        stage_hooks.install(st, [hook, order, prof])
     torch.manual_seed(123)
     x = torch.randint(0, V, (N_MB, SEQ))
     y = torch.randint(0, V, (N_MB, SEQ))
-    sched.step(x, target=y)
+    with contextlib.ExitStack() as stack:
+        if overlap:
+            stack.enter_context(torchtitan_overlap_callback(sched))
+        sched.step(x, target=y)
     return parts, views, method, order, hook, x, y
+
+
+@contextlib.contextmanager
+def torchtitan_overlap_callback(sched):
+    """TorchTitan 0.2.2's ``overlap_callback`` registered for OVERLAP_F_B, runnable on CPU: its two accelerator
+    stream calls (``torch.accelerator.current_stream``, ``device_module.set_stream``) become no-ops. An
+    exception in its backward thread, which the callback itself would drop, fails the test."""
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B
+    from torchtitan.distributed import dual_pipe_v
+
+    thread_errors: list = []
+    sched.register_custom_function(OVERLAP_F_B, dual_pipe_v.overlap_callback)
+    with (
+        mock.patch("torch.accelerator.current_stream", return_value=None),
+        mock.patch.object(dual_pipe_v, "device_module", SimpleNamespace(set_stream=lambda stream: None)),
+        mock.patch.object(threading, "excepthook", thread_errors.append),
+    ):
+        yield
+    assert not thread_errors, f"the overlap callback's backward thread failed: {thread_errors[0].exc_value!r}"
 
 
 def reference_grads(parts, views, method, order, x, y):
@@ -158,6 +196,7 @@ CASES = [
     ("1F1B", False),
     ("Interleaved1F1B", False),
     ("ZBVZeroBubble", False),  # split backward: I then W
+    ("DualPipeV", False),  # B, I then W, and OVERLAP_F_B pairs (forward of one stage + B of the other)
     ("1F1B", True),  # activation checkpointing: forward recomputed inside B
     ("GPipe", True),
 ]
@@ -165,7 +204,45 @@ CASES = [
 
 @pytest.mark.parametrize("schedule,ac", CASES)
 def test_frozen_get_nothing_and_others_are_bit_identical(schedule, ac):
-    parts, views, method, order, hook, x, y = run_pipeline(schedule, ratio=0.5, ac=ac)
+    check_exact(schedule, ac)
+
+
+def test_dualpipev_exact_under_torchtitan_overlap_callback():
+    """DualPipeV as TorchTitan runs it on GPU hosts: each pair's backward in a second thread, concurrently
+    with its forward; the freezing hook's per-stage switches still give bit-identical gradients."""
+    check_exact("DualPipeV", ac=False, overlap=True)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["torch-loop", "overlap-callback"])
+def test_dualpipev_pairs_are_one_action_each(overlap):
+    """The runtime's listeners see a pair as one action: the profiler records it once, under torch's name
+    for it, in the order torch executes (``planner.schedules``), and the hook records the ratio its
+    backward part applied under that name."""
+    from planner.actions import parse_action
+    from planner.schedules import rank_orders
+
+    got: list[ActionProfiler] = []
+    parts, views, method, order, hook, x, y = run_pipeline("DualPipeV", ratio=0.5, ac=False, overlap=overlap,
+                                                           profiler=got)
+    (prof,) = got
+    expected = rank_orders("DualPipeV", 1, N_MB)[0]
+    assert prof.order == expected
+    assert sum("OVERLAP_F_B" in a for a in expected) >= 4
+    records = prof.collect()
+    assert [a for a, _, _ in records] == expected and all(ms > 0 for _, ms, _ in records)
+    applied = hook.end_step()
+    freezable = [a for a in expected if parse_action(a).kind in ("B", "W", "OVERLAP_F_B")]
+    assert sorted(applied) == sorted(freezable)
+    totals = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
+    for a in freezable:
+        act = parse_action(a)
+        chosen = method.chosen[(act.stage, act.microbatch)]
+        frozen = sum(views[act.stage].params[n].numel() for n in chosen if n != views[act.stage].anchor)
+        assert applied[a] == [(frozen / totals[act.stage], len(chosen - {views[act.stage].anchor}))], a
+
+
+def check_exact(schedule: str, ac: bool, overlap: bool = False):
+    parts, views, method, order, hook, x, y = run_pipeline(schedule, ratio=0.5, ac=ac, overlap=overlap)
     ref = reference_grads(parts, views, method, order, x, y)
     n_frozen_somewhere = 0
     for s, view in enumerate(views):

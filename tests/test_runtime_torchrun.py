@@ -1,7 +1,8 @@
 """Real multi-process ``torchrun`` training on CPU through a full TimelyFreeze cycle.
 
 Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
-default (llama3 debug model, Python stdlib corpus). Checked: the trace follows the spec and the
+default (llama3 debug model, Python stdlib corpus); DualPipeV, InterleavedZeroBubble and LoopedBFS run a
+shorter cycle (``SHORTER``). Checked: the trace follows the spec and the
 planner accepts it, the plan exists and matches, every backward action froze exactly the number of
 tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite.
 
@@ -21,7 +22,9 @@ import shutil
 
 import pytest
 
+from planner.actions import PAIR, parse_action
 from planner.plan import load_plan, plan_from_trace
+from planner.schedules import rank_orders
 from planner.trace import load_trace
 from tests.torchrun_util import short_cycle, torchrun
 
@@ -32,13 +35,18 @@ LOWER_END = WARMUP + 2 * MONITOR
 RAMP_END = LOWER_END + RAMP
 
 
-def ramp(step: int) -> float:
-    if step <= LOWER_END:
+def ramp(step: int, lower_end: int = LOWER_END, ramp_steps: int = RAMP) -> float:
+    if step <= lower_end:
         return 0.0
-    return min(1.0, (step - LOWER_END) / RAMP)
+    return min(1.0, (step - lower_end) / ramp_steps)
 
 
-def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
+def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8,
+                     cycle: tuple[int, int, int, int] = (WARMUP, MONITOR, RAMP, STABLE)):
+    """``cycle``: the run's (warm-up, monitoring, ramp, stable) steps, as given to ``short_cycle``."""
+    warmup, monitor, ramp_steps, stable = cycle
+    lower_end = warmup + 2 * monitor
+    ramp_end = lower_end + ramp_steps
     assert run.rc == 0, run.tail()
     # trace: spec-conformant, and the offline planner accepts it
     trace = load_trace(run.out / "trace")
@@ -52,9 +60,9 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
     assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
     # phases recorded per step
     phases = {r.step: r.phase for r in trace.records}
-    steps = WARMUP + 2 * MONITOR + RAMP + STABLE
+    steps = lower_end + ramp_steps + stable
     assert sorted(phases) == list(range(1, steps + 1))
-    assert [phases[s] for s in (1, WARMUP + 1, WARMUP + MONITOR + 1, LOWER_END + 1, RAMP_END + 1)] == [
+    assert [phases[s] for s in (1, warmup + 1, warmup + monitor + 1, lower_end + 1, ramp_end + 1)] == [
         "warmup", "upper", "lower", "progressive", "stable"]
     # applied ratios follow the ramp: tensor count within floor/ceil of ratio * freezable tensors
     n_tensors = {int(s): n for s, n in trace.meta.extra["freezable_tensors"].items()}
@@ -63,8 +71,8 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
     checked = 0
     for rec in raw:
         a = rec["action"]
-        kind = next(c for c in a if c.isalpha())
-        stage = int(a[: a.index(kind)])
+        act = parse_action(a)  # a DualPipeV pair: the stage of its backward part, which its ratio freezes
+        kind, stage = act.kind, act.stage
         if kind in ("F", "I"):
             assert rec["freeze_ratio"] == 0.0
             continue
@@ -74,10 +82,10 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
             assert rec["frozen_tensors"] == n_tensors[stage]
             assert rec["freeze_ratio"] > 0.99
         else:
-            target = plan.actions[a].freeze_ratio * ramp(rec["step"]) * n_tensors[stage]
+            target = plan.actions[a].freeze_ratio * ramp(rec["step"], lower_end, ramp_steps) * n_tensors[stage]
             assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9), (a, rec, target)
             checked += 1
-    assert checked == (RAMP + STABLE) * 8 * num_stages
+    assert checked == (ramp_steps + stable) * 8 * num_stages
     # something was frozen in the stable phase, and the run reports it
     summary = run.summary()
     assert summary["avg_freeze_ratio"] > 0
@@ -89,7 +97,7 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8):
     assert not summary["failures"]
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
     metrics = run.metrics()
-    assert [m["phase"] for m in metrics if "phase" in m][LOWER_END] == "progressive"
+    assert [m["phase"] for m in metrics if "phase" in m][lower_end] == "progressive"
     return plan, trace
 
 
@@ -131,6 +139,34 @@ def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
         # split backward: only W actions carry freezing
         assert all(a[a.index(next(c for c in a if c.isalpha()))] != "B" for a in plan.actions)
         assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if "W" in a)
+
+
+SHORTER = (1, 2, 2, 2)
+"""A 9-step cycle (warm-up, monitoring, ramp, stable) for the schedules below."""
+
+
+@pytest.mark.parametrize(
+    "config,schedule",
+    [
+        # DualPipeV: full backwards, split ones and OVERLAP_F_B pairs (a forward and a full backward as one
+        # action; on CPU torch runs their parts one after the other, timelyfreeze/cpu_shims.py)
+        ("llama3_debug_dualpipev_cpu.toml", "DualPipeV"),
+        # about a minute each on this 2-core machine: `pytest -m slow` (the 20-minute budget of `make test`)
+        pytest.param("llama3_debug_interleavedzb_cpu.toml", "InterleavedZeroBubble", marks=pytest.mark.slow),
+        pytest.param("llama3_debug_loopedbfs_cpu.toml", "LoopedBFS", marks=pytest.mark.slow),
+    ],
+)
+def test_full_cycle_more_schedules(tmp_path, config, schedule):
+    """A full cycle for the other torch schedules; the orders the runtime records are the ones
+    ``planner.schedules`` generates (checked against torch's own in ``tests/test_schedules.py``)."""
+    run = torchrun(config, tmp_path / "run", *short_cycle(*SHORTER))
+    plan, trace = check_full_cycle(run, schedule, 4, cycle=SHORTER)
+    assert trace.meta.rank_orders == rank_orders(schedule, 2, 8)
+    kinds = {parse_action(a).kind for a in plan.actions}
+    assert kinds == {"DualPipeV": {"F", "B", "I", "W", PAIR}, "LoopedBFS": {"F", "B"},
+                     "InterleavedZeroBubble": {"F", "I", "W"}}[schedule]
+    if schedule == "DualPipeV":  # the pairs freeze by the plan (checked per record in check_full_cycle)
+        assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if parse_action(a).kind == PAIR)
 
 
 @pytest.mark.slow  # ~40 s, 4 ranks: `pytest -m slow` (kept out of `make test` for the 20-minute budget)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from unittest import mock
 
 import networkx as nx
@@ -21,7 +20,6 @@ from planner.schedules import (
 )
 
 PP_SIZES = (1, 2, 3, 4, 8)
-_COMPUTE = re.compile(r"^\d+[FBIW]\d+$")
 MB_SIZES = tuple(range(1, 17)) + (32,)
 
 
@@ -46,33 +44,45 @@ def test_orders_cover_every_action_once_on_its_own_rank(schedule, pp):
         s2r = stage_to_rank(schedule, pp)
         orders = rank_orders(schedule, pp, n)
         assert sorted(orders) == list(range(pp))
-        kinds = ("F", "I", "W") if "ZeroBubble" in schedule else ("F", "B")
-        expected = {f"{s}{k}{m}" for s in range(pp * spr) for k in kinds for m in range(n)}
-        flat = [a for r in range(pp) for a in orders[r]]
-        assert len(flat) == len(set(flat)) == len(expected)
-        assert set(flat) == expected
+        # a DualPipeV pair runs two of these actions (its parts)
+        flat = [str(p) for r in range(pp) for a in orders[r] for p in parse_action(a).parts]
+        assert len(flat) == len(set(flat))
+        if schedule == "DualPipeV":  # per (stage, microbatch): F and either B or I and W
+            for s in range(pp * spr):
+                for m in range(n):
+                    assert f"{s}F{m}" in flat
+                    assert (f"{s}B{m}" in flat) != ({f"{s}I{m}", f"{s}W{m}"} <= set(flat)), (s, m)
+        else:
+            kinds = ("F", "I", "W") if "ZeroBubble" in schedule else ("F", "B")
+            expected = {f"{s}{k}{m}" for s in range(pp * spr) for k in kinds for m in range(n)}
+            assert len(flat) == len(expected) and set(flat) == expected
         for r, order in orders.items():
-            assert all(s2r[parse_action(a).stage] == r for a in order)
+            assert all(s2r[p.stage] == r for a in order for p in parse_action(a).parts)
 
 
 def _dependency_graph(schedule: str, pp: int, n: int) -> nx.DiGraph:
-    """Data dependencies plus per-rank program order; a cycle would be a deadlock."""
+    """Data dependencies plus per-rank program order; a cycle would be a deadlock. A DualPipeV pair is one
+    node standing for both its parts."""
     orders = rank_orders(schedule, pp, n)
     num_stages = pp * stages_per_rank(schedule)
+    node = {str(p): a for order in orders.values() for a in order for p in parse_action(a).parts}
     g = nx.DiGraph()
     for order in orders.values():
         nx.add_path(g, order)
-    bwd = "I" if "ZeroBubble" in schedule else "B"
+
+    def bwd(s: int, m: int) -> str:
+        return node.get(f"{s}B{m}") or node[f"{s}I{m}"]
+
     for s in range(num_stages):
         for m in range(n):
             if s > 0:
-                g.add_edge(f"{s - 1}F{m}", f"{s}F{m}")
+                g.add_edge(node[f"{s - 1}F{m}"], node[f"{s}F{m}"])
             if s < num_stages - 1:
-                g.add_edge(f"{s + 1}{bwd}{m}", f"{s}{bwd}{m}")
+                g.add_edge(bwd(s + 1, m), bwd(s, m))
             else:
-                g.add_edge(f"{s}F{m}", f"{s}{bwd}{m}")
-            if bwd == "I":
-                g.add_edge(f"{s}I{m}", f"{s}W{m}")
+                g.add_edge(node[f"{s}F{m}"], bwd(s, m))
+            if f"{s}W{m}" in node:
+                g.add_edge(node[f"{s}I{m}"], node[f"{s}W{m}"])
     return g
 
 
@@ -96,10 +106,18 @@ def test_known_orders():
     assert rank_orders("Interleaved1F1B", 2, 4)[1] == (
         "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3".split()
     )
+    # torch's own names for its OVERLAP_F_B actions: one forward and one full backward of the rank's two stages
+    assert rank_orders("DualPipeV", 2, 4) == {
+        0: ["0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "(0F3;3B1)OVERLAP_F_B", "(3F2;0B0)OVERLAP_F_B",
+            "3B2", "(3F3;0B1)OVERLAP_F_B", "3B3", "0I2", "0W2", "0I3", "0W3"],
+        1: ["1F0", "2F0", "1F1", "2F1", "1F2", "2B0", "(2F2;1B0)OVERLAP_F_B", "(1F3;2B1)OVERLAP_F_B",
+            "(2F3;1B1)OVERLAP_F_B", "2B2", "1B2", "2I3", "1I3", "2W3", "1W3"],
+    }
 
 
 def test_stage_to_rank_and_meta():
     assert stage_to_rank("ZBVZeroBubble", 4) == [0, 1, 2, 3, 3, 2, 1, 0]
+    assert stage_to_rank("DualPipeV", 3) == [0, 1, 2, 2, 1, 0]
     assert stage_to_rank("Interleaved1F1B", 3) == [0, 1, 2, 0, 1, 2]
     assert stage_to_rank("Interleaved1F1B", 2, stages_per_rank=3) == [0, 1, 0, 1, 0, 1]
     assert stage_to_rank("1F1B", 3) == [0, 1, 2]
@@ -126,6 +144,8 @@ def test_stage_to_rank_and_meta():
         (("Interleaved1F1B", 4, 9), "multiple of the number of rounds"),
         (("InterleavedZeroBubble", 3, 10), "multiple of the number of rounds"),
         (("ZBVZeroBubble", 2, 4, 3), "exactly 2 stages per rank"),
+        (("DualPipeV", 2, 4, 3), "exactly 2 stages per rank"),
+        (("DualPipeV", 2, 3), "DualPipeV needs at least as many microbatches as stages (4)"),
         (("GPipe", 2, 4, 2), "exactly 1 stage per rank"),
         (("Interleaved1F1B", 2, 4, 1), "at least 2 stages per rank"),
     ],
@@ -152,8 +172,9 @@ def torch_pp():
 
 
 def _compute_only(actions) -> list[str]:
-    """Compute actions only (``2F0``, ``3W1``): drops None slots and SEND/RECV/UNSHARD/REDUCE_GRAD."""
-    return [str(a) for a in actions if a is not None and _COMPUTE.match(str(a))]
+    """Compute actions only (``2F0``, ``3W1``, ``(0F3;3B1)OVERLAP_F_B``), as torch names them: drops None
+    slots and SEND/RECV/UNSHARD/RESHARD/REDUCE_GRAD."""
+    return [str(a) for a in actions if a is not None and a.is_compute_op]
 
 
 def _torch_accepts(vis, schedule: str, pp: int, n: int) -> bool:
@@ -193,7 +214,8 @@ def test_orders_equal_torch_pipeline_order(torch_pp, schedule):
     assert checked >= 40
 
 
-@pytest.mark.parametrize("schedule", ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"))
+@pytest.mark.parametrize("schedule", ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                                      "DualPipeV"))
 def test_orders_equal_torch_runtime_order_with_comms(torch_pp, schedule):
     """Multi-stage schedules execute the comms-lowered IR action by action: its compute part is ours."""
     vis, _ = torch_pp

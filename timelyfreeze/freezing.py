@@ -18,7 +18,8 @@ only on seed, step, stage, microbatch and accumulation batch), so FSDP's reduce-
 the step sums, on every rank, gradients of the same tensors.
 
 The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
-by elements.
+by elements; a DualPipeV ``OVERLAP_F_B`` pair records the ratio of its backward part (the forward part
+draws the masks of its own microbatch, whose backward comes later, as any forward does).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ class FreezingHook:
     """Stage-hook listener applying ``method``'s choices; one instance per rank."""
 
     def __init__(self, views: list[StageView], method: FreezeMethod, get_step: Callable[[], int],
-                 get_accum: Callable[[], int] = lambda: 0):
+                 get_accum: Callable[[], int] = lambda: 0, pairs: dict[str, str] | None = None):
         self.views = {v.stage: v for v in views}
+        self.pairs = dict(pairs or {})
+        """``planner.actions.part_owners`` of this rank's DualPipeV pairs: a pair's backward part records its
+        ratio under the pair's name (its forward part only draws the masks of its own microbatch)."""
         self.method = method
         self.get_step = get_step
         self.get_accum = get_accum
@@ -65,7 +69,8 @@ class FreezingHook:
         frozen = self._frozen.get(key, ())
         self.switch[stage].set(frozen, True)
         if kind in ("B", "W"):
-            self.applied.setdefault(f"{stage}{kind}{microbatch}", []).append((self._ratio.pop(key, 0.0), len(frozen)))
+            name = f"{stage}{kind}{microbatch}"
+            self.applied.setdefault(self.pairs.get(name, name), []).append((self._ratio.pop(key, 0.0), len(frozen)))
             self._frozen.pop(key, None)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:

@@ -1,7 +1,8 @@
 """Per-action compute timing and the on-disk trace of ``docs/formats.md``.
 
 ``ActionProfiler`` is a stage-hook listener: it times every F/B/I/W action (compute only; receives
-happen before the hooked call) and remembers the order this rank executed them in. On CPU it uses
+happen before the hooked call), and DualPipeV's OVERLAP_F_B pairs as one action each, and remembers the
+order this rank executed them in. On CPU it uses
 ``perf_counter`` (Linux: CLOCK_MONOTONIC, one clock for every process of a host) and also records each
 action's start time, from which the planner estimates the delays on cross-rank edges (``planner.comm``);
 on CUDA it records an event pair per action and synchronises once per step (durations only).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +48,22 @@ class ActionRecord:
 
 
 class ActionProfiler:
-    """Times actions of the stages on this rank; one instance per rank."""
+    """Times actions of the stages on this rank; one instance per rank.
 
-    def __init__(self, rank: int, *, use_cuda: bool):
+    ``pairs`` (``planner.actions.part_owners``) names the parts of DualPipeV's ``OVERLAP_F_B`` pairs: the
+    stage hooks see a pair's forward and backward as two calls (one after the other in torch's own loop,
+    in two threads under TorchTitan's overlap callback), and the pair becomes one record once both ended:
+    its time is the union of the parts' intervals (the time in which at least one part computed: the sum
+    when they ran one after the other, receives between them excluded), its start the earliest part's."""
+
+    def __init__(self, rank: int, *, use_cuda: bool, pairs: dict[str, str] | None = None):
         self.rank = rank
         self.use_cuda = use_cuda
+        self.pairs = dict(pairs or {})
         self._open: dict[tuple[int, str, int], object] = {}
-        self._pending: list[tuple[str, object, object]] = []  # (action, start, end)
+        self._parts: dict[str, list[tuple[object, object]]] = {}  # pair -> intervals of its parts ended so far
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, list[tuple[object, object]]]] = []  # (action, [(start, end), ...])
         self.order: list[str] = []
         """Actions in the order this rank executed them in the current step (first batch only)."""
         self._seen: set[str] = set()
@@ -74,7 +85,15 @@ class ActionProfiler:
         else:
             end = time.perf_counter()
         name = f"{stage}{kind}{microbatch}"
-        self._pending.append((name, start, end))
+        intervals = [(start, end)]
+        if name in self.pairs:
+            name = self.pairs[name]
+            with self._lock:  # the two parts may end in two threads (TorchTitan's overlap callback)
+                intervals = self._parts.pop(name, []) + intervals
+                if len(intervals) < 2:  # the pair's other part is still to come
+                    self._parts[name] = intervals
+                    return
+        self._pending.append((name, intervals))
         if name not in self._seen:
             self._seen.add(name)
             self.order.append(name)
@@ -84,16 +103,33 @@ class ActionProfiler:
         """(action, ms, start ms or None) of every action timed since the last call, in execution order;
         the start (on the host's monotonic clock) only with CPU timing."""
         if self.use_cuda and self._pending:
-            self._pending[-1][2].synchronize()
-            out = [(a, s.elapsed_time(e), None) for a, s, e in self._pending]
+            self._pending[-1][1][-1][1].synchronize()
+            out = []
+            for a, iv in self._pending:
+                t0 = iv[0][0]  # CUDA events give differences only: times relative to the first part's start
+                ms = iv[0][0].elapsed_time(iv[0][1]) if len(iv) == 1 else _union(
+                    [(t0.elapsed_time(s), t0.elapsed_time(e)) for s, e in iv])
+                out.append((a, ms, None))
         else:
-            out = [(a, (e - s) * 1e3, s * 1e3) for a, s, e in self._pending]
+            out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in self._pending]
         self._pending.clear()
         return out
 
     def reset_order(self) -> None:
         self.order = []
         self._seen = set()
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (one interval: ``end - start``)."""
+    if len(intervals) == 1:
+        return intervals[0][1] - intervals[0][0]
+    total, reach = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
 
 
 class TraceWriter:

@@ -63,7 +63,9 @@ class RunInfo:
 class FreezeRuntime:
     def __init__(self, cfg: Freeze, phases: Phases, info: RunInfo, stages: list, pp_group, *,
                  get_lr: Callable[[], float], log: Callable[[str], None],
-                 tb_log: Callable[[dict, int], None] | None = None):
+                 tb_log: Callable[[dict, int], None] | None = None, pairs: dict[str, str] | None = None):
+        """``pairs``: ``stage_hooks.overlap_pairs`` of the schedule (DualPipeV's OVERLAP_F_B parts), so the
+        profiler and the freezing hook name and time each pair as one action."""
         self.cfg, self.phases, self.info = cfg, phases, info
         self.job = JobGroup(pp_group)
         self.pg = self.job.pipeline
@@ -87,8 +89,8 @@ class FreezeRuntime:
         self.step = 0
         self.accum = 0
         """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
-        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda)
-        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum)
+        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pairs)
+        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum, pairs=pairs)
         self._stages = stages
         self._hooks_on = False
         self.attach_hooks()

@@ -15,6 +15,11 @@ TorchTitan builds the stages inside its pipelining function, so the class is swi
 construction rather than chosen at construction. Receives happen in the schedule before these calls,
 so what runs inside is compute only. Calls made with autograd disabled (validation/eval forwards)
 pass straight through.
+
+DualPipeV's ``OVERLAP_F_B`` actions run a forward and a full backward of the rank's two stages as one
+schedule action; the stages see them as an ``F`` and a ``B`` call (torch's loop runs them one after
+the other, TorchTitan's overlap callback in two threads). ``overlap_pairs`` reads, from the schedule
+object, which calls belong to such a pair, so the listeners can name and time the pair as one action.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+
+from planner.actions import part_owners
 
 
 class ActionListener(Protocol):
@@ -92,3 +99,14 @@ def uninstall(stage) -> None:
     if _is_hooked(stage):
         stage.__class__ = stage._base_class
         del stage._listeners
+
+
+def overlap_pairs(schedule) -> dict[str, str]:
+    """``{part name: pair name}`` (``planner.actions.part_owners``) of the ``OVERLAP_F_B`` actions this
+    rank's schedule executes (``str`` of torch's ``_Action`` is the planner's action name); ``{}`` for
+    schedules without any (all but DualPipeV) and for single-stage schedules, which have no IR to run."""
+    program = getattr(schedule, "pipeline_order_with_comms", None) or getattr(schedule, "pipeline_order", None)
+    rank = getattr(schedule, "rank", None)
+    if not program or rank not in program:
+        return {}
+    return part_owners(str(a) for a in program[rank] if a is not None and getattr(a, "sub_actions", None))

@@ -19,6 +19,7 @@ from torchtitan.train import Trainer
 from timelyfreeze import corpus, cpu_shims
 from timelyfreeze.config import check_compile, check_parallelism, validate
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
+from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import patch_v_schedule_eval, release_mesh_process_groups
 
@@ -47,6 +48,9 @@ class TimelyFreezeTrainer(Trainer):
         cpu_shims.fsdp_sum_reductions(self.model_parts)
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled:
+            if cpu_shims.sequential_overlap(self.pp_schedule):
+                logger.info("[freeze] CPU: DualPipeV's OVERLAP_F_B actions run forward then backward "
+                            "(TorchTitan's overlap callback needs an accelerator)")
             for st in self._pp_stages():
                 patch_v_schedule_eval(st)
         if phases is None:
@@ -75,6 +79,7 @@ class TimelyFreezeTrainer(Trainer):
         return FreezeRuntime(
             job_config.freeze, phases, info, self._pp_stages(), pd.get_mesh("pp").get_group(),
             get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log,
+            pairs=overlap_pairs(self.pp_schedule),
         )
 
     def _pp_stages(self) -> list:
