@@ -78,7 +78,18 @@ def _finite_float(text: str) -> float:
     return v
 
 
-_SOLVER_HELP = f"LP solver: {', '.join(SOLVERS)} (default auto; all give the same optimum)"
+def _gap_arg(text: str) -> float:
+    v = _finite_float(text)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return v
+
+
+_SOLVER_HELP = (f"LP solver: {', '.join(SOLVERS)} (default auto: the whole LP below 20,000 actions, else the region "
+                "method; all give the same optimum when --gap is 0)")
+_GAP_HELP = ("largest certified relative gap in batch time accepted from the region method, in [0, 1) (default: "
+             "0.001 when auto picks the region method, else 0 = the exact optimum); the plan records the lower "
+             "bound and the gap reached")
 _ESTIMATOR_HELP = (f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
                    "pooled: one value per stage and kind, except microbatches whose data show an effect; "
                    "see docs/formats.md)")
@@ -97,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(as many as the trace has stages)")
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
+    q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
@@ -106,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--csv", metavar="PATH")
     q.add_argument("--png", metavar="PATH")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
+    q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
@@ -152,7 +165,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     check_r_max(args.r_max, trace.meta.num_stages)  # a per-stage list must match the trace's stages
     edge_ms = None if args.no_comm else estimate_edge_delays(trace)
     plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm,
-                           edge_ms=edge_ms)
+                           edge_ms=edge_ms, gap=args.gap)
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta, edge_ms))
     print(f"node weights: estimator {args.estimator}")
@@ -170,7 +183,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     trace = load_trace(args.trace)
     edge_ms = {} if args.no_comm else estimate_edge_delays(trace)
     rows = sweep(trace.meta, estimate_weights(trace, args.estimator), args.r_max, solver=args.solver,
-                 edge_ms=edge_ms)
+                 edge_ms=edge_ms, gap=args.gap)
     print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
           f"estimator {args.estimator}")
     if edge_ms:

@@ -39,7 +39,10 @@ SOLVERS: tuple[str, ...] = ("auto", "whole", "region")
 whole LP; ``region``: the region method, falling back to the whole LP when the region grows too large.
 All three give the same optimum."""
 _REGION_MIN_ACTIONS = 20_000
-"""From this many actions on, ``solver="auto"`` uses the region method."""
+"""From this many actions on, ``solver="auto"`` uses the region method, bounded by :data:`DEFAULT_GAP`."""
+DEFAULT_GAP = 1e-3
+"""Certified relative gap ``solver="auto"`` accepts from :data:`_REGION_MIN_ACTIONS` actions on (``gap=None``):
+0.1 % of the batch time, far below the run-to-run noise of the timings a plan rests on."""
 
 
 @dataclass
@@ -54,6 +57,14 @@ class LPSolution:
     seconds: float
     solver: str
     budget_sensitivity: dict[int, float] = field(default_factory=dict)
+    lower_bound: float | None = None  # certified lower bound of the optimal batch time (= makespan when exact)
+
+    @property
+    def gap(self) -> float:
+        """Certified relative gap of ``makespan`` to the optimum: ``(makespan - lower_bound) / lower_bound``
+        (0 for an exact solve)."""
+        lb = self.makespan if self.lower_bound is None else self.lower_bound
+        return max(0.0, (self.makespan - lb) / lb) if lb > 0 else 0.0
 
 
 def solve_freeze_lp(
@@ -65,6 +76,7 @@ def solve_freeze_lp(
     options: dict[str, object] | None = None,
     stats: dict[str, float] | None = None,
     edge_ms: EdgeDelays | None = None,
+    gap: float | None = None,
     _config: str = DEFAULT_CONFIG,
 ) -> LPSolution:
     """Solve the freeze LP lexicographically (min batch time, then min total freezing).
@@ -74,8 +86,15 @@ def solve_freeze_lp(
     between actions, ``start(v) >= end(u) + edge_ms[(u, v)]``; ``None`` or ``{}``: none (the delay-free
     solve, bit for bit).  ``_config`` (tests and benchmarks only) names the HiGHS configuration of the
     whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
-    ``solution.solver`` says what ran: ``highs-region``, or ``highs-<config>`` for the whole LP
-    (``highs-fast`` with the default configuration).
+    ``solution.solver`` says what ran: ``highs-region``, ``highs-region-bounded``, or ``highs-<config>`` for
+    the whole LP (``highs-fast`` with the default configuration).
+
+    ``gap``: the largest certified relative gap in batch time accepted (``0 <= gap < 1``).  ``0``: the exact
+    lexicographic optimum.  ``> 0`` with the region method: the bounded method of :mod:`planner.lp_region`,
+    a feasible plan whose batch time is within ``gap`` of a proven lower bound (``solution.lower_bound``,
+    ``solution.gap``), its freezing reduced greedily but not certified least; when the region becomes exact
+    first the result is the exact optimum.  ``None`` (default): :data:`DEFAULT_GAP` where ``solver="auto"``
+    picks the region method, else 0.
 
     ``r_max``: one budget for every stage (a number in ``[0, 1]``), or one per stage (a sequence of
     ``num_stages`` numbers in ``[0, 1]``, ``num_stages`` = the DAG's largest stage + 1): stage ``s``'s freeze
@@ -98,6 +117,8 @@ def solve_freeze_lp(
         r_max = check_r_max(r_max)  # one budget: checked before anything else, as always
     if solver not in SOLVERS:
         raise PlannerError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+    if gap is not None and (isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 <= gap < 1):
+        raise PlannerError(f"gap must be a number in [0, 1), got {gap!r}")
     if _config not in CONFIGS:
         raise PlannerError(f"unknown HiGHS configuration {_config!r} (choose {', '.join(CONFIGS)})")
     t0 = time.perf_counter()
@@ -106,14 +127,20 @@ def solve_freeze_lp(
     budget: RMax = check_r_max(r_max, num_stages)
     if solver == "auto":
         solver = "region" if len(ar.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
+        if gap is None and solver == "region":
+            gap = DEFAULT_GAP
+    gap = float(gap or 0.0)
     result = None
     method = "region"
     if solver == "region" and (ar.delta > 0).any():
-        result = solve_region(ar, budget, options)
+        result = solve_region(ar, budget, options, gap=gap)
     if result is None:
         method = _config
         result = solve_whole(ar, budget, _config, options)
     t_star, r, info = result
+    lower = float(info.pop("lower_bound", t_star))  # type: ignore[arg-type]
+    if info.get("bounded"):
+        method = "region-bounded"
     sens = sensitivity(info.pop("budget_duals"), stage_counts(ar), budget, num_stages)  # type: ignore[arg-type]
     t3 = time.perf_counter()
 
@@ -130,4 +157,5 @@ def solve_freeze_lp(
     seconds = time.perf_counter() - t0
     if stats is not None:
         stats.update(info, actions=len(durations), total_s=seconds, check_s=time.perf_counter() - t3)
-    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}", sens)
+    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}", sens,
+                      lower_bound=min(lower, makespan) if method == "region-bounded" else makespan)

@@ -11,13 +11,24 @@ Why: the simplex on these DAGs costs O(actions) per iteration (a duration change
 in the basis tree), so a several times smaller model needing several times fewer iterations is much
 cheaper.  Where the near-critical set is most of the batch (Interleaved1F1B), the region grows past
 ``_REGION_MAX_FRACTION`` and :func:`solve_region` returns ``None``: the caller solves the whole LP.
+
+With a gap tolerance (``gap > 0``, the *bounded* method) each round also builds a feasible plan of the
+whole batch: the region's freeze ratios, and outside it each stage's budget left over by the region
+spread evenly over the stage's left-out actions (:func:`spread_leftover`).  Its longest path ``T_U`` is an
+upper bound and the region LP's ``T_R`` a lower bound of ``T*``; the rounds stop when
+``T_U <= T_R (1 + gap)``, and a greedy pass (:func:`unfreeze_slack`) then gives back the freezing that
+the plan does not need to stay within ``T_U``.  The plan's batch time is then certified within ``gap`` of
+the optimum; its total freezing is not certified least (measured: 30-60 % more than the exact optimum's
+on real-like pp 16 x 2 x 256 traces, ``docs/planner-solver-notes.md``; ``gap=0`` gives the exact plan).
+Growth adds the actions of that plan's too-long paths, the longest first and at most doubling the region
+(``_BOUNDED_GROWTH``), so the region stays near the few co-critical ranks.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .budget import RMax, node_r_max
+from .budget import RMax, node_r_max, stage_r_max
 from .dag import SINK, SOURCE
 from .lp_model import DagArrays, Paths, stage_counts
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_lexicographic
@@ -30,6 +41,9 @@ region, only the actions of paths within this fraction of the overshoot from the
 _REGION_MAX_FRACTION = 0.6
 """Past this fraction of all actions the region solve stops and the whole LP is solved instead."""
 _REGION_MAX_ROUNDS = 50
+_BOUNDED_GROWTH = 1.0
+"""Bounded method: a round adds the left-out actions on paths of its feasible plan longer than
+``T_R (1 + gap / 2)``, the longest first, at most this many times the region's size."""
 
 
 def region_arrays(
@@ -90,8 +104,69 @@ def region_arrays(
     return sub, back
 
 
+def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax, scale: float = 1.0) -> np.ndarray:
+    """``r`` with every left-out freezable action (not in ``keep``) at its stage's leftover share: the stage's
+    budget ``r_max_s * n_s`` minus what the kept actions use, spread evenly over its left-out actions (capped
+    at 1).  Every stage stays within its budget."""
+    frz = ar.delta > 0
+    ns = int(ar.stage.max()) + 1
+    budget = np.zeros(ns)
+    for s_, c in stage_counts(ar).items():
+        budget[s_] = stage_r_max(r_max, s_) * c
+    inside, out = frz & keep, frz & ~keep
+    used = np.bincount(ar.stage[inside], weights=r[inside], minlength=ns)
+    n_out = np.bincount(ar.stage[out], minlength=ns)
+    share = np.clip(scale * (budget - used) / np.maximum(n_out, 1), 0.0, 1.0)
+    r = r.copy()
+    r[out] = share[ar.stage[out]]
+    return r
+
+
+def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) -> np.ndarray:
+    """``r`` with freezing given back where the batch does not need it to stay within ``target`` ms.
+
+    One pass in topological order with each action's tail (longest path from its end) taken at the current
+    durations: an action's duration grows (its freeze ratio falls) up to ``target - head - tail``, with
+    ``head`` its earliest start under the durations already chosen.  Paths through an action keep within
+    ``target`` after its change and later changes only see the new heads, so the batch time stays within
+    ``target`` when it was (a greedy pass: no action alone can give back more, but the total is not
+    minimised)."""
+    d = ar.wmax - ar.delta * r
+    _, tail = paths.head_tail(d)
+    w, tl, wmax = d.tolist(), tail.tolist(), ar.wmax.tolist()
+    preds, ptr, delay = paths.preds, paths.pptr, paths.pdelay
+    room = target * (1.0 - 1e-12)
+    head = [0.0] * len(w)
+    frz = set(np.flatnonzero(ar.delta > 0).tolist())
+    for x in paths.order:
+        b = 0.0
+        for k in range(ptr[x], ptr[x + 1]):
+            y = preds[k]
+            t = head[y] + w[y] + (delay[k] if delay is not None else 0.0)
+            if t > b:
+                b = t
+        head[x] = b
+        if x in frz:
+            allow = room - b - tl[x]
+            if allow > w[x]:
+                w[x] = min(wmax[x], allow)
+    d = np.asarray(w)
+    out = r.copy()
+    f = ar.delta > 0
+    out[f] = np.clip((ar.wmax[f] - d[f]) / ar.delta[f], 0.0, 1.0)
+    return out
+
+
+def _longest(ar: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndarray]:
+    """Batch time and per-node longest path through each node with freeze ratios ``r``."""
+    d = ar.wmax - ar.delta * r
+    h, t = paths.head_tail(d)
+    through = h + d + t
+    return float(through.max()), through
+
+
 def solve_region(
-    ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None,
+    ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None, gap: float = 0.0,
 ) -> tuple[float, np.ndarray, dict[str, object]] | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
 
@@ -108,6 +183,10 @@ def solve_region(
     subgradient of the whole LP's batch time in the budgets (the region LP is a relaxation for every
     budget and tight at this one; :func:`planner.lp.solve_freeze_lp` has the argument), so no whole-LP
     solve is needed for them.
+
+    ``gap > 0``: the bounded method (module docstring); returns the feasible plan's batch time ``T_U``
+    and ratios once ``T_U <= T_R (1 + gap)``, with ``info["lower_bound"] = T_R`` (its duals are then a
+    subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``).
     """
     opts = {**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}
     paths = Paths(ar)
@@ -121,6 +200,7 @@ def solve_region(
     keep = through >= through.max() * (1 - _REGION_START)
     info: dict[str, object] = {"rounds": 0}
     totals = {"iters1": 0, "iters2": 0, "solve1_s": 0.0, "stage2_s": 0.0, "build1_s": 0.0, "build2_s": 0.0}
+    lower = 0.0
     for rnd in range(1, _REGION_MAX_ROUNDS + 1):
         if keep.sum() > _REGION_MAX_FRACTION * (n - 2):
             return None
@@ -131,14 +211,26 @@ def solve_region(
         r = np.zeros(n)
         real = back >= 0
         r[back[real]] = r_sub[real]
-        d = ar.wmax - ar.delta * r
-        h, t = paths.head_tail(d)
-        through = h + d + t
-        t_full = float(through.max())
+        t_full, through = _longest(ar, paths, r)
         info.update(sinfo, **totals, rounds=rnd, region_actions=int(keep.sum()))
         bound = t_r * (1 + 1e-9) + 1e-9
         if t_full <= bound:
-            return t_r, r, info
+            return t_r, r, info | {"lower_bound": t_r}
+        if gap > 0:
+            lower = max(lower, t_r)
+            rb = spread_leftover(ar, r, keep, r_max)
+            t_up, through = _longest(ar, paths, rb)
+            info.update(upper_bound=t_up)
+            if t_up <= lower * (1 + gap):
+                rb = unfreeze_slack(ar, paths, rb, t_up)
+                t_up, _ = _longest(ar, paths, rb)
+                return t_up, rb, info | {"lower_bound": lower, "bounded": True}
+            add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
+            cap = int(_BOUNDED_GROWTH * keep.sum())
+            if add.size > cap:  # the worst paths first: the region grows at most geometrically
+                add = add[np.argsort(-through[add], kind="stable")[:cap]]
+            keep[add] = True
+            continue
         add = (through > bound) & ~keep
         if add.sum() > keep.sum():  # far off: add only the worst paths' actions
             add = (through >= t_full - _REGION_BAND * (t_full - t_r)) & ~keep

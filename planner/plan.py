@@ -82,7 +82,7 @@ class Plan:
 
 def make_plan(
     meta: TraceMeta, weights: NodeWeights, r_max: float | Sequence[float], *, solver: str = "auto",
-    edge_ms: EdgeDelays | None = None,
+    edge_ms: EdgeDelays | None = None, gap: float | None = None,
 ) -> Plan:
     """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan.
 
@@ -90,12 +90,14 @@ def make_plan(
     (:func:`planner.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
     ``budget_sensitivity`` says per stage how many ms of batch time one more 0.01 of its ``r_max`` saves.
     ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
-    non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``)."""
+    non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``).
+    ``gap``: certified relative gap accepted (:func:`planner.lp.solve_freeze_lp`); the plan's ``solver`` records
+    the lower bound and the gap reached (``lower_bound_ms``, ``gap``)."""
     budget = check_r_max(r_max, meta.num_stages)
     dag = build_dag(meta)
     no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
     all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
-    sol = solve_freeze_lp(dag, weights, budget, solver=solver, edge_ms=edge_ms)
+    sol = solve_freeze_lp(dag, weights, budget, solver=solver, edge_ms=edge_ms, gap=gap)
     freezable = weights.freezable
     actions: dict[str, ActionPlan] = {}
     for a in meta.all_actions():
@@ -109,7 +111,8 @@ def make_plan(
         r_max=budget if isinstance(budget, float) else list(budget),
         batch_time_ms={"no_freeze": no_freeze, "all_frozen": all_frozen, "planned": sol.makespan},
         actions=actions,
-        solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver},
+        solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver,
+                "lower_bound_ms": sol.lower_bound, "gap": sol.gap},
         extra={"comm": summarize(edge_ms)} if edge_ms else {},
         budget_sensitivity=sol.budget_sensitivity,
     )
@@ -139,7 +142,8 @@ def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
 
 
 def stage_mean_ratios(plan: Plan) -> dict[int, float]:
-    """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and kind B/W)."""
+    """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and a freezable kind: B, W,
+    or an OVERLAP_F_B pair, whose stage is its backward part's)."""
     sums: dict[int, list[float]] = {}
     for a, p in plan.actions.items():
         act = parse_action(a)
@@ -200,7 +204,7 @@ def validate_plan(d: Any, source: str) -> Plan:
             act = parse_action(a)
         except ValueError as e:
             raise err(f"field 'actions': {e}") from None
-        if act.stage >= d["num_stages"] or act.microbatch >= d["num_microbatches"]:
+        if any(p.stage >= d["num_stages"] or p.microbatch >= d["num_microbatches"] for p in act.parts):
             raise err(f"field 'actions': action {a!r} is outside num_stages={d['num_stages']} / "
                       f"num_microbatches={d['num_microbatches']}")
         if not isinstance(p, dict):
@@ -304,6 +308,10 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     s = plan.solver
     lines.append(f"solver: {s.get('name')} {s.get('method', '')} status {s.get('status')}, "
                  f"{float(s.get('seconds', 0.0)):.3f} s".replace("  ", " "))
+    if s.get("method") == "highs-region-bounded" and _num(s.get("lower_bound_ms")) and _num(s.get("gap")):
+        lines.append(f"certified: planned batch time within {100 * s['gap']:.3f} % of the optimum (lower bound "
+                     f"{s['lower_bound_ms']:.3f} ms); total freezing reduced greedily, not certified least "
+                     f"(--gap 0: exact)")
     return "\n".join(lines)
 
 

@@ -58,17 +58,18 @@ def mean_freeze_ratio(durations: dict[str, float], weights: NodeWeights) -> floa
 
 def sweep(
     meta: TraceMeta, weights: NodeWeights, r_values: Sequence[float | Sequence[float]], *, solver: str = "auto",
-    edge_ms: EdgeDelays | None = None,
+    edge_ms: EdgeDelays | None = None, gap: float | None = None,
 ) -> list[SweepRow]:
     """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order; each one number or one
-    per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given."""
+    per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given; ``gap``: as
+    :func:`planner.lp.solve_freeze_lp`."""
     r_values = check_r_values(list(r_values), meta.num_stages)
     dag = build_dag(meta)
     no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
     all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
     rows: list[SweepRow] = []
     for r in r_values:
-        sol = solve_freeze_lp(dag, weights, r, solver=solver, edge_ms=edge_ms)
+        sol = solve_freeze_lp(dag, weights, r, solver=solver, edge_ms=edge_ms, gap=gap)
         speedup = no_freeze / sol.makespan if sol.makespan > 0 else 1.0
         rows.append(
             SweepRow(

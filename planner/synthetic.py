@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import random
 
-from .actions import parse_action
+from .actions import PAIR, parse_action
 from .errors import PlannerError
 from .trace import NodeWeights, TraceMeta
 
@@ -150,7 +150,42 @@ def synthetic_weights(
         for a in order:
             act = parse_action(a)
             kind, s = act.kind, act.stage
+            fwd = 0.0
+            if kind == PAIR:  # a forward and a full backward run as one: only the backward part shrinks
+                fwd, kind = base[act.forward[0]]["F"], "B"  # type: ignore[index]
             hi = base[s][kind] * (1.0 + rng.uniform(-jitter, jitter))
             lo = hi * rng.uniform(*lower_frac) if kind in ("B", "W") else hi
-            w_min[a], w_max[a] = lo, hi
+            w_min[a], w_max[a] = fwd + lo, fwd + hi
+    return NodeWeights(w_min, w_max)
+
+
+def real_like_weights(
+    meta: TraceMeta, seed: int = 0, spread: float = 0.4, jitter: float = 0.05, frozen_w: float = 0.1
+) -> NodeWeights:
+    """Timings shaped like measured ones: per-stage cost spread ``+-spread`` (unbalanced layer splits),
+    independent ``+-jitter`` per action on both bounds (they come from separate profiling phases).
+
+    A stage's forward is ``10 * U(1 - spread, 1 + spread)`` ms; its input-grad (I) and weight-grad (W)
+    parts are each ``U(0.9, 1.1)`` of that, a full backward B is their sum.  With everything frozen the
+    weight-grad part shrinks to ``frozen_w`` of itself (what is left: hook and bookkeeping), so
+    ``w_min(W) = frozen_w * W`` and ``w_min(B) = I + frozen_w * W``; F and I do not shrink.
+    """
+    rng = random.Random(seed)
+    base: dict[int, tuple[float, float, float]] = {}
+    for s in range(meta.num_stages):
+        f = 10.0 * rng.uniform(1.0 - spread, 1.0 + spread)
+        base[s] = (f, f * rng.uniform(0.9, 1.1), f * rng.uniform(0.9, 1.1))
+    w_min: dict[str, float] = {}
+    w_max: dict[str, float] = {}
+    for order in meta.rank_orders.values():
+        for a in order:
+            act = parse_action(a)
+            f, i, w = base[act.stage]
+            kind, fwd = act.kind, 0.0
+            if kind == PAIR:  # a forward and a full backward run as one: only the backward part shrinks
+                fwd, kind = base[act.forward[0]][0], "B"  # type: ignore[index]
+            hi_lo = {"F": (f, f), "I": (i, i), "W": (w, frozen_w * w), "B": (i + w, i + frozen_w * w)}[kind]
+            hi = hi_lo[0] * (1.0 + rng.uniform(-jitter, jitter))
+            lo = hi if kind in ("F", "I") else min(hi, hi_lo[1] * (1.0 + rng.uniform(-jitter, jitter)))
+            w_min[a], w_max[a] = fwd + lo, fwd + hi
     return NodeWeights(w_min, w_max)

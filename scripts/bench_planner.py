@@ -1,12 +1,18 @@
 #!/usr/bin/env python
 """Benchmark the offline planner's LP (DAG + model build + two-stage HiGHS solve) across pipeline sizes.
 
-Each size runs in a fresh subprocess so that its peak RSS is its own.  Orders come from
-``planner.schedules`` (ZBVZeroBubble for split backward, Interleaved1F1B / 1F1B otherwise) when it is
-importable, else from ``planner.synthetic`` (list-scheduled 1F1B-like orders).  Timings are synthetic
-(seeded): per-stage F/I/W ms with B/W lower bounds 30-60% of the upper bound.
+Each size runs in a fresh subprocess so that its peak RSS is its own (and a time limit, ``--timeout``).
 
-    .venv/bin/python scripts/bench_planner.py [--quick] [--max-actions N] [--solver auto]
+Default (``--schedules``): every torch schedule of ``planner.schedules`` at the ``--sizes`` (pp, microbatches;
+stages per rank as TorchTitan: 1 for GPipe/1F1B, 2 otherwise), with *real-like* timings
+(``planner.synthetic.real_like_weights``, seeded: stage costs spread +-40 %, +-5 % jitter per action and
+bound, weight-grad work down to 10 % when frozen), ``r_max`` 0.5.  ``--timings uniform``: the older synthetic
+timings (``synthetic_weights``: per-action lower bounds 30-60 % of the upper bound).  The ``gap`` column is
+the certified relative gap of the planned batch time (0: exact optimum; the bounded region method,
+``solver.method = highs-region-bounded``, stops at 0.1 %).
+
+    .venv/bin/python scripts/bench_planner.py [--sizes 8x64,16x256,32x512] [--schedules ...] [--solver auto]
+    .venv/bin/python scripts/bench_planner.py --legacy [--quick] [--max-actions N]   # the older size table
 
 ``--solver`` takes a name of ``planner.lp.SOLVERS`` or, to time the whole LP under another HiGHS
 configuration, a key of ``planner.lp_solve.CONFIGS`` (``dual``, ``dual-dse``, ``primal``, ``slack``,
@@ -55,30 +61,94 @@ def make_meta(pp: int, spr: int, mb: int, split: bool):
         return synthetic_meta(pp, spr, mb, split), "synthetic"
 
 
-def run_one(pp: int, spr: int, mb: int, split: bool, solver: str) -> dict:
-    """One measurement, in this process."""
+def schedule_meta(name: str, pp: int, mb: int):
+    from planner import schedules
+    from planner.trace import TraceMeta
+
+    spr = schedules.stages_per_rank(name)
+    s2r = schedules.stage_to_rank(name, pp, spr)
+    return TraceMeta(name, pp, len(s2r), mb, s2r, schedules.rank_orders(name, pp, mb, spr))
+
+
+def run_one(pp: int, spr: int, mb: int, split: bool, solver: str, schedule: str | None = None,
+            timings: str = "uniform", gap: float | None = None) -> dict:
+    """One measurement, in this process (``schedule``: a torch schedule name, else the legacy choice by ``split``)."""
     from planner.dag import build_dag
     from planner.lp import SOLVERS, solve_freeze_lp
-    from planner.synthetic import synthetic_weights
+    from planner.synthetic import real_like_weights, synthetic_weights
 
     base = _rss_mb()
-    meta, origin = make_meta(pp, spr, mb, split)
-    w = synthetic_weights(meta, seed=pp * 1000 + mb)
+    if schedule:
+        meta, origin = schedule_meta(schedule, pp, mb), "schedules"
+        spr = meta.num_stages // pp
+    else:
+        meta, origin = make_meta(pp, spr, mb, split)
+    seed = pp * 1000 + mb
+    w = real_like_weights(meta, seed=seed) if timings == "real-like" else synthetic_weights(meta, seed=seed)
     t0 = time.perf_counter()
     dag = build_dag(meta)
     t_dag = time.perf_counter() - t0
     st: dict = {}
     kw = {"solver": solver} if solver in SOLVERS else {"solver": "whole", "_config": solver}
-    solve_freeze_lp(dag, w, 0.5, stats=st, **kw)
+    sol = solve_freeze_lp(dag, w, 0.5, stats=st, gap=gap, **kw)
     method = "whole LP"
-    if "rounds" in st:
-        method = f"region: {st['rounds']} round{'s' if st['rounds'] > 1 else ''}, {st['region_actions']:,} actions"
+    if "rounds" in st and sol.solver != "highs-fast":
+        kind = "bounded region" if sol.solver == "highs-region-bounded" else "region"
+        method = f"{kind}: {st['rounds']} round{'s' if st['rounds'] > 1 else ''}, {st['region_actions']:,} actions"
+    elif "rounds" in st:
+        method = f"whole LP (region gave up after {st['rounds']} rounds)"
+    fz = w.freezable
+    total_r = sum((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in fz)
     return {
+        "schedule": meta.schedule, "timings": timings, "gap": sol.gap, "lower_bound": sol.lower_bound,
+        "batch_ms": sol.makespan, "total_ratio": total_r,
         "pp": pp, "spr": spr, "mb": mb, "split": split, "orders": origin, "actions": st["actions"],
         "cols": st["cols"], "rows": st["rows"], "nnz": st["nnz"], "iters": st["iters1"] + st["iters2"],
         "method": method, "dag_s": t_dag, "lp_s": st["total_s"], "total_s": t_dag + st["total_s"],
         "peak_mb": _rss_mb(), "delta_mb": _rss_mb() - base,
     }
+
+
+SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
+                  "DualPipeV")
+
+
+def schedules_table(a: argparse.Namespace) -> None:
+    """One row per (size, schedule): real-like (or uniform) timings, the gap column."""
+    try:
+        sizes = [tuple(int(x) for x in item.split("x")) for item in a.sizes.split(",")]
+        assert all(len(t) == 2 and t[0] > 0 and t[1] > 0 for t in sizes)
+    except (ValueError, AssertionError):
+        print(f"error: --sizes: expected PPxMICROBATCHES,..., got {a.sizes!r}", file=sys.stderr)
+        sys.exit(2)
+    names = [x for x in a.schedules.split(",") if x]
+    unknown = [x for x in names if x not in SCHEDULE_NAMES]
+    if unknown:
+        print(f"error: --schedules: unknown {', '.join(unknown)} (known: {', '.join(SCHEDULE_NAMES)})", file=sys.stderr)
+        sys.exit(2)
+    print(f"timings: {a.timings}; r_max 0.5; solver {a.solver}; gap {'default' if a.gap is None else a.gap}\n")
+    print("| schedule | pp x stages x microbatches | actions | method | simplex iters | DAG s | LP s | total s "
+          "| batch ms | gap | peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for pp, mb in sizes:
+        for name in names:
+            cmd = [sys.executable, __file__, "--one", json.dumps([pp, 0, mb, False, name]), "--solver", a.solver,
+                   "--timings", a.timings]
+            if a.gap is not None:
+                cmd += ["--gap", str(a.gap)]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=a.timeout)
+            except subprocess.TimeoutExpired:
+                print(f"| {name} | {pp} x ? x {mb} | | timed out after {a.timeout:.0f} s | | | | | | | |", flush=True)
+                continue
+            if out.returncode != 0:
+                tail = out.stderr.strip().splitlines()[-1:] or ["?"]
+                print(f"| {name} | {pp} x ? x {mb} | | failed: {tail[0]} | | | | | | | |", flush=True)
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"| {name} | {pp} x {r['spr']} x {mb} | {r['actions']:,} | {r['method']} | {r['iters']:,} "
+                  f"| {r['dag_s']:.2f} | {r['lp_s']:.2f} | {r['total_s']:.2f} | {r['batch_ms']:.1f} "
+                  f"| {100 * r['gap']:.3f} % | {r['peak_mb']:.0f} |", flush=True)
 
 
 def main() -> None:
@@ -87,11 +157,20 @@ def main() -> None:
     ap.add_argument("--max-actions", type=int, default=None, help="skip sizes with more actions than this")
     ap.add_argument("--solver", default="auto", help="planner.lp.SOLVERS name or planner.lp_solve.CONFIGS key")
     ap.add_argument("--split", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--legacy", action="store_true", help="the older table: sizes x split (ZBV / Interleaved1F1B / 1F1B)")
+    ap.add_argument("--sizes", default="8x64,16x256,32x512", help="PPxMICROBATCHES,... (default 8x64,16x256,32x512)")
+    ap.add_argument("--schedules", default=",".join(SCHEDULE_NAMES), help="schedule names, comma-separated")
+    ap.add_argument("--timings", choices=["real-like", "uniform"], default="real-like")
+    ap.add_argument("--gap", type=float, default=None, help="certified gap accepted (default: the planner's)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per size (default 600)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.one:
-        pp, spr, mb, split = json.loads(a.one)
-        print(json.dumps(run_one(pp, spr, mb, split, a.solver)))
+        pp, spr, mb, split, schedule = json.loads(a.one)
+        print(json.dumps(run_one(pp, spr, mb, split, a.solver, schedule, a.timings, a.gap)))
+        return
+    if not a.legacy:
+        schedules_table(a)
         return
     sizes = QUICK if a.quick else SIZES
     splits = {"both": (False, True), "yes": (True,), "no": (False,)}[a.split]
@@ -106,7 +185,8 @@ def main() -> None:
             if a.max_actions is not None and n > a.max_actions:
                 continue
             out = subprocess.run(
-                [sys.executable, __file__, "--one", json.dumps([pp, spr, mb, split]), "--solver", a.solver],
+                [sys.executable, __file__, "--one", json.dumps([pp, spr, mb, split, None]), "--solver", a.solver,
+                 "--timings", "uniform"],
                 capture_output=True, text=True, check=False,
             )
             if out.returncode != 0:

@@ -419,3 +419,52 @@ def test_region_matches_whole_lp_on_a_long_pipeline() -> None:
         return sum((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in fz)
 
     assert total(reg) == pytest.approx(total(whole), rel=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble", "1F1B", "DualPipeV"])
+def test_bounded_region_is_certified_against_the_exact_lp(schedule: str, monkeypatch) -> None:
+    """The bounded region method (gap > 0): its lower bound is at most the exact optimum, its batch time at
+    most the lower bound times (1 + gap), it respects every stage's budget, and its durations are its batch
+    time's longest path.  Forced on small real-like batches (no fallback); several r_max and seeds."""
+    import planner.lp_region as lp_region
+    from planner import schedules
+    from planner.synthetic import real_like_weights
+
+    monkeypatch.setattr(lp_region, "_REGION_MAX_FRACTION", 1.0)
+    pp, spr = 4, schedules.stages_per_rank(schedule)
+    meta = TraceMeta(schedule, pp, pp * spr, 16, schedules.stage_to_rank(schedule, pp, spr),
+                     schedules.rank_orders(schedule, pp, 16, spr))
+    g = build_dag(meta)
+    bounded = 0
+    for seed, r_max in [(0, 0.2), (1, 0.5), (2, 0.8), (3, [0.3, 0.9] * (pp * spr // 2))]:
+        w = real_like_weights(meta, seed=seed)
+        gap = 0.01
+        sol = solve_freeze_lp(g, w, r_max, solver="region", gap=gap)
+        exact = solve_freeze_lp(g, w, r_max, solver="whole")
+        assert sol.lower_bound <= exact.makespan * (1 + 1e-9)
+        assert exact.makespan <= sol.makespan * (1 + 1e-9)
+        assert sol.makespan <= sol.lower_bound * (1 + gap) * (1 + 1e-9)
+        assert sol.gap == pytest.approx((sol.makespan - sol.lower_bound) / sol.lower_bound, abs=1e-12)
+        assert longest_path(g, sol.durations)[0] == pytest.approx(sol.makespan, rel=1e-9)
+        per_stage = {}
+        for a, d in sol.durations.items():
+            if a in w.freezable:
+                per_stage.setdefault(g.nodes[a]["stage"], []).append((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]))
+        for s, rs in per_stage.items():
+            cap = r_max if isinstance(r_max, float) else r_max[s]
+            assert sum(rs) <= cap * len(rs) + 1e-6, (seed, s)
+        if sol.solver == "highs-region-bounded":
+            bounded += 1
+        else:  # the region became exact first: the exact optimum
+            assert sol.solver == "highs-region" and sol.makespan == pytest.approx(exact.makespan, rel=1e-6)
+
+
+def test_gap_is_validated_and_auto_uses_it_only_on_large_batches() -> None:
+    meta = synthetic_meta(4, 1, 8, False)
+    w = synthetic_weights(meta, seed=1)
+    g = build_dag(meta)
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(PlannerError, match="gap must be a number in"):
+            solve_freeze_lp(g, w, 0.5, gap=bad)
+    sol = solve_freeze_lp(g, w, 0.5)  # small: the exact whole LP, whatever the default gap
+    assert sol.solver == "highs-fast" and sol.gap == 0.0 and sol.lower_bound == sol.makespan
