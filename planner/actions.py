@@ -11,6 +11,7 @@ towards that stage's budget. ``Action.forward`` holds the forward part's (stage,
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,9 +61,15 @@ def _bad(name: object) -> ValueError:
 
 def parse_action(name: str) -> Action:
     """Parse ``"2B5"`` or ``"(0F3;3B1)OVERLAP_F_B"``; raises ``ValueError`` (message names the bad string)
-    for anything else."""
+    for anything else.  Results are cached (an :class:`Action` is immutable; a batch's names recur in every
+    record, plan and DAG pass)."""
     if not isinstance(name, str):
         raise _bad(name)
+    return _parse_cached(name)
+
+
+@functools.lru_cache(maxsize=1 << 18)
+def _parse_cached(name: str) -> Action:
     m = _ACTION_RE.match(name)
     if m is not None:
         return Action(int(m.group(1)), m.group(2), int(m.group(3)))

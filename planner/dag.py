@@ -32,12 +32,26 @@ SOURCE = "source"
 SINK = "sink"
 
 
+_LAST_DAG: list = []  # [(schedule, stage_to_rank, num_microbatches, rank_orders copy), graph] of the last build
+
+
 def build_dag(meta: TraceMeta) -> nx.DiGraph:
     """Build the batch DAG from validated trace metadata; the graph is frozen (read-only structure).
 
     Raises :class:`PlannerError` naming the actions of one cycle when ``rank_orders`` contradict the
-    data dependencies (the schedule could never run).
+    data dependencies (the schedule could never run).  The last graph built is reused when the next call's
+    schedule, placement and orders are equal (a plan and its summary need the same 100k-action graph;
+    comparing the orders costs milliseconds, building them seconds).
     """
+    key = (meta.schedule, list(meta.stage_to_rank), meta.num_microbatches)
+    if _LAST_DAG and _LAST_DAG[0][:3] == key and _LAST_DAG[0][3] == meta.rank_orders:
+        return _LAST_DAG[1]
+    g = _build_dag(meta)
+    _LAST_DAG[:] = [(*key, {r: list(o) for r, o in meta.rank_orders.items()}), g]
+    return g
+
+
+def _build_dag(meta: TraceMeta) -> nx.DiGraph:
     g = nx.DiGraph()
     g.add_node(SOURCE)
     g.add_node(SINK)

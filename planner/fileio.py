@@ -29,10 +29,22 @@ def replace_atomically(path: str | os.PathLike[str], write: Callable[[str], None
         raise PlannerError(f"{path}: cannot write: {e.strerror or e}") from None
 
 
-def write_json_atomically(path: str | os.PathLike[str], obj: Any) -> None:
+def write_json_atomically(path: str | os.PathLike[str], obj: Any, one_line: str | None = None) -> None:
+    """Write ``obj`` as JSON with ``indent=1`` and a trailing newline, atomically.  ``one_line``: a top-level key
+    of ``obj`` whose value (an object) is written with one member per line, each member compact (for
+    large maps: the C encoder, ~10x faster than ``indent`` on 100k entries); still valid JSON."""
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1)
+            if one_line is None or one_line not in obj:
+                json.dump(obj, f, indent=1)
+            else:
+                rest = {k: v for k, v in obj.items() if k != one_line}
+                head = json.dumps(rest, indent=1)
+                f.write(head[:-2] + ",\n" if rest else "{\n")
+                f.write(f" {json.dumps(one_line)}: {{\n")
+                enc = json.JSONEncoder().encode
+                f.write(",\n".join(f"  {enc(k)}: {enc(v)}" for k, v in obj[one_line].items()))
+                f.write("\n }\n}")
             f.write("\n")
 
     replace_atomically(path, write)

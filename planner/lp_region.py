@@ -211,26 +211,30 @@ def solve_region(
         r = np.zeros(n)
         real = back >= 0
         r[back[real]] = r_sub[real]
-        t_full, through = _longest(ar, paths, r)
         info.update(sinfo, **totals, rounds=rnd, region_actions=int(keep.sum()))
         bound = t_r * (1 + 1e-9) + 1e-9
-        if t_full <= bound:
-            return t_r, r, info | {"lower_bound": t_r}
         if gap > 0:
             lower = max(lower, t_r)
             rb = spread_leftover(ar, r, keep, r_max)
             t_up, through = _longest(ar, paths, rb)
             info.update(upper_bound=t_up)
             if t_up <= lower * (1 + gap):
+                if _longest(ar, paths, r)[0] <= bound:  # the region is exact: the lexicographic optimum
+                    return t_r, r, info | {"lower_bound": t_r}
                 rb = unfreeze_slack(ar, paths, rb, t_up)
                 t_up, _ = _longest(ar, paths, rb)
                 return t_up, rb, info | {"lower_bound": lower, "bounded": True}
             add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
+            if add.size == 0:
+                return None  # the too-long paths lie in the region already: the whole LP decides
             cap = int(_BOUNDED_GROWTH * keep.sum())
             if add.size > cap:  # the worst paths first: the region grows at most geometrically
                 add = add[np.argsort(-through[add], kind="stable")[:cap]]
             keep[add] = True
             continue
+        t_full, through = _longest(ar, paths, r)
+        if t_full <= bound:
+            return t_r, r, info | {"lower_bound": t_r}
         add = (through > bound) & ~keep
         if add.sum() > keep.sum():  # far off: add only the worst paths' actions
             add = (through >= t_full - _REGION_BAND * (t_full - t_r)) & ~keep

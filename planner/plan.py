@@ -138,7 +138,7 @@ def plan_from_trace(
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write atomically (temp file in the same directory, fsync, ``os.replace``); a failure is a
     one-line PlannerError naming ``path``."""
-    write_json_atomically(path, plan.to_json())
+    write_json_atomically(path, plan.to_json(), one_line="actions")
 
 
 def stage_mean_ratios(plan: Plan) -> dict[int, float]:

@@ -238,11 +238,11 @@ def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], re
         raise PlannerError(f"{where}: field 'step' must be an integer, got {step!r}")
     if not isinstance(action, str):
         raise PlannerError(f"{where}: field 'action' must be a string, got {action!r}")
-    try:
-        parse_action(action)
-    except ValueError as e:
-        raise PlannerError(f"{where}: field 'action': {e}") from None
-    if action not in rank_actions:
+    if action not in rank_actions:  # rank_orders hold only valid names, so a member needs no parsing
+        try:
+            parse_action(action)
+        except ValueError as e:
+            raise PlannerError(f"{where}: field 'action': {e}") from None
         raise PlannerError(f"{where}: action {action!r} is not in rank_orders[{str(rank)!r}] of meta.json")
     if not _is_num(ms) or not math.isfinite(ms) or ms < 0:
         raise PlannerError(f"{where}: field 'ms' must be a finite number >= 0, got {ms!r}")
