@@ -51,6 +51,8 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     assert "GPipe__egeria__tolerance_coef=2__seed=0" in ids
     none = [j for j in jobs if j.method == "none"]
     assert len(none) == 4 and all(j.knob_value is None and j.knob_name is None for j in none)
+    # interleaved: every cell's seed 0 runs before any seed 1
+    assert [j.seed for j in jobs] == [0] * (len(jobs) // 2) + [1] * (len(jobs) // 2)
 
     by_id = {j.job_id: j for j in jobs}
     cmd = build_command(by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python",

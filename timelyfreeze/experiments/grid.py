@@ -164,7 +164,9 @@ def _as_list(x: Any, what: str) -> list[Any]:
 
 
 def expand_grid(grid: dict[str, Any]) -> list[Job]:
-    """One job per (schedule, method, knob value, seed), in that nesting order; ``none`` has no knob."""
+    """One job per (seed, schedule, method, knob value), in that nesting order (interleaved: every cell's
+    seed ``i`` before any seed ``i + 1``, so the machine's slow periods spread over all cells and an
+    interrupted sweep has every cell at the same depth); ``none`` has no knob."""
     schedules = [str(s) for s in _as_list(grid.get("schedules"), "schedules")]
     seeds = _as_list(grid.get("seeds", [0]), "seeds")
     if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
@@ -175,12 +177,12 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
     if unknown:
         raise GridError(f"unknown grid keys {sorted(unknown)}")
     jobs: list[Job] = []
-    for schedule in schedules:
-        s_over = list(dict(sched_over.get(schedule, {})).items())
-        for method, values, m_over in _method_entries(grid.get("methods")):
-            overrides = tuple(base_over + s_over + list(m_over.items()))
-            for value in values if values is not None else [None]:
-                for seed in seeds:
+    for seed in seeds:  # outermost: seed i of every cell runs before seed i + 1, so slow periods spread over all
+        for schedule in schedules:
+            s_over = list(dict(sched_over.get(schedule, {})).items())
+            for method, values, m_over in _method_entries(grid.get("methods")):
+                overrides = tuple(base_over + s_over + list(m_over.items()))
+                for value in values if values is not None else [None]:
                     jobs.append(Job(schedule, method, value, seed, overrides))
     ids = [j.job_id for j in jobs]
     dup = sorted({i for i in ids if ids.count(i) > 1})
