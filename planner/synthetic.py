@@ -189,3 +189,24 @@ def real_like_weights(
             lo = hi if kind in ("F", "I") else min(hi, hi_lo[1] * (1.0 + rng.uniform(-jitter, jitter)))
             w_min[a], w_max[a] = fwd + lo, fwd + hi
     return NodeWeights(w_min, w_max)
+
+
+def replay_weights(source: NodeWeights, source_meta: TraceMeta, meta: TraceMeta, seed: int = 0) -> NodeWeights:
+    """A measured trace's timings scaled up to ``meta`` (same schedule, any size): every action of ``meta``
+    draws the ``(w_min, w_max)`` pair of a random action of the same kind of source stage
+    ``stage % source_meta.num_stages`` (the measured stage costs, their spread and per-action jitter, and the
+    measured frozen/unfrozen ratios, resampled)."""
+    if meta.schedule != source_meta.schedule:
+        raise PlannerError(f"replay needs the same schedule: trace {source_meta.schedule!r}, target {meta.schedule!r}")
+    pool: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for a, hi in source.w_max.items():
+        act = parse_action(a)
+        pool.setdefault((act.stage, act.kind), []).append((source.w_min[a], hi))
+    rng = random.Random(seed)
+    w_min: dict[str, float] = {}
+    w_max: dict[str, float] = {}
+    for order in meta.rank_orders.values():
+        for a in order:
+            act = parse_action(a)
+            w_min[a], w_max[a] = rng.choice(pool[(act.stage % source_meta.num_stages, act.kind)])
+    return NodeWeights(w_min, w_max)

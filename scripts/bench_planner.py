@@ -84,7 +84,17 @@ def run_one(pp: int, spr: int, mb: int, split: bool, solver: str, schedule: str 
     else:
         meta, origin = make_meta(pp, spr, mb, split)
     seed = pp * 1000 + mb
-    w = real_like_weights(meta, seed=seed) if timings == "real-like" else synthetic_weights(meta, seed=seed)
+    if timings.startswith("replay:"):  # a measured trace's timings, resampled onto this size
+        from planner.estimate import estimate_weights
+        from planner.synthetic import replay_weights
+        from planner.trace import load_trace
+
+        src = load_trace(timings.split(":", 1)[1])
+        w = replay_weights(estimate_weights(src, "median"), src.meta, meta, seed=seed)
+    elif timings == "real-like":
+        w = real_like_weights(meta, seed=seed)
+    else:
+        w = synthetic_weights(meta, seed=seed)
     t0 = time.perf_counter()
     dag = build_dag(meta)
     t_dag = time.perf_counter() - t0
@@ -122,6 +132,18 @@ def schedules_table(a: argparse.Namespace) -> None:
         print(f"error: --sizes: expected PPxMICROBATCHES,..., got {a.sizes!r}", file=sys.stderr)
         sys.exit(2)
     names = [x for x in a.schedules.split(",") if x]
+    if a.timings.startswith("replay:"):
+        from planner.errors import PlannerError
+        from planner.trace import load_trace
+
+        try:
+            names = [load_trace(a.timings.split(":", 1)[1]).meta.schedule]
+        except PlannerError as e:
+            print(f"error: --timings: {e}", file=sys.stderr)
+            sys.exit(2)
+    elif a.timings not in ("real-like", "uniform"):
+        print(f"error: --timings: expected real-like, uniform or replay:TRACE_DIR, got {a.timings!r}", file=sys.stderr)
+        sys.exit(2)
     unknown = [x for x in names if x not in SCHEDULE_NAMES]
     if unknown:
         print(f"error: --schedules: unknown {', '.join(unknown)} (known: {', '.join(SCHEDULE_NAMES)})", file=sys.stderr)
@@ -160,7 +182,9 @@ def main() -> None:
     ap.add_argument("--legacy", action="store_true", help="the older table: sizes x split (ZBV / Interleaved1F1B / 1F1B)")
     ap.add_argument("--sizes", default="8x64,16x256,32x512", help="PPxMICROBATCHES,... (default 8x64,16x256,32x512)")
     ap.add_argument("--schedules", default=",".join(SCHEDULE_NAMES), help="schedule names, comma-separated")
-    ap.add_argument("--timings", choices=["real-like", "uniform"], default="real-like")
+    ap.add_argument("--timings", default="real-like",
+                    help="real-like (default), uniform, or replay:TRACE_DIR (a measured trace's timings resampled "
+                         "onto each size; its schedule only)")
     ap.add_argument("--gap", type=float, default=None, help="certified gap accepted (default: the planner's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per size (default 600)")
     ap.add_argument("--one", help=argparse.SUPPRESS)

@@ -468,3 +468,24 @@ def test_gap_is_validated_and_auto_uses_it_only_on_large_batches() -> None:
             solve_freeze_lp(g, w, 0.5, gap=bad)
     sol = solve_freeze_lp(g, w, 0.5)  # small: the exact whole LP, whatever the default gap
     assert sol.solver == "highs-fast" and sol.gap == 0.0 and sol.lower_bound == sol.makespan
+
+
+def test_replay_weights_resample_a_measured_trace_onto_a_larger_pipeline() -> None:
+    from planner import schedules
+    from planner.simulate import synthetic_trace
+    from planner.synthetic import replay_weights
+    from planner.trace import node_weights
+
+    src = synthetic_trace("ZBVZeroBubble", 2, 4, stage_scale=[1.0, 1.5, 0.7, 1.2], jitter=0.1, seed=3)
+    sw = node_weights(src)
+    meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
+                     schedules.rank_orders("ZBVZeroBubble", 4, 16, 2))
+    w = replay_weights(sw, src.meta, meta, seed=1)
+    assert set(w.w_max) == set(meta.all_actions())
+    for a, hi in w.w_max.items():  # every pair is one measured pair of the same kind of stage % 4
+        act = a[:1] if a[1].isalpha() else a[:2]
+        stage, kind = int(act), a[len(act)]
+        pairs = {(sw.w_min[b], sw.w_max[b]) for b in sw.w_max if b.startswith(f"{stage % 4}{kind}")}
+        assert (w.w_min[a], hi) in pairs
+    with pytest.raises(PlannerError, match="same schedule"):
+        replay_weights(sw, src.meta, synthetic_meta(4, 1, 8, False), seed=0)
