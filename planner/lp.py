@@ -138,8 +138,8 @@ def solve_freeze_lp(
         method = _config
         result = solve_whole(ar, budget, _config, options)
     t_star, r, info = result
-    lower = float(info.pop("lower_bound", t_star))  # type: ignore[arg-type]
-    if info.get("bounded"):
+    lower = info.pop("lower_bound", None)  # only a bounded region result has one
+    if lower is not None:
         method = "region-bounded"
     sens = sensitivity(info.pop("budget_duals"), stage_counts(ar), budget, num_stages)  # type: ignore[arg-type]
     t3 = time.perf_counter()
@@ -158,4 +158,4 @@ def solve_freeze_lp(
     if stats is not None:
         stats.update(info, actions=len(durations), total_s=seconds, check_s=time.perf_counter() - t3)
     return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}", sens,
-                      lower_bound=min(lower, makespan) if method == "region-bounded" else makespan)
+                      lower_bound=makespan if lower is None else min(float(lower), makespan))  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ def region_arrays(
     return sub, back
 
 
-def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax, scale: float = 1.0) -> np.ndarray:
+def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax) -> np.ndarray:
     """``r`` with every left-out freezable action (not in ``keep``) at its stage's leftover share: the stage's
     budget ``r_max_s * n_s`` minus what the kept actions use, spread evenly over its left-out actions (capped
     at 1).  Every stage stays within its budget."""
@@ -116,14 +116,15 @@ def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax,
     inside, out = frz & keep, frz & ~keep
     used = np.bincount(ar.stage[inside], weights=r[inside], minlength=ns)
     n_out = np.bincount(ar.stage[out], minlength=ns)
-    share = np.clip(scale * (budget - used) / np.maximum(n_out, 1), 0.0, 1.0)
+    share = np.clip((budget - used) / np.maximum(n_out, 1), 0.0, 1.0)
     r = r.copy()
     r[out] = share[ar.stage[out]]
     return r
 
 
-def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) -> np.ndarray:
-    """``r`` with freezing given back where the batch does not need it to stay within ``target`` ms.
+def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) -> tuple[np.ndarray, float]:
+    """``r`` with freezing given back where the batch does not need it to stay within ``target`` ms, and the
+    batch time of the result (the latest end of the pass's final schedule).
 
     One pass in topological order with each action's tail (longest path from its end) taken at the current
     durations: an action's duration grows (its freeze ratio falls) up to ``target - head - tail``, with
@@ -154,7 +155,7 @@ def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) ->
     out = r.copy()
     f = ar.delta > 0
     out[f] = np.clip((ar.wmax[f] - d[f]) / ar.delta[f], 0.0, 1.0)
-    return out
+    return out, float((np.asarray(head) + d).max())
 
 
 def _longest(ar: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndarray]:
@@ -185,8 +186,8 @@ def solve_region(
     solve is needed for them.
 
     ``gap > 0``: the bounded method (module docstring); returns the feasible plan's batch time ``T_U``
-    and ratios once ``T_U <= T_R (1 + gap)``, with ``info["lower_bound"] = T_R`` (its duals are then a
-    subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``).
+    and ratios once ``T_U <= T_R (1 + gap)``, with ``info["lower_bound"] = T_R`` (an exact result has no such
+    key); its duals are then a subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``.
     """
     opts = {**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}
     paths = Paths(ar)
@@ -220,10 +221,9 @@ def solve_region(
             info.update(upper_bound=t_up)
             if t_up <= lower * (1 + gap):
                 if _longest(ar, paths, r)[0] <= bound:  # the region is exact: the lexicographic optimum
-                    return t_r, r, info | {"lower_bound": t_r}
-                rb = unfreeze_slack(ar, paths, rb, t_up)
-                t_up, _ = _longest(ar, paths, rb)
-                return t_up, rb, info | {"lower_bound": lower, "bounded": True}
+                    return t_r, r, info
+                rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
+                return t_up, rb, info | {"lower_bound": lower}
             add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
             if add.size == 0:
                 return None  # the too-long paths lie in the region already: the whole LP decides
@@ -234,7 +234,7 @@ def solve_region(
             continue
         t_full, through = _longest(ar, paths, r)
         if t_full <= bound:
-            return t_r, r, info | {"lower_bound": t_r}
+            return t_r, r, info
         add = (through > bound) & ~keep
         if add.sum() > keep.sum():  # far off: add only the worst paths' actions
             add = (through >= t_full - _REGION_BAND * (t_full - t_r)) & ~keep

@@ -63,11 +63,9 @@ def make_meta(pp: int, spr: int, mb: int, split: bool):
 
 def schedule_meta(name: str, pp: int, mb: int):
     from planner import schedules
-    from planner.trace import TraceMeta
+    from planner.trace import validate_meta
 
-    spr = schedules.stages_per_rank(name)
-    s2r = schedules.stage_to_rank(name, pp, spr)
-    return TraceMeta(name, pp, len(s2r), mb, s2r, schedules.rank_orders(name, pp, mb, spr))
+    return validate_meta(schedules.schedule_meta(name, pp, mb), f"<{name} pp={pp} mb={mb}>")
 
 
 def run_one(pp: int, spr: int, mb: int, split: bool, solver: str, schedule: str | None = None,
