@@ -18,7 +18,7 @@ spread evenly over the stage's left-out actions (:func:`spread_leftover`).  Its 
 upper bound and the region LP's ``T_R`` a lower bound of ``T*``; the rounds stop when
 ``T_U <= T_R (1 + gap)``, and a greedy pass (:func:`unfreeze_slack`) then gives back the freezing that
 the plan does not need to stay within ``T_U``.  The plan's batch time is then certified within ``gap`` of
-the optimum; its total freezing is not certified least (measured: 30-60 % more than the exact optimum's
+the optimum; its total freezing is not certified least (measured: 48-61 % more than the exact optimum's
 on real-like pp 16 x 2 x 256 traces, ``docs/planner-solver-notes.md``; ``gap=0`` gives the exact plan).
 Growth adds the actions of that plan's too-long paths, the longest first and at most doubling the region
 (``_BOUNDED_GROWTH``), so the region stays near the few co-critical ranks.
