@@ -268,11 +268,15 @@ def fabricated(tmp_path):
     random (1600, 5.25); GPipe: none (900, 5.0), tf 0.8 of another length; one failed job."""
     out = tmp_path / "sweep"
     nf_curve = [[10, 6.0], [20, 5.5], [30, 5.0]]
-    write_job(out, "1F1B__none__seed=0", {**tps(1000), "val_loss": 5.0, "val_curve": nf_curve})
+    def steps(ms):  # 30 steps of ``ms`` each (the wall clock of time to accuracy)
+        return [{"step": k, "step_ms": ms, "batch_ms": ms - 10, "tokens_per_s": 1e6 / ms, "loss": 6.0,
+                 "freeze_ratio": 0.0} for k in range(1, 31)]
+
+    write_job(out, "1F1B__none__seed=0", {**tps(1000), "val_loss": 5.0, "val_curve": nf_curve}, metrics=steps(100.0))
     write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=0",
               {**tps(1250), "val_loss": 4.95, "val_curve": [[10, 5.8], [20, 5.2], [30, 4.95]],
                "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 100.0},
-               "avg_freeze_ratio": 0.3}, timeline=True)
+               "avg_freeze_ratio": 0.3}, timeline=True, metrics=steps(80.0))
     write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=1",
               {**tps(1350), "val_loss": 4.85, "val_curve": [[10, 5.7], [30, 4.85]]})
     write_job(out, "1F1B__timelyfreeze__r_max=0.8__seed=0",
@@ -339,20 +343,30 @@ def test_report_tables_on_fabricated_outputs(fabricated):
     assert t["target_step"] == 30 and t["target_loss"] == 5.0 and t["steps_nf"] == 30
     assert t["steps_method"] == pytest.approx(28.0)  # 20 + (5.2 - 5.0) / (5.2 - 4.95) * 10
     assert t["kappa"] == pytest.approx(1.25) and t["steps_ratio"] == pytest.approx(28 / 30)
-    assert t["tta_ratio"] == pytest.approx(28 / 30 / 1.25)
+    # wall clock: 28 steps of 80 ms vs 30 steps of 100 ms
+    assert t["wall_s_method"] == pytest.approx(2.24) and t["wall_s_nf"] == pytest.approx(3.0)
+    assert t["tta_ratio"] == pytest.approx(2.24 / 3.0)
+    assert t["val_loss_same_step"] == 4.95 and t["dval"] == pytest.approx(-0.05)
     t = tta["1F1B__timelyfreeze__r_max=0.8__seed=0"]
-    assert t["kappa"] == pytest.approx(1.6) and t["steps_method"] is None and t["note"] == "not reached"
+    assert t["kappa"] == pytest.approx(1.6) and t["steps_method"] is None
+    assert t["note"] == "not reached within 30 steps" and t["dval"] == pytest.approx(0.2)
     assert t["tta_ratio"] is None
-    assert tta["1F1B__none__seed=0"]["tta_ratio"] == 1.0
+    assert tta["1F1B__none__seed=0"]["tta_ratio"] == 1.0 and tta["1F1B__none__seed=0"]["dval"] == 0.0
     assert "no no-freezing run" in tta["1F1B__timelyfreeze__r_max=0.5__seed=1"]["note"]
-    assert "different length" in tta["GPipe__timelyfreeze__r_max=0.8__seed=0"]["note"]
+    t = tta["GPipe__timelyfreeze__r_max=0.8__seed=0"]
+    assert t["note"] == "not reached within 20 steps" and t["dval"] == pytest.approx(0.1)
+    cells = {(c["schedule"], c["method"], c["knob_value"]): c for c in rep["cells"]}
+    c = cells[("1F1B", "timelyfreeze", 0.5)]  # seed 1 has no no-freezing partner: one paired value
+    assert c["seeds"] == 2 and c["reached"] == 1 and c["kappa_mean"] == pytest.approx(1.25)
+    assert c["kappa_lo"] is None and c["throughput"] is None
+    assert (fabricated / "report" / "cells.csv").is_file()
     # an earlier target step: NF loss at step 15 = 5.75; tf 0.5 reaches it at 10 + (5.8-5.75)/0.6*10
     t = {t["job_id"]: t for t in tta_rows(rep["rows"], tta_step=15)}["1F1B__timelyfreeze__r_max=0.5__seed=0"]
     assert t["target_loss"] == pytest.approx(5.75) and t["steps_nf"] == pytest.approx(15.0)
     assert t["steps_method"] == pytest.approx(10 + 0.05 / 0.6 * 10)
     with open(fabricated / "report" / "tta.csv") as f:
         assert {r["job_id"]: r["note"] for r in csv.DictReader(f)}["1F1B__timelyfreeze__r_max=0.8__seed=0"] == \
-            "not reached"
+            "not reached within 30 steps"
     md = (fabricated / "report" / "report.md").read_text()
     assert "| 1F1B__timelyfreeze__r_max=0.5__seed=0 | timelyfreeze | r_max | 0.5 | 1F1B |" in md
     assert "not reached" in md and "![" in md
@@ -424,3 +438,70 @@ def test_report_with_real_planner_sweep(fabricated):
     assert (fabricated / "report" / "planner_sweep_1F1B__timelyfreeze__r_max=0.8__seed=0.csv").is_file()
     assert not any("0.8__seed=0: planner sweep failed" in w for w in rep["warnings"])
     _nontrivial_png(fabricated / "report" / "throughput_vs_rmax.png")
+
+
+# -------------------------------------------------------------------- statistics and extension
+def test_mean_ci_hand_checked_and_verdicts():
+    from timelyfreeze.experiments.stats import NO_DIFFERENCE, fmt_ci, mean_ci, verdict
+
+    # 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.302653 -> half width 4.302653 / sqrt(3) = 2.484138
+    m, lo, hi, n = mean_ci([1.0, 2.0, None, 3.0])
+    assert (m, n) == (2.0, 3) and lo == pytest.approx(2 - 2.484138, abs=1e-6) and hi == pytest.approx(2 + 2.484138, abs=1e-6)
+    assert mean_ci([1.5]) == (1.5, None, None, 1) and mean_ci([]) == (None, None, None, 0)
+    assert verdict(1.01, 1.2, 1.0, "faster", "slower") == "faster"
+    assert verdict(0.8, 0.99, 1.0, "faster", "slower") == "slower"
+    assert verdict(0.9, 1.1, 1.0, "faster", "slower") == NO_DIFFERENCE
+    assert verdict(None, None, 1.0, "faster", "slower") is None
+    assert fmt_ci(1.0, 0.9, 1.1) == "1.000 [0.900, 1.100]" and fmt_ci(1.0, None, None) == "1.000"
+
+
+def test_cell_stats_over_three_seeds():
+    from timelyfreeze.experiments.stats import cell_stats
+
+    paired = [{"schedule": "1F1B", "method": "timelyfreeze", "knob_name": "r_max", "knob_value": 0.8,
+               "kappa": k, "speedup_in_run": 1.2, "dval": d, "steps_ratio": s, "tta_ratio": s and s / k,
+               "steps_method": s} for k, d, s in ((1.2, 0.01, 1.0), (1.3, 0.02, 1.1), (1.25, 0.015, None))]
+    (c,) = cell_stats(paired)
+    assert c["seeds"] == 3 and c["reached"] == 2 and c["kappa_mean"] == pytest.approx(1.25)
+    assert c["throughput"] == "faster" and c["accuracy"] == "worse"
+    assert c["speedup_in_run_lo"] == c["speedup_in_run_hi"] == pytest.approx(1.2)  # no spread: a zero-width interval
+    assert c["tta_ratio_mean"] == pytest.approx((1.0 / 1.2 + 1.1 / 1.3) / 2)
+
+
+def test_extend_to_target_grid_and_overrides(base_toml, tmp_path):
+    from timelyfreeze.experiments.extend import extension_overrides
+
+    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0], "extend_to_target": 2,
+            "methods": {"timelyfreeze": [0.8], "none": True}}
+    jobs = expand_grid(grid)
+    assert [j.method for j in jobs] == ["none", "timelyfreeze"]  # the target's run first
+    assert jobs[0].extend is None and jobs[1].extend == 2.0 and jobs[1].spec()["extend_to_target"] == 2.0
+    assert "extend_to_target" not in expand_grid({**grid, "extend_to_target": None})[1].spec()
+    for bad in (0.5, True, "2"):
+        with pytest.raises(GridError, match="extend_to_target"):
+            expand_grid({**grid, "extend_to_target": bad})
+    with pytest.raises(GridError, match="needs the 'none' method"):
+        expand_grid({**grid, "methods": {"timelyfreeze": [0.8]}})
+    jobs_dir = tmp_path / "jobs"
+    extra, note = extension_overrides(jobs[1], jobs_dir, base_toml)
+    assert extra == () and "1F1B__none__seed=0 is missing" in note
+    write_job(tmp_path, "1F1B__none__seed=0", {"val_loss": 4.6571340560913086})
+    extra, note = extension_overrides(jobs[1], jobs_dir, base_toml)
+    ext = dict(extra)
+    assert note is None and ext["training.steps"] == 40 and ext["lr_scheduler.total_steps"] == 20
+    cmd = build_command(jobs[1].__class__(**{**jobs[1].__dict__, "overrides": extra}), base_toml, "py")
+    assert float(cmd[cmd.index("--freeze.stop_at_val_loss") + 1]) == 4.6571340560913086  # the float, not rounded
+    assert extension_overrides(jobs[0], jobs_dir, base_toml) == ((), None)
+
+
+def test_sweep_extends_freezing_jobs_from_the_no_freezing_result(base_toml, tmp_path):
+    out = tmp_path / "sweep"
+    rc = main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B", "--method", "none",
+               "--method", "timelyfreeze=0.8", "--launcher", FAKE, "--extend-to-target", "1.5", "--no-report"])
+    assert rc == 0
+    rec = json.loads((out / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "job.json").read_text())
+    nf = json.loads((out / "jobs" / "1F1B__none__seed=0" / "dump" / "timelyfreeze" / "summary.json").read_text())
+    cmd = rec["command"]
+    assert cmd[cmd.index("--training.steps") + 1] == "30" and cmd[cmd.index("--lr_scheduler.total_steps") + 1] == "20"
+    assert float(cmd[cmd.index("--freeze.stop_at_val_loss") + 1]) == nf["val_loss"]
+    assert rec["spec"]["extend_to_target"] == 1.5

@@ -98,6 +98,13 @@ class Freeze:
     """Stable steps whose median drift must lie beyond ``replan_threshold`` for a re-plan (also the steps
     whose median scales the re-plan uses)."""
 
+    stop_at_val_loss: float = 0.0
+    """Time-to-accuracy runs: when > 0, the run stops after the first validation at or below this loss, once
+    it has trained the length its LR schedule is made for (``lr_scheduler.total_steps``, else
+    ``training.steps``); ``training.steps`` is then the most it may train, and past ``total_steps`` the LR
+    holds the schedule's end value (``min_lr_factor`` of the peak). Needs ``[validation] enable``. 0 (the default): train ``training.steps``. The
+    sweep sets it from the no-freezing run (``extend_to_target`` in a grid)."""
+
     cpu_pinning: bool = False
     """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
     least as many cores as local ranks), so that ranks do not share a core while another idles
@@ -251,6 +258,9 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
         raise FreezeConfigError(f"[freeze] replan_threshold = {cfg.replan_threshold}: must be a number > 0")
     if isinstance(cfg.replan_patience, bool) or not isinstance(cfg.replan_patience, int) or cfg.replan_patience < 1:
         raise FreezeConfigError(f"[freeze] replan_patience = {cfg.replan_patience}: must be an integer >= 1")
+    if isinstance(cfg.stop_at_val_loss, bool) or not (
+            isinstance(cfg.stop_at_val_loss, (int, float)) and 0.0 <= cfg.stop_at_val_loss < math.inf):
+        raise FreezeConfigError(f"[freeze] stop_at_val_loss = {cfg.stop_at_val_loss}: must be a number >= 0")
     if cfg.plan and cfg.method not in PLANNED_METHODS:
         raise FreezeConfigError(
             f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
@@ -323,4 +333,12 @@ def check_compile(compile_cfg) -> None:
         raise FreezeConfigError(
             "[compile] enable = true: per-microbatch freezing changes requires_grad on parameters, which breaks "
             "torch.compile's guards (a recompile per frozen set); set [compile] enable = false with [freeze] enable"
+        )
+
+
+def check_stop_rule(cfg: Freeze, validation) -> None:
+    """``stop_at_val_loss`` decides on validation losses, so validation must run."""
+    if cfg.stop_at_val_loss > 0 and not getattr(validation, "enable", False):
+        raise FreezeConfigError(
+            f"[freeze] stop_at_val_loss = {cfg.stop_at_val_loss:g} needs validation: set [validation] enable = true"
         )

@@ -117,6 +117,7 @@ class FreezeRuntime:
         """True once a checkpoint's freezing state was refused: the run ends without a summary."""
         self._batch_s = 0.0
         self._step_t0 = 0.0
+        self._step_lr = 0.0
         self._losses: list[Any] = []
         if cfg.plan:
             given = planning.load_given(cfg.plan, info.schedule, self.num_stages, info.num_microbatches)
@@ -151,6 +152,7 @@ class FreezeRuntime:
         self._losses = []
         self.profiler.reset_order()
         self.method.begin_step(step)
+        self._step_lr = float(self.ctx.get_lr())  # the LR this step's optimizer update uses
         self._step_t0 = time.perf_counter()
 
     def begin_batch(self, index: int) -> None:
@@ -212,6 +214,7 @@ class FreezeRuntime:
             "tokens_per_s": self.info.tokens_per_step / step_s if step_s > 0 else None,
             "loss": loss,
             "predicted_batch_ms": self._predicted_ms(),
+            "lr": self._step_lr,
         }
         if replicas > 1:
             row["replica_batch_ms"] = [round(b * 1e3, 3) for b in batch_s]
@@ -404,7 +407,8 @@ class FreezeRuntime:
             run={"method": self.cfg.method, "knob": knob_of(self.cfg), "schedule": self.info.schedule,
                  "pp_degree": self.pg.size, "replicas": self.job.replicas, "num_stages": self.num_stages,
                  "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed}
-            | ({"r_max_per_stage": list(self.r_max)} if isinstance(self.r_max, tuple) else {}),
+            | ({"r_max_per_stage": list(self.r_max)} if isinstance(self.r_max, tuple) else {})
+            | ({"stop_at_val_loss": self.cfg.stop_at_val_loss} if self.cfg.stop_at_val_loss > 0 else {}),
             predicted_batch_ms=self.plan_batch_ms, val_curve=self.val_curve,
             method_summary=self.method.summary(), failures=self.failures,
             replans=self.replanner.events if self.replanner is not None else [],

@@ -7,6 +7,7 @@ Launch: ``torchrun --nproc_per_node=2 -m timelyfreeze.train --job.config_file to
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus, cpu_shims
-from timelyfreeze.config import check_compile, check_parallelism, validate
+from timelyfreeze.config import check_compile, check_parallelism, check_stop_rule, validate
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
@@ -40,12 +41,14 @@ class TimelyFreezeTrainer(Trainer):
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
             check_compile(job_config.compile)
+            check_stop_rule(fz, job_config.validation)
             if fz.cpu_pinning:
                 cores = cpu_shims.pin_cpu_cores()
                 if cores is not None:
                     logger.info(f"[freeze] local rank {os.environ.get('LOCAL_RANK', '0')} pinned to CPU cores {cores}")
         super().__init__(job_config)
         cpu_shims.fsdp_sum_reductions(self.model_parts)
+        self._hold_lr_after_schedule()
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled:
             if cpu_shims.sequential_overlap(self.pp_schedule):
@@ -81,6 +84,31 @@ class TimelyFreezeTrainer(Trainer):
             get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log,
             pairs=overlap_pairs(self.pp_schedule),
         )
+
+    def _hold_lr_after_schedule(self) -> None:
+        """Past ``lr_scheduler.total_steps`` (a run trained longer than its LR schedule, e.g. a time-to-accuracy
+        run going on to its target) the LR holds the schedule's end value (``min_lr_factor`` of the peak for a
+        decaying schedule); TorchTitan 0.2.2's cosine would rise again."""
+        last = self.job_config.lr_scheduler.total_steps
+        if last is None or last >= self.job_config.training.steps:
+            return
+        for sched in self.lr_schedulers.schedulers:
+            sched.lr_lambdas = [functools.partial(_held_after, fn, last) for fn in sched.lr_lambdas]
+
+    def should_continue_training(self) -> bool:
+        """TorchTitan's rule, and ``[freeze] stop_at_val_loss``: stop at the first validation at or below the
+        target once the LR schedule's length is trained (every rank holds the same gathered losses)."""
+        if not super().should_continue_training():
+            return False
+        rt = self.freeze_rt
+        if rt is None or rt.cfg.stop_at_val_loss <= 0:
+            return True
+        floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
+        if target_reached(rt.val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
+            logger.info(f"[freeze] validation loss {rt.val_curve[-1][1]:.4f} <= stop_at_val_loss "
+                        f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping")
+            return False
+        return True
 
     def _pp_stages(self) -> list:
         sched = self.pp_schedule
@@ -177,3 +205,14 @@ class TimelyFreezeTrainer(Trainer):
         super().close()
         # before TorchTitan's destroy_process_group(): let it really destroy the groups (see torch_fixes)
         release_mesh_process_groups()
+
+
+def _held_after(fn, last: int, step: int) -> float:
+    """``fn`` (an LR lambda) with its step clamped to ``last``."""
+    return fn(min(step, last))
+
+
+def target_reached(val_curve: list, step: int, floor: int, target: float) -> bool:
+    """The stop rule of ``[freeze] stop_at_val_loss``: this step validated at or below ``target`` and at
+    least ``floor`` steps are trained."""
+    return bool(val_curve) and step >= floor and val_curve[-1][0] == step and val_curve[-1][1] <= target

@@ -4,6 +4,7 @@
     python scripts/sweep.py run  --config base.toml --grid grid.toml --out sweeps/s1
     python scripts/sweep.py run  --config base.toml --out sweeps/s1 --schedule 1F1B \\
         --method none --method timelyfreeze=0.4,0.8 --method apf=0.05 --seed 0 --set training.steps=40
+    python scripts/sweep.py run  ... --extend-to-target 2   # freezing runs go on to the no-freezing loss
     python scripts/sweep.py run  ... --dry-run          # print the expanded grid and the commands
     python scripts/sweep.py report sweeps/s1 [--tta-step N] [--throughput stable|all] [--no-planner]
 
@@ -14,6 +15,7 @@ writes the report (``report``), unless ``--no-report``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import shlex
 import sys
@@ -22,6 +24,7 @@ from typing import Any, Iterable, Sequence
 
 from timelyfreeze.corpus import PRETRAINED_MARKER
 from timelyfreeze.experiments.command import build_command
+from timelyfreeze.experiments.extend import extension_overrides
 from timelyfreeze.experiments.grid import (KNOBS, GridError, Job, expand_grid, load_grid_file, parse_method_flag,
                                            parse_set_flag)
 from timelyfreeze.experiments.predictions import Planner
@@ -45,6 +48,8 @@ def grid_from_args(args: argparse.Namespace) -> dict[str, Any]:
         grid["overrides"] = {**dict(grid.get("overrides", {})), **dict(parse_set_flag(s) for s in args.set)}
     if args.config:
         grid["config"] = str(Path(args.config).resolve())
+    if args.extend_to_target is not None:
+        grid["extend_to_target"] = args.extend_to_target
     return grid
 
 
@@ -71,6 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out).resolve()
 
     def command_fn(job: Job, dump: Path) -> list[str]:
+        extra, note = extension_overrides(job, out / "jobs", base)
+        if note and not args.dry_run:
+            print(f"sweep: {job.job_id}: {note}; it trains its plain length")
+        job = dataclasses.replace(job, overrides=job.overrides + extra)
         return build_command(job, base, args.python, dump, args.launcher, args.nproc_per_node)
 
     if args.dry_run:
@@ -116,6 +125,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     p.add_argument("--seed", action="append", type=int, help="seed, repeatable (default 0)")
     p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                    help="override for every job, repeatable (e.g. training.steps=40)")
+    p.add_argument("--extend-to-target", type=float, default=None, metavar="F",
+                   help="time to accuracy: freezing jobs train on, up to F times the no-freezing job's steps, "
+                   "until they reach its final validation loss (the grid key extend_to_target)")
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid and commands, run nothing")
     p.add_argument("--retry-failed", action=argparse.BooleanOptionalAction, default=True,
                    help="re-run jobs that failed or timed out before (default on)")

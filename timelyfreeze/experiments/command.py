@@ -37,13 +37,18 @@ def _lookup(toml: dict[str, Any], dotted: str) -> Any:
     return node
 
 
+def job_setting(job: Job, base_toml: str | Path, key: str) -> Any:
+    """A dotted setting of the job: its last override, else the base TOML's value, else None."""
+    for k, value in reversed(job.overrides):
+        if k.replace("-", "_") == key:
+            return value
+    with open(base_toml, "rb") as f:
+        return _lookup(tomllib.load(f), key)
+
+
 def pp_degree(job: Job, base_toml: str | Path) -> int:
     """``parallelism.pipeline_parallel_degree`` of the job: its overrides, else the base TOML, else 1."""
-    for key, value in reversed(job.overrides):
-        if key.replace("-", "_") == "parallelism.pipeline_parallel_degree":
-            return int(value)
-    with open(base_toml, "rb") as f:
-        value = _lookup(tomllib.load(f), "parallelism.pipeline_parallel_degree")
+    value = job_setting(job, base_toml, "parallelism.pipeline_parallel_degree")
     return int(value) if value is not None else 1
 
 

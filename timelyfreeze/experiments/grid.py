@@ -7,6 +7,7 @@ Grid file::
     seeds = [0, 1]
     [overrides]                                 # --section.field overrides for every job
     "training.steps" = 40
+    extend_to_target = 2.0                      # time to accuracy: see timelyfreeze.experiments.extend
     [methods]
     none = true                                 # no knob: one job per (schedule, seed)
     timelyfreeze = [0.4, 0.8]                   # the knob values (here r_max)
@@ -49,6 +50,9 @@ class Job:
     seed: int
     overrides: tuple[tuple[str, Any], ...] = ()
     """``--section.field`` overrides in order (grid, then schedule, then method ones)."""
+    extend: float | None = None
+    """Time-to-accuracy extension (``extend_to_target``): the job may train up to this many times the
+    no-freezing run's steps until it reaches that run's final validation loss; None for ``none`` jobs."""
 
     @property
     def knob_name(self) -> str | None:
@@ -71,7 +75,7 @@ class Job:
             "knob": None if self.knob_name is None else {"name": self.knob_name, "value": self.knob_value},
             "seed": self.seed,
             "overrides": [[k, v] for k, v in self.overrides],
-        }
+        } | ({"extend_to_target": self.extend} if self.extend is not None else {})
 
 
 def fmt_value(v: Any) -> str:
@@ -166,24 +170,35 @@ def _as_list(x: Any, what: str) -> list[Any]:
 def expand_grid(grid: dict[str, Any]) -> list[Job]:
     """One job per (seed, schedule, method, knob value), in that nesting order (interleaved: every cell's
     seed ``i`` before any seed ``i + 1``, so the machine's slow periods spread over all cells and an
-    interrupted sweep has every cell at the same depth); ``none`` has no knob."""
+    interrupted sweep has every cell at the same depth); ``none`` has no knob and runs first in its
+    (seed, schedule)."""
     schedules = [str(s) for s in _as_list(grid.get("schedules"), "schedules")]
     seeds = _as_list(grid.get("seeds", [0]), "seeds")
     if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
         raise GridError(f"seeds must be integers, got {seeds!r}")
     base_over = list(dict(grid.get("overrides", {})).items())
     sched_over = grid.get("schedule_overrides", {})
-    unknown = set(grid) - {"config", "schedules", "seeds", "overrides", "methods", "schedule_overrides"}
+    unknown = set(grid) - {"config", "schedules", "seeds", "overrides", "methods", "schedule_overrides",
+                           "extend_to_target"}
     if unknown:
         raise GridError(f"unknown grid keys {sorted(unknown)}")
+    extend = grid.get("extend_to_target")
+    if extend is not None and (isinstance(extend, bool) or not isinstance(extend, (int, float)) or extend < 1):
+        raise GridError(f"extend_to_target = {extend!r}: must be a number >= 1 (times the no-freezing run's steps)")
+    entries = _method_entries(grid.get("methods"))
+    if extend is not None and NO_FREEZING not in [e[0] for e in entries]:
+        raise GridError(f"extend_to_target needs the {NO_FREEZING!r} method: its runs set the target loss")
+    # the no-freezing job of a (seed, schedule) runs first: the time-to-accuracy targets come from it
+    entries.sort(key=lambda e: e[0] != NO_FREEZING)
     jobs: list[Job] = []
     for seed in seeds:  # outermost: seed i of every cell runs before seed i + 1, so slow periods spread over all
         for schedule in schedules:
             s_over = list(dict(sched_over.get(schedule, {})).items())
-            for method, values, m_over in _method_entries(grid.get("methods")):
+            for method, values, m_over in entries:
                 overrides = tuple(base_over + s_over + list(m_over.items()))
+                ext = None if extend is None or method == NO_FREEZING else float(extend)
                 for value in values if values is not None else [None]:
-                    jobs.append(Job(schedule, method, value, seed, overrides))
+                    jobs.append(Job(schedule, method, value, seed, overrides, ext))
     ids = [j.job_id for j in jobs]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -52,59 +50,75 @@ def _panels(n: int, width: float = 6.0, height: float = 4.6):
     return plt, fig, list(axes.flat[:n])
 
 
-def plot_pareto(configs: list[dict[str, Any]], out_png: Path, loss_label: str, thr_label: str) -> bool:
-    schedules = sorted({c["schedule"] for c in configs if c["pareto"] is not None})
+def _err(c: dict[str, Any], q: str) -> tuple[list[float], list[float]] | None:
+    """Matplotlib's asymmetric error of quantity ``q`` of cell ``c`` (None without an interval)."""
+    if c[f"{q}_lo"] is None:
+        return None
+    return [c[f"{q}_mean"] - c[f"{q}_lo"]], [c[f"{q}_hi"] - c[f"{q}_mean"]]
+
+
+def _errorbar(ax, x: float, y: float, xerr, yerr, color: str, marker: str, label: str | None, **kw) -> None:
+    ax.errorbar([x], [y], xerr=None if xerr is None else [xerr[0], xerr[1]],
+                yerr=None if yerr is None else [yerr[0], yerr[1]], fmt=marker, color=color, ms=7, capsize=3,
+                elinewidth=1, mec="black", mew=0.5, label=label, zorder=3, **kw)
+
+
+def plot_pareto(cells: list[dict[str, Any]], out_png: Path) -> bool:
+    """Per schedule: validation-loss change vs throughput ratio (kappa), both vs the no-freezing run of the
+    same seed, each cell at its mean with its 95 % intervals; the front of the means is dashed."""
+    from timelyfreeze.experiments.pareto import pareto_front
+
+    cs_all = [c for c in cells if c["kappa_mean"] is not None and c["dval_mean"] is not None]
+    schedules = sorted({c["schedule"] for c in cs_all})
     if not schedules:
         return False
     plt, fig, axes = _panels(len(schedules))
     for ax, schedule in zip(axes, schedules):
-        cs = [c for c in configs if c["schedule"] == schedule and c["pareto"] is not None]
-        for method in sorted({c["method"] for c in cs}):
-            color, marker = style(method)
-            mc = [c for c in cs if c["method"] == method]
-            ax.scatter([c["tokens_per_s"] for c in mc], [c["loss"] for c in mc], color=color, marker=marker,
-                       s=60, label=method, zorder=3, edgecolors="black", linewidths=0.5)
-            for c in mc:
-                if c["knob_name"] is not None:
-                    ax.annotate(fmt_knob(c["knob_value"]), (c["tokens_per_s"], c["loss"]), fontsize=7,
-                                xytext=(4, 4), textcoords="offset points", color=color)
-        front = sorted((c for c in cs if c["pareto"]), key=lambda c: c["tokens_per_s"])
-        ax.plot([c["tokens_per_s"] for c in front], [c["loss"] for c in front], "--", color="black",
-                lw=1, zorder=2, label="Pareto frontier")
-        ax.scatter([c["tokens_per_s"] for c in front], [c["loss"] for c in front], s=180, facecolors="none",
-                   edgecolors="black", linewidths=1.2, zorder=4)
-        ax.set_title(f"{schedule}: {loss_label} vs throughput (better: down-right)")
-        ax.set_xlabel(thr_label)
-        ax.set_ylabel(loss_label)
+        cs = [c for c in cs_all if c["schedule"] == schedule]
+        seen: set[str] = set()
+        for c in cs:
+            color, marker = style(c["method"])
+            _errorbar(ax, c["kappa_mean"], c["dval_mean"], _err(c, "kappa"), _err(c, "dval"), color, marker,
+                      None if c["method"] in seen else c["method"])
+            seen.add(c["method"])
+            if c["knob_name"] is not None:
+                ax.annotate(fmt_knob(c["knob_value"]), (c["kappa_mean"], c["dval_mean"]), fontsize=7,
+                            xytext=(4, 4), textcoords="offset points", color=color)
+        flags = pareto_front([(c["kappa_mean"], c["dval_mean"]) for c in cs])
+        front = sorted((c for c, f in zip(cs, flags) if f), key=lambda c: c["kappa_mean"])
+        ax.plot([c["kappa_mean"] for c in front], [c["dval_mean"] for c in front], "--", color="black", lw=1,
+                zorder=2, label="front of the means")
+        ax.axhline(0.0, color="#888888", lw=0.8)
+        ax.axvline(1.0, color="#888888", lw=0.8)
+        n = max(c["seeds"] for c in cs)
+        ax.set_title(f"{schedule}: mean and 95 % interval over {n} seed{'s' if n > 1 else ''} (better: down-right)",
+                     fontsize=9)
+        ax.set_xlabel("throughput / no-freezing throughput of the same seed (kappa)")
+        ax.set_ylabel("validation loss - no-freezing (same seed, same step)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return True
 
 
-def rmax_data(rows: list[dict[str, Any]], planner: Planner | None, work: Path,
+def rmax_data(rows: list[dict[str, Any]], cells: list[dict[str, Any]], planner: Planner | None, work: Path,
               warnings: list[str]) -> dict[str, dict[str, Any]]:
-    """Per schedule: measured TimelyFreeze-family points, the no-freezing throughput, the planner's
-    predicted speedup curves (one per trace) and each job's own plan speedup."""
-    fam = [r for r in rows if r["status"] == "ok" and r["method"] in PLANNED_METHODS
-           and r["tokens_per_s_stable"] is not None]
+    """Per schedule: the TimelyFreeze-family cells, the planner's predicted speedup curves (one per trace of
+    the schedule's runs) and each run's own plan speedup (no-freeze batch / planned batch)."""
+    fam = [r for r in rows if r["status"] == "ok" and r["method"] in PLANNED_METHODS]
     grid_r = sorted({r["knob_value"] for r in fam})
     r_values = sorted({round(i / 10, 10) for i in range(11)} | set(grid_r))
     data: dict[str, dict[str, Any]] = {}
     for schedule in sorted({r["schedule"] for r in fam}):
-        nf = [r["tokens_per_s_stable"] for r in rows if r["schedule"] == schedule and r["method"] == NO_FREEZING
-              and r["status"] == "ok" and r["tokens_per_s_stable"] is not None]
-        d = {"points": [r for r in fam if r["schedule"] == schedule],
-             "nf_tps": statistics.fmean(nf) if nf else None, "curves": [], "plan_points": []}
-        if d["nf_tps"] is None:
-            warnings.append(f"{schedule}: no ok no-freezing run, so no predicted throughput is drawn")
-        for r in d["points"]:
+        d = {"cells": [c for c in cells if c["schedule"] == schedule and c["method"] in PLANNED_METHODS],
+             "curves": [], "plan_points": []}
+        for r in (r for r in fam if r["schedule"] == schedule):
             p = r["_predicted"]
             if num(p.get("no_freeze")) and num(p.get("planned")):
                 d["plan_points"].append((r["knob_value"], p["no_freeze"] / p["planned"], r["method"]))
-            if planner is None or d["nf_tps"] is None:
+            if planner is None:
                 continue
             if r["_trace"] is None:
                 warnings.append(f"{r['job_id']}: no trace, no planner prediction")
@@ -118,95 +132,100 @@ def rmax_data(rows: list[dict[str, Any]], planner: Planner | None, work: Path,
     return data
 
 
-def plot_rmax(data: dict[str, dict[str, Any]], out_png: Path, thr_label: str) -> bool:
+def plot_rmax(data: dict[str, dict[str, Any]], out_png: Path) -> bool:
+    """Per schedule, two panels over r_max: the speed-up (measured kappa and in-run speedup, mean and 95 %
+    interval over seeds, beside the planner's prediction from the same runs' traces) and the validation-loss
+    change vs no freezing."""
+    data = {k: d for k, d in data.items() if d["cells"]}
     if not data:
         return False
     import numpy as np
 
-    plt, fig, axes = _panels(len(data))
-    for ax, (schedule, d) in zip(axes, data.items()):
-        nf = d["nf_tps"]
-        if nf is not None:
-            ax.axhline(nf, color=style(NO_FREEZING)[0], ls=":", lw=1.2, label="no freezing (measured)")
-        if nf is not None and d["curves"]:
+    plt = _plt()
+    fig, axes = plt.subplots(len(data), 2, figsize=(12, 4.4 * len(data)), squeeze=False)
+    for (ax, ax2), (schedule, d) in zip(axes, data.items()):
+        ax.axhline(1.0, color=style(NO_FREEZING)[0], ls=":", lw=1.2, label="no freezing")
+        ax2.axhline(0.0, color=style(NO_FREEZING)[0], ls=":", lw=1.2)
+        if d["curves"]:
             xs = sorted({x for c in d["curves"] for x, _ in c})
-            ys = np.array([[np.interp(x, [p[0] for p in c], [p[1] for p in c]) for x in xs] for c in d["curves"]]) * nf
-            ax.plot(xs, ys.mean(axis=0), color="black", lw=1.5,
-                    label=f"planner prediction (mean of {len(d['curves'])} trace{'s' if len(d['curves']) > 1 else ''})")
+            ys = np.array([[np.interp(x, [p[0] for p in c], [p[1] for p in c]) for x in xs] for c in d["curves"]])
+            ax.plot(xs, np.median(ys, axis=0), color="black", lw=1.5,
+                    label=f"planner prediction (median of {len(d['curves'])} traces)")
             if len(d["curves"]) > 1:
                 ax.fill_between(xs, ys.min(axis=0), ys.max(axis=0), color="black", alpha=0.12,
                                 label="prediction range over traces")
-        for method in [m for m in PLANNED_METHODS if any(r["method"] == m for r in d["points"])]:
+        for method in [m for m in PLANNED_METHODS if any(c["method"] == m for c in d["cells"])]:
             color, marker = style(method)
-            pts = [r for r in d["points"] if r["method"] == method]
-            ax.scatter([r["knob_value"] for r in pts], [r["tokens_per_s_stable"] for r in pts], color=color,
-                       marker=marker, s=55, zorder=3, edgecolors="black", linewidths=0.5,
-                       label=f"{method} (measured)")
-            by_r: dict[float, list[float]] = defaultdict(list)
-            for r in pts:
-                by_r[r["knob_value"]].append(r["tokens_per_s_stable"])
-            xs = sorted(by_r)
-            ax.plot(xs, [statistics.fmean(by_r[x]) for x in xs], color=color, lw=1, alpha=0.7)
-            plan = [(x, s) for x, s, m in d["plan_points"] if m == method]
-            if nf is not None and plan:
-                ax.scatter([x for x, _ in plan], [s * nf for _, s in plan], facecolors="none", edgecolors=color,
-                           marker=marker, s=90, zorder=3, label=f"{method} (its plan's prediction)")
-        ax.set_title(f"{schedule}: throughput vs r_max")
-        ax.set_xlabel("r_max (maximum freeze ratio)")
-        ax.set_ylabel(thr_label)
-        ax.set_xlim(-0.03, 1.03)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
-    fig.text(0.5, 0.005, "predicted throughput = measured no-freezing throughput x predicted batch-time speedup "
-             "(no-freeze batch / planned batch)", ha="center", fontsize=7, color="#555555")
-    fig.tight_layout(rect=(0, 0.025, 1, 1))
+            cs = sorted((c for c in d["cells"] if c["method"] == method), key=lambda c: c["knob_value"])
+            for q, mk, dx, lab in (("kappa", marker, -0.008, "kappa (vs no-freezing job)"),
+                                   ("speedup_in_run", "x", 0.008, "in-run speedup")):
+                pts = [c for c in cs if c[f"{q}_mean"] is not None]
+                for i, c in enumerate(pts):
+                    _errorbar(ax, c["knob_value"] + dx, c[f"{q}_mean"], None, _err(c, q), color, mk,
+                              f"{method}: {lab}" if i == 0 else None)
+                ax.plot([c["knob_value"] + dx for c in pts], [c[f"{q}_mean"] for c in pts], color=color, lw=0.8,
+                        alpha=0.6, ls="-" if q == "kappa" else "--")
+            pts = [c for c in cs if c["dval_mean"] is not None]
+            for i, c in enumerate(pts):
+                _errorbar(ax2, c["knob_value"], c["dval_mean"], None, _err(c, "dval"), color, marker,
+                          method if i == 0 else None)
+            ax2.plot([c["knob_value"] for c in pts], [c["dval_mean"] for c in pts], color=color, lw=0.8, alpha=0.6)
+        n = max(c["seeds"] for c in d["cells"])
+        ax.set_title(f"{schedule}: speed-up vs r_max (mean, 95 % interval, {n} seeds)", fontsize=9)
+        ax.set_ylabel("speed-up over no freezing")
+        ax2.set_title(f"{schedule}: validation-loss change vs r_max (same seed, same step)", fontsize=9)
+        ax2.set_ylabel("validation loss - no-freezing")
+        for a in (ax, ax2):
+            a.set_xlabel("r_max (maximum freeze ratio)")
+            a.set_xlim(-0.05, 1.05)
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7, loc="best")
+    fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)
     return True
 
 
-def plot_tta(tta: list[dict[str, Any]], out_png: Path) -> bool:
-    rows = [t for t in tta if t["kappa"] is not None and t["steps_nf"] is not None]
-    if not rows:
+def plot_tta(cells: list[dict[str, Any]], out_png: Path) -> bool:
+    """Per schedule: the steps ratio and the wall-clock time-to-accuracy ratio of each cell (mean and 95 %
+    interval over the seeds that reached the no-freezing loss; hatched where none did)."""
+    cells = [c for c in cells if c["method"] != NO_FREEZING and c["kappa_mean"] is not None]
+    if not cells:
         return False
-    schedules = sorted({t["schedule"] for t in rows})
-    plt, fig, axes = _panels(len(schedules), width=max(6.0, 0.9 * len({(t['method'], t['knob_value']) for t in rows}) + 2))
+    schedules = sorted({c["schedule"] for c in cells})
+    per = max(len([c for c in cells if c["schedule"] == s]) for s in schedules)
+    plt, fig, axes = _panels(len(schedules), width=max(6.0, 0.9 * per + 2))
     for ax, schedule in zip(axes, schedules):
-        groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for t in rows:
-            if t["schedule"] == schedule:
-                groups[(t["method"], t["knob_name"], t["knob_value"])].append(t)
-        keys = sorted(groups, key=lambda k: (k[0] != NO_FREEZING, k[0], k[2] or 0))
-        bars = (("steps ratio", "steps_ratio", "#9ecae1"), ("time/step ratio (1/kappa)", "inv_kappa", "#fdae6b"),
-                ("TTA ratio", "tta_ratio", "#d62728"))
-        w, top = 0.26, 1.0
-        for b, (label, key, color) in enumerate(bars):
-            for i, k in enumerate(keys):
-                ts = groups[k]
-                vals = [1 / t["kappa"] if key == "inv_kappa" else t[key] for t in ts]
-                n_all, vals = len(vals), [v for v in vals if v is not None]
-                x = i + (b - 1) * w
-                if vals:
-                    v = statistics.fmean(vals)
-                    top = max(top, v)
-                    ax.bar(x, v, w, color=color, edgecolor="black", lw=0.5, label=label if i == 0 else None)
-                    if key == "tta_ratio":
-                        seeds = "" if len(vals) == n_all else f"\n{len(vals)}/{n_all} seeds"
-                        ax.text(x, v, f"{v:.2f}{seeds}", ha="center", va="bottom", fontsize=7)
-                else:
+        cs = [c for c in cells if c["schedule"] == schedule]
+        w, top = 0.38, 1.2
+        for b, (label, q, color) in enumerate((("steps ratio", "steps_ratio", "#9ecae1"),
+                                               ("TTA ratio (wall clock)", "tta_ratio", "#d62728"))):
+            for i, c in enumerate(cs):
+                x = i + (b - 0.5) * w
+                m = c[f"{q}_mean"]
+                if m is None:
                     ax.bar(x, 0.12, w, color="white", edgecolor=color, hatch="//", lw=0.8,
                            label=label if i == 0 else None)
-                    ax.text(x, 0.14, "not reached", ha="center", va="bottom", fontsize=7, color="#333333",
-                            rotation=90)
+                    ax.text(x, 0.14, "not reached", ha="center", va="bottom", fontsize=7, rotation=90)
+                    continue
+                err = _err(c, q)
+                ax.bar(x, m, w, color=color, edgecolor="black", lw=0.5, label=label if i == 0 else None,
+                       yerr=None if err is None else [err[0], err[1]], capsize=3)
+                top = max(top, c[f"{q}_hi"] or m)
+                if q == "tta_ratio":
+                    ax.text(x, (c[f"{q}_hi"] or m) + 0.02, f"{m:.2f}\n{c['reached']}/{c['seeds']}", ha="center",
+                            va="bottom", fontsize=7)
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.set_ylim(0, top * 1.22)
-        ax.set_xlim(-0.6, max(len(keys), 3) - 0.4)
-        ax.set_xticks(range(len(keys)))
-        ax.set_xticklabels([config_label(*k) for k in keys], rotation=25, ha="right", fontsize=8)
+        ax.set_ylim(0, top * 1.25)
+        ax.set_xlim(-0.6, max(len(cs), 3) - 0.4)
+        ax.set_xticks(range(len(cs)))
+        ax.set_xticklabels([config_label(c["method"], c["knob_name"], c["knob_value"]) for c in cs], rotation=25,
+                           ha="right", fontsize=8)
         ax.set_ylabel("ratio to no freezing (< 1 is better)")
-        ax.set_title(f"{schedule}: time to the no-freezing validation loss")
+        ax.set_title(f"{schedule}: reaching the no-freezing validation loss (label: mean, seeds reached)",
+                     fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", ncol=3)
+        ax.legend(fontsize=7, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)

@@ -4,10 +4,13 @@
   interrupted) get what their metrics.jsonl holds.
 - ``configs.csv``: one row per (schedule, method, knob value), means over the ok seeds, with the
   ``pareto`` flag (not dominated in lower loss and higher throughput within its schedule).
-- ``tta.csv``: time-to-accuracy per job against the no-freezing job of the same schedule and seed
-  (``tta``).
-- ``report.md``: the three tables, the plots and every warning.
-- ``pareto.png``, ``throughput_vs_rmax.png``, ``tta.png``, ``timeline_<schedule>.png`` (``plots``).
+- ``tta.csv``: each job against the no-freezing job of the same schedule and seed: throughput ratio,
+  validation-loss change, time to accuracy (``tta``).
+- ``cells.csv``: per (schedule, method, knob value), the mean and 95 % interval over seeds of those paired
+  quantities, and the verdicts they resolve (``stats``).
+- ``report.md``: the tables, the plots and every warning.
+- ``pareto.png`` (kappa vs validation-loss change, with intervals), ``throughput_vs_rmax.png`` (speed-up and
+  loss change over r_max beside the planner's prediction), ``tta.png``, ``timeline_<schedule>.png`` (``plots``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from timelyfreeze.experiments.pareto import CONFIG_COLUMNS, aggregate_configs, l
 from timelyfreeze.experiments.plots import plot_pareto, plot_rmax, plot_tta, rmax_data, timelines
 from timelyfreeze.experiments.predictions import Planner
 from timelyfreeze.experiments.results import RESULT_COLUMNS, config_label, load_rows
+from timelyfreeze.experiments.stats import CELL_COLUMNS, QUANTITIES, cell_stats, fmt_ci
 from timelyfreeze.experiments.tta import TTA_COLUMNS, tta_rows
 
 
@@ -34,7 +38,7 @@ def _cell(col: str, v: Any) -> str:
             return f"{v:.1f}"
         if col in ("knob_value", "target_step", "steps_nf", "steps_method"):
             return format(v, "g") if col == "knob_value" else f"{v:.1f}"
-        return f"{v:.4f}" if "loss" in col else f"{v:.3f}"
+        return f"{v:.4f}" if "loss" in col or col == "dval" else f"{v:.3f}"
     return str(v)
 
 
@@ -52,6 +56,23 @@ def md_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def md_cells(cells: list[dict[str, Any]]) -> str:
+    """The cells table: each quantity as ``mean [lo, hi]``."""
+    cols = ["schedule", "method", "knob", "seeds", "kappa", "in-run speedup", "dval", "reached", "steps ratio",
+            "TTA ratio", "throughput", "accuracy", "time to accuracy"]
+    digits = {"dval": 4}
+    out = []
+    for c in cells:
+        q = {k: fmt_ci(c[f"{k}_mean"], c[f"{k}_lo"], c[f"{k}_hi"], digits.get(k, 3)) for k in QUANTITIES}
+        out.append({"schedule": c["schedule"], "method": c["method"],
+                    "knob": "" if c["knob_name"] is None else f"{c['knob_name']}={_cell('knob_value', c['knob_value'])}",
+                    "seeds": str(c["seeds"]), "kappa": q["kappa"], "in-run speedup": q["speedup_in_run"],
+                    "dval": q["dval"], "reached": f"{c['reached']}/{c['seeds']}", "steps ratio": q["steps_ratio"],
+                    "TTA ratio": q["tta_ratio"], "throughput": c["throughput"] or "",
+                    "accuracy": c["accuracy"] or "", "time to accuracy": c["time_to_accuracy"] or ""})
+    return md_table(out, cols)
+
+
 def build_report(out: str | Path, tta_step: float | None = None, which: str = "stable",
                  planner: Planner | None = None, print_fn=print) -> dict[str, Any]:
     out = Path(out)
@@ -64,20 +85,25 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     thr_label = f"throughput, {'stable phase' if which == 'stable' else 'whole run'} (tokens/s)"
     configs = aggregate_configs(rows, which, lkey)
     tta = tta_rows(rows, tta_step)
+    cells = cell_stats(tta)
     for c in configs:
         if c["pareto"] is None:
             warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
-                            f"no {which} throughput or loss, left out of the Pareto plot")
+                            f"no {which} throughput or loss, left out of the Pareto front")
+    for t in tta:
+        if t["note"] and t["method"] != "none":
+            warnings.append(f"{t['job_id']}: {t['note']}")
     write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
+    write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
     plots = []
-    if plot_pareto(configs, rep / "pareto.png", loss_label, thr_label):
-        plots.append(("Loss vs throughput, Pareto frontier circled", "pareto.png"))
-    if plot_rmax(rmax_data(rows, planner, rep, warnings), rep / "throughput_vs_rmax.png",
-                 "throughput, stable phase (tokens/s)"):
-        plots.append(("Measured vs predicted throughput over r_max", "throughput_vs_rmax.png"))
-    if plot_tta(tta, rep / "tta.png"):
+    if plot_pareto(cells, rep / "pareto.png"):
+        plots.append(("Validation-loss change vs throughput ratio (mean, 95 % interval)", "pareto.png"))
+    if plot_rmax(rmax_data(rows, cells, planner, rep, warnings), rep / "throughput_vs_rmax.png"):
+        plots.append(("Speed-up and validation-loss change over r_max, beside the planner's prediction",
+                      "throughput_vs_rmax.png"))
+    if plot_tta(cells, rep / "tta.png"):
         plots.append(("Time to accuracy", "tta.png"))
     for png, job_id in timelines(rows, planner, rep, warnings):
         plots.append((f"Timeline of {job_id}", png.name))
@@ -86,14 +112,18 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
         counts[r["status"]] += 1
     md = [f"# Sweep report: {out.resolve().name}", "",
           f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
+          "## Cells: mean and 95 % interval over seeds", "",
+          "Each quantity is paired with the no-freezing run of the same schedule and seed: kappa = stable "
+          "throughput ratio; in-run = the job's own unfrozen / steady batch time; dval = validation loss minus "
+          "the no-freezing one at the same step; TTA = wall-clock training time to the no-freezing final "
+          "validation loss, over the no-freezing run's (mean over the seeds that reached it). Intervals: "
+          "Student t over seeds. A verdict is given only where the interval excludes no change.", "",
+          md_cells(cells), "",
+          "## Paired runs (time to accuracy)", "",
+          md_table(tta, TTA_COLUMNS), "",
           "## Jobs", "", md_table(rows, RESULT_COLUMNS), "",
           f"## Configurations (mean over ok seeds; loss = {loss_label}; tokens_per_s = {thr_label})", "",
-          md_table(configs, CONFIG_COLUMNS), "",
-          "## Time to accuracy", "",
-          "kappa = stable throughput / no-freezing stable throughput (same schedule and seed); steps = first "
-          "step the validation curve reaches the no-freezing loss at target_step; "
-          "tta_ratio = (steps_method / steps_nf) / kappa (< 1: sooner than no freezing).", "",
-          md_table(tta, TTA_COLUMNS), ""]
+          md_table(configs, CONFIG_COLUMNS), ""]
     if plots:
         md += ["## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name in plots]
     if warnings:
@@ -102,4 +132,4 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     for w in warnings:
         print_fn(f"report: warning: {w}")
     print_fn(f"report: {len(rows)} jobs -> {rep / 'report.md'} ({len(plots)} plots)")
-    return {"rows": rows, "configs": configs, "tta": tta, "plots": plots, "warnings": warnings, "dir": rep}
+    return {"rows": rows, "configs": configs, "tta": tta, "cells": cells, "plots": plots, "warnings": warnings, "dir": rep}

@@ -1,24 +1,33 @@
-"""Time-to-accuracy of each run against the no-freezing run of the same schedule and seed.
+"""Each run against the no-freezing run of the same schedule and seed (the paired comparison), with its
+time to accuracy.
 
-``kappa`` = the job's stable-phase throughput / the no-freezing job's; the target is the no-freezing
-validation loss at ``tta_step`` (default its last validation point, linear interpolation between
-validation points); ``steps`` = the first step a run's validation curve reaches the target (linear
-interpolation; the first validation point if already there; the no-freezing run is measured the same
-way); ``tta_ratio = (steps_method / steps_nf) / kappa`` (< 1: the method reaches the no-freezing
-accuracy sooner in wall-clock time, under the stable-phase per-step time). Only runs of the same
-length as the baseline are compared (seeds digest 1.12).
+- ``kappa`` = the run's stable-phase throughput / the no-freezing run's (across jobs: machine drift between
+  the two jobs is in it); ``speedup_in_run`` (``results.in_run_speedup``) is the same job's unfrozen over
+  steady batch time, which drift between jobs does not touch.
+- ``target_loss``: the no-freezing validation loss at ``target_step`` (default its last validation point;
+  linear interpolation between points). ``val_loss_same_step`` is the run's validation loss at that step and
+  ``dval`` = it minus the target (> 0: worse than no freezing at the same number of steps).
+- ``steps_method``: the first step the run's validation curve reaches the target (linear interpolation
+  between points); the no-freezing run is measured the same way (``steps_nf``). A run extended by the sweep
+  (``extend_to_target``) trains on past ``target_step`` until it gets there.
+- ``wall_s_method`` / ``wall_s_nf``: training time to that step, the sum of the run's own step times
+  (``metrics.jsonl`` ``step_ms``: forward, backward and optimizer; start-up, validation and checkpoints
+  excluded), the last step counted by the fraction reached. ``tta_ratio = wall_s_method / wall_s_nf``
+  (< 1: the run reaches the no-freezing accuracy sooner in wall-clock time).
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import math
+from typing import Any, Mapping, Sequence
 
 from timelyfreeze.experiments.grid import NO_FREEZING
 from timelyfreeze.experiments.results import throughput
 
 TTA_COLUMNS = [
-    "job_id", "schedule", "method", "knob_name", "knob_value", "seed", "kappa", "target_step",
-    "target_loss", "steps_nf", "steps_method", "steps_ratio", "tta_ratio", "note",
+    "job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps", "kappa", "speedup_in_run",
+    "target_step", "target_loss", "val_loss_same_step", "dval", "steps_nf", "steps_method", "steps_ratio",
+    "wall_s_nf", "wall_s_method", "tta_ratio", "note",
 ]
 
 
@@ -44,22 +53,37 @@ def steps_to_reach(curve: Sequence[Sequence[float]], target: float) -> float | N
     return None
 
 
+def wall_to_step(step_ms: Mapping[int, float], step: float) -> float | None:
+    """Seconds of training up to (fractional) ``step``: steps 1..floor(step) whole, then the fraction of the
+    next; None when a needed step's time is missing."""
+    whole = int(math.floor(step))
+    need = range(1, whole + 1)
+    if any(s not in step_ms for s in need):
+        return None
+    total = sum(step_ms[s] for s in need)
+    frac = step - whole
+    if frac > 0:
+        if whole + 1 not in step_ms:
+            return None
+        total += frac * step_ms[whole + 1]
+    return total / 1e3
+
+
 def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[dict[str, Any]]:
-    """Time-to-accuracy of every ok job against the no-freezing job of its schedule and seed."""
+    """The paired comparison and time to accuracy of every ok job against the no-freezing job of its
+    schedule and seed (the no-freezing job gets its own row: kappa 1, dval 0)."""
     base = {(r["schedule"], r["seed"]): r for r in rows if r["method"] == NO_FREEZING and r["status"] == "ok"}
     out = []
     for r in rows:
         if r["status"] != "ok":
             continue
         t = {c: None for c in TTA_COLUMNS}
-        t.update({k: r[k] for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed")})
+        t.update({k: r.get(k) for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps",
+                                        "speedup_in_run")})
         out.append(t)
         nf = base.get((r["schedule"], r["seed"]))
         if nf is None:
             t["note"] = "no no-freezing run of this schedule and seed"
-            continue
-        if r["steps"] != nf["steps"]:
-            t["note"] = f"different length ({r['steps']} vs {nf['steps']} steps)"
             continue
         tm, tn = throughput(r), throughput(nf)
         if tm is not None and tn:
@@ -74,14 +98,20 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
             t["note"] = f"--tta-step {step:g} outside the no-freezing validation curve"
             continue
         t["target_step"], t["target_loss"] = step, target
+        same = interp_at(r["_val_curve"], step)
+        if same is not None:
+            t["val_loss_same_step"], t["dval"] = same, same - target
         t["steps_nf"] = steps_to_reach(nf_curve, target)
+        t["wall_s_nf"] = wall_to_step(nf.get("_step_ms") or {}, t["steps_nf"])
         t["steps_method"] = steps_to_reach(r["_val_curve"], target)
         if t["steps_method"] is None:
-            t["note"] = "not reached" if r["_val_curve"] else "no validation curve"
+            last = r["_val_curve"][-1][0] if r["_val_curve"] else None
+            t["note"] = f"not reached within {last:g} steps" if last is not None else "no validation curve"
             continue
         t["steps_ratio"] = t["steps_method"] / t["steps_nf"]
-        if t["kappa"] is None:
-            t["note"] = "no stable-phase throughput"
+        t["wall_s_method"] = wall_to_step(r.get("_step_ms") or {}, t["steps_method"])
+        if t["wall_s_method"] is None or not t["wall_s_nf"]:
+            t["note"] = "step times missing from metrics.jsonl"
             continue
-        t["tta_ratio"] = t["steps_ratio"] / t["kappa"]
+        t["tta_ratio"] = t["wall_s_method"] / t["wall_s_nf"]
     return out
