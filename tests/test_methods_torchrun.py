@@ -33,10 +33,13 @@ CASES = {
 }
 
 
-# timelyfreeze_autofreeze shares the hybrid path with timelyfreeze_apf and AutoFreeze's metric with autofreeze:
-# kept out of `make test` for the 20-minute budget (`pytest -m slow`)
-@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m == "timelyfreeze_autofreeze" else m
-                                    for m in CASES])
+# kept out of `make test` for the 20-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
+# path with timelyfreeze_apf and AutoFreeze's metric with autofreeze; random's fixed ratio goes through the same
+# freezing hook as every other method (its own rule is unit-tested in test_methods_common)
+SLOW = ("timelyfreeze_autofreeze", "random")
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in CASES])
 def test_method_runs_and_freezes(tmp_path, method):
     run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / method, *COMMON, "--freeze.method", method, *CASES[method])
     assert run.rc == 0, run.tail()
