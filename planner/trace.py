@@ -10,6 +10,7 @@ that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extr
 from __future__ import annotations
 
 import json
+import json.scanner
 import math
 import os
 import statistics
@@ -320,16 +321,63 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
             except OSError as e:
                 raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
             with f:
-                for lineno, line in enumerate(f, start=1):
-                    if not line.strip():
-                        continue
-                    where = f"{fname}:{lineno}"
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
-                    records.append(_validate_record(obj, where, r, acts, d))
+                try:
+                    lines = f.read().splitlines()
+                except UnicodeDecodeError as e:
+                    raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
+            fast = _fast_records(lines, r, acts, d)
+            if fast is not None:
+                records.extend(fast)
+                continue
+            for lineno, line in enumerate(lines, start=1):  # something is off: find it, line by line
+                if not line.strip():
+                    continue
+                where = f"{fname}:{lineno}"
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
+                records.append(_validate_record(obj, where, r, acts, d))
     return Trace(m, records, root)
+
+
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())
+"""One JSON value from a position of a string: (value, end); the C scanner where available."""
+
+
+def _fast_records(lines: list[str], rank: int, rank_actions: set[str], replica: int) -> list[Record] | None:
+    """The records of one file when every line is a well-formed record (what the runtime writes), parsed by
+    the JSON module's scanner directly and checked inline; None at the first doubt, and :func:`load_trace`
+    then checks line by line with :func:`_validate_record` to name the problem (the same result, about twice
+    as fast on a 100k-action trace)."""
+    out = []
+    isfinite, scan = math.isfinite, _SCAN
+    for line in lines:
+        if not line or line.isspace():
+            continue
+        try:
+            obj, end = scan(line, 0)
+        except (StopIteration, ValueError):
+            return None
+        if type(obj) is not dict or (end != len(line) and not line[end:].isspace()):
+            return None
+        try:
+            step, action, ms, phase, fr = obj["step"], obj["action"], obj["ms"], obj["phase"], obj["freeze_ratio"]
+        except KeyError:
+            return None
+        start = obj.get("start_ms")
+        if (type(step) is not int or type(action) is not str or action not in rank_actions or type(ms) not in (int, float)
+                or not (isfinite(ms) and ms >= 0) or type(phase) is not str or not phase
+                or type(fr) not in (int, float) or not 0.0 <= fr <= 1.0):
+            return None
+        if start is not None:
+            if type(start) not in (int, float) or not isfinite(start):
+                return None
+            start = float(start)
+        elif "start_ms" in obj:  # an explicit null: the line-by-line check words the error
+            return None
+        out.append(Record(step, action, float(ms), phase, float(fr), rank, replica, start))
+    return out
 
 
 @dataclass
@@ -360,9 +408,25 @@ def node_weights(trace: Trace) -> NodeWeights:
     """
     samples: dict[tuple[int, str, str], list[float]] = {}
     for rec in trace.records:
-        if rec.phase in ("upper", "lower"):
-            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
-    return combine_replicas(trace, {k: float(statistics.median(v)) for k, v in samples.items()})
+        phase = rec.phase
+        if phase == "upper" or phase == "lower":
+            key = (rec.replica, rec.action, phase)
+            got = samples.get(key)
+            if got is None:
+                samples[key] = [rec.ms]
+            else:
+                got.append(rec.ms)
+    return combine_replicas(trace, {k: _median(v) for k, v in samples.items()})
+
+
+def _median(xs: list[float]) -> float:
+    """statistics.median, without its overhead for the one- and two-sample lists most actions have."""
+    n = len(xs)
+    if n == 1:
+        return float(xs[0])
+    if n == 2:
+        return (xs[0] + xs[1]) / 2.0
+    return float(statistics.median(xs))
 
 
 def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) -> NodeWeights:

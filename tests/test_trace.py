@@ -389,3 +389,39 @@ def test_bad_hosts_value(tmp_path, value) -> None:
         load_trace(root)
     assert str(e.value) == (f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 host-name "
                             f"strings, got {value!r}")
+
+
+def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
+    """load_trace parses a well-formed file in one pass (``_fast_records``); the line-by-line path gives the
+    same records, and odd but valid lines (blank, indented, trailing spaces, ints for floats) load either way."""
+    import planner.trace as trace_mod
+
+    recs = {int(r): records(o) for r, o in good_meta()["rank_orders"].items()}
+    recs[0][1] = recs[0][1] | {"ms": 3, "start_ms": 12}
+    root = write_trace(tmp_path / "t", good_meta(), recs)
+    path = root / "actions_rank1.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = "   " + lines[2] + "  "
+    lines.insert(3, "")
+    path.write_text("\n".join(lines) + "\n")
+    fast = load_trace(root).records
+    monkeypatch.setattr(trace_mod, "_fast_records", lambda *a: None)
+    slow = load_trace(root).records
+    assert fast == slow and len(fast) == sum(len(v) for v in recs.values())
+    assert fast[1].ms == 3.0 and fast[1].start_ms == 12.0
+
+
+@pytest.mark.parametrize("text,msg", [
+    ('{"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0} {"step": 9}', "invalid JSON"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_two_values_on_a_line_or_bad_bytes(tmp_path, text, msg) -> None:
+    root = write_trace(tmp_path / "t", good_meta())
+    path = root / "actions_rank1.jsonl"
+    if isinstance(text, bytes):
+        path.write_bytes(path.read_bytes() + text)
+    else:
+        path.write_text(path.read_text() + text + "\n")
+    with pytest.raises(PlannerError, match=msg) as e:
+        load_trace(root)
+    assert "actions_rank1.jsonl" in str(e.value)
