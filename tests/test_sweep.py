@@ -298,9 +298,14 @@ def test_curve_helpers():
     curve = [[10, 6.0], [20, 5.5], [30, 5.0], [40, 5.2]]
     assert interp_at(curve, 25) == pytest.approx(5.25)
     assert interp_at(curve, 40) == 5.2 and interp_at(curve, 50) is None
-    assert steps_to_reach(curve, 5.2) == pytest.approx(26.0)
-    assert steps_to_reach(curve, 6.5) == 10.0  # already there at the first validation point
+    assert steps_to_reach(curve, 5.2) == pytest.approx(26.0)  # 5.0 then 5.2: at or below from step 26 on
+    assert steps_to_reach(curve, 5.1) is None  # the last point is above: not held
+    assert steps_to_reach(curve, 6.5) == 10.0  # there from the first validation point on
     assert steps_to_reach(curve, 4.9) is None
+    # touching the target early does not count: the crossing into the final run at or below it does
+    bumpy = [[10, 5.0], [20, 5.3], [30, 5.1], [40, 4.9], [50, 4.8]]
+    assert steps_to_reach(bumpy, 5.0) == pytest.approx(35.0)
+    assert steps_to_reach(bumpy, 5.2) == pytest.approx(25.0)
 
 
 def test_pareto_front_hand_checked():

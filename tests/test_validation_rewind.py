@@ -26,3 +26,16 @@ def test_the_dataset_rewinds_to_the_same_batches():
     ds.load_state_dict(copy.deepcopy(start))
     again = [x["input"] for x, _ in itertools.islice(iter(ds), 5)]
     assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+def test_val_heads_span_many_files():
+    """``pystdlib_val_heads``: the first lines of each held-out file, so a few validation batches score many files."""
+    from torchtitan.hf_datasets import text_datasets
+
+    assert corpus.head_of("a\nbb\nccc\n", 5) == "a\nbb\n" and corpus.head_of("short", 100) == "short"
+    assert corpus.head_of("x" * 10, 4) == "xxxx"  # no line end within: a plain cut
+    corpus.register_datasets()
+    cfg = text_datasets.DATASETS["pystdlib_val_heads"]
+    heads = cfg.loader(cfg.path)["text"]
+    texts = corpus.read_texts("val")
+    assert len(heads) == len(texts) and all(t.startswith(h) and len(h) <= corpus.HEAD_CHARS for h, t in zip(heads, texts))

@@ -7,9 +7,10 @@ time to accuracy.
 - ``target_loss``: the no-freezing validation loss at ``target_step`` (default its last validation point;
   linear interpolation between points). ``val_loss_same_step`` is the run's validation loss at that step and
   ``dval`` = it minus the target (> 0: worse than no freezing at the same number of steps).
-- ``steps_method``: the first step the run's validation curve reaches the target (linear interpolation
-  between points); the no-freezing run is measured the same way (``steps_nf``). A run extended by the sweep
-  (``extend_to_target``) trains on past ``target_step`` until it gets there.
+- ``steps_method``: the step from which the run's validation curve stays at or below the target to its end
+  (``steps_to_reach``; linear interpolation between points); the no-freezing run is measured the same way
+  (``steps_nf``). A run extended by the sweep (``extend_to_target``) trains on past ``target_step`` until a
+  validation gets there, and stops.
 - ``wall_s_method`` / ``wall_s_nf``: training time to that step, the sum of the run's own step times
   (``metrics.jsonl`` ``step_ms``: forward, backward and optimizer; start-up, validation and checkpoints
   excluded), the last step counted by the fraction reached. ``tta_ratio = wall_s_method / wall_s_nf``
@@ -42,15 +43,17 @@ def interp_at(curve: Sequence[Sequence[float]], step: float) -> float | None:
 
 
 def steps_to_reach(curve: Sequence[Sequence[float]], target: float) -> float | None:
-    """First step at which the (linearly interpolated) validation curve is <= target; None if never."""
-    if not curve:
+    """The step from which the (linearly interpolated) validation curve stays at or below ``target`` to its
+    end: the crossing into its last run of points at or below it (its first point if every point is); None
+    when its last point is above. A validation curve fluctuates by more than a short fine-tune moves it, so
+    the first touch of the target would date accuracy by noise; reaching it for good is what a run keeps."""
+    if not curve or curve[-1][1] > target:
         return None
-    if curve[0][1] <= target:
+    above = [i for i, (_, loss) in enumerate(curve) if loss > target]
+    if not above:
         return float(curve[0][0])
-    for (s0, l0), (s1, l1) in zip(curve, curve[1:]):
-        if l1 <= target:
-            return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)  # l0 > target >= l1, so l0 > l1
-    return None
+    (s0, l0), (s1, l1) = curve[above[-1]], curve[above[-1] + 1]
+    return s0 + (l0 - target) / (l0 - l1) * (s1 - s0)  # l0 > target >= l1, so l0 > l1
 
 
 def wall_to_step(step_ms: Mapping[int, float], step: float) -> float | None:
