@@ -352,6 +352,7 @@ def test_report_tables_on_fabricated_outputs(fabricated):
     assert t["wall_s_method"] == pytest.approx(2.24) and t["wall_s_nf"] == pytest.approx(3.0)
     assert t["tta_ratio"] == pytest.approx(2.24 / 3.0)
     assert t["val_loss_same_step"] == 4.95 and t["dval"] == pytest.approx(-0.05)
+    assert t["predicted_speedup"] == pytest.approx(1.2)  # its plan: 120 ms without freezing, 100 ms planned
     t = tta["1F1B__timelyfreeze__r_max=0.8__seed=0"]
     assert t["kappa"] == pytest.approx(1.6) and t["steps_method"] is None
     assert t["note"] == "not reached within 30 steps" and t["dval"] == pytest.approx(0.2)

@@ -58,8 +58,8 @@ def md_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def md_cells(cells: list[dict[str, Any]]) -> str:
     """The cells table: each quantity as ``mean [lo, hi]``."""
-    cols = ["schedule", "method", "knob", "seeds", "kappa", "in-run speedup", "dval", "reached", "steps ratio",
-            "TTA ratio", "throughput", "accuracy", "time to accuracy"]
+    cols = ["schedule", "method", "knob", "seeds", "kappa", "in-run speedup", "predicted", "dval", "reached",
+            "steps ratio", "TTA ratio", "throughput", "accuracy", "time to accuracy"]
     digits = {"dval": 4}
     out = []
     for c in cells:
@@ -67,6 +67,7 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
         out.append({"schedule": c["schedule"], "method": c["method"],
                     "knob": "" if c["knob_name"] is None else f"{c['knob_name']}={_cell('knob_value', c['knob_value'])}",
                     "seeds": str(c["seeds"]), "kappa": q["kappa"], "in-run speedup": q["speedup_in_run"],
+                    "predicted": q["predicted_speedup"],
                     "dval": q["dval"], "reached": f"{c['reached']}/{c['seeds']}", "steps ratio": q["steps_ratio"],
                     "TTA ratio": q["tta_ratio"], "throughput": c["throughput"] or "",
                     "accuracy": c["accuracy"] or "", "time to accuracy": c["time_to_accuracy"] or ""})
@@ -114,7 +115,8 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
           f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
           "## Cells: mean and 95 % interval over seeds", "",
           "Each quantity is paired with the no-freezing run of the same schedule and seed: kappa = stable "
-          "throughput ratio; in-run = the job's own unfrozen / steady batch time; dval = validation loss minus "
+          "throughput ratio; in-run = the job's own unfrozen / steady batch time; predicted = its plan's predicted "
+          "speed-up (no-freeze / planned batch time); dval = validation loss minus "
           "the no-freezing one at the same step; TTA = wall-clock training time to the no-freezing final "
           "validation loss, over the no-freezing run's (mean over the seeds that reached it). Intervals: "
           "Student t over seeds. A verdict is given only where the interval excludes no change.", "",

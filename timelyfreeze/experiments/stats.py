@@ -18,7 +18,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-QUANTITIES = ("kappa", "speedup_in_run", "dval", "steps_ratio", "tta_ratio")
+QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
 CELL_COLUMNS = (["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
                 + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
                 + ["throughput", "accuracy", "time_to_accuracy"])

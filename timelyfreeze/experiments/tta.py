@@ -3,7 +3,8 @@ time to accuracy.
 
 - ``kappa`` = the run's stable-phase throughput / the no-freezing run's (across jobs: machine drift between
   the two jobs is in it); ``speedup_in_run`` (``results.in_run_speedup``) is the same job's unfrozen over
-  steady batch time, which drift between jobs does not touch.
+  steady batch time, which drift between jobs does not touch; ``predicted_speedup`` is what the run's own plan
+  predicted (no-freeze over planned batch time; planned methods only).
 - ``target_loss``: the no-freezing validation loss at ``target_step`` (default its last validation point;
   linear interpolation between points). ``val_loss_same_step`` is the run's validation loss at that step and
   ``dval`` = it minus the target (> 0: worse than no freezing at the same number of steps).
@@ -23,10 +24,11 @@ import math
 from typing import Any, Mapping, Sequence
 
 from timelyfreeze.experiments.grid import NO_FREEZING
-from timelyfreeze.experiments.results import throughput
+from timelyfreeze.experiments.results import num, throughput
 
 TTA_COLUMNS = [
     "job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps", "kappa", "speedup_in_run",
+    "predicted_speedup",
     "target_step", "target_loss", "val_loss_same_step", "dval", "steps_nf", "steps_method", "steps_ratio",
     "wall_s_nf", "wall_s_method", "tta_ratio", "note",
 ]
@@ -83,6 +85,9 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
         t = {c: None for c in TTA_COLUMNS}
         t.update({k: r.get(k) for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps",
                                         "speedup_in_run")})
+        pred = r.get("_predicted") or {}
+        if num(pred.get("no_freeze")) and num(pred.get("planned")):
+            t["predicted_speedup"] = pred["no_freeze"] / pred["planned"]
         out.append(t)
         nf = base.get((r["schedule"], r["seed"]))
         if nf is None:
