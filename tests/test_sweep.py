@@ -511,3 +511,16 @@ def test_sweep_extends_freezing_jobs_from_the_no_freezing_result(base_toml, tmp_
     assert cmd[cmd.index("--training.steps") + 1] == "30" and cmd[cmd.index("--lr_scheduler.total_steps") + 1] == "20"
     assert float(cmd[cmd.index("--freeze.stop_at_val_loss") + 1]) == nf["val_loss"]
     assert rec["spec"]["extend_to_target"] == 1.5
+
+
+def test_knob_trend_slope_and_interval():
+    from timelyfreeze.experiments.stats import knob_trends
+
+    # dval = 0.01 * r_max exactly, plus a seed offset of +-0.001: slope 0.01; speed-up flat
+    paired = [{"schedule": "1F1B", "method": "timelyfreeze", "knob_value": r, "dval": 0.01 * r + e,
+               "speedup_in_run": 1.1, "kappa": None} for r in (0.0, 0.5, 1.0) for e in (-0.001, 0.001)]
+    (d, s) = knob_trends(paired)
+    assert d["quantity"] == "dval" and d["runs"] == 6 and d["slope"] == pytest.approx(0.01)
+    assert d["slope_lo"] < 0.01 < d["slope_hi"] and d["verdict"] == "rises"
+    assert s["quantity"] == "speedup_in_run" and s["slope"] == pytest.approx(0.0, abs=1e-12)
+    assert knob_trends(paired[:2]) == []  # one knob value: no slope

@@ -8,6 +8,8 @@
   validation-loss change, time to accuracy (``tta``).
 - ``cells.csv``: per (schedule, method, knob value), the mean and 95 % interval over seeds of those paired
   quantities, and the verdicts they resolve (``stats``).
+- ``trends.csv``: per (schedule, method with a knob), the slope of each paired quantity over the knob, every seed
+  pooled, with its 95 % interval (``stats.knob_trends``).
 - ``report.md``: the tables, the plots and every warning.
 - ``pareto.png`` (kappa vs validation-loss change, with intervals), ``throughput_vs_rmax.png`` (speed-up and
   loss change over r_max beside the planner's prediction), ``tta.png``, ``timeline_<schedule>.png`` (``plots``).
@@ -24,7 +26,7 @@ from timelyfreeze.experiments.pareto import CONFIG_COLUMNS, aggregate_configs, l
 from timelyfreeze.experiments.plots import plot_pareto, plot_rmax, plot_tta, rmax_data, timelines
 from timelyfreeze.experiments.predictions import Planner
 from timelyfreeze.experiments.results import RESULT_COLUMNS, config_label, load_rows
-from timelyfreeze.experiments.stats import CELL_COLUMNS, QUANTITIES, cell_stats, fmt_ci
+from timelyfreeze.experiments.stats import CELL_COLUMNS, QUANTITIES, TREND_COLUMNS, cell_stats, fmt_ci, knob_trends
 from timelyfreeze.experiments.tta import TTA_COLUMNS, tta_rows
 
 
@@ -87,6 +89,7 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     configs = aggregate_configs(rows, which, lkey)
     tta = tta_rows(rows, tta_step)
     cells = cell_stats(tta)
+    trends = knob_trends(tta)
     for c in configs:
         if c["pareto"] is None:
             warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
@@ -98,6 +101,7 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
     write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
+    write_csv(rep / "trends.csv", trends, TREND_COLUMNS)
     plots = []
     if plot_pareto(cells, rep / "pareto.png"):
         plots.append(("Validation-loss change vs throughput ratio (mean, 95 % interval)", "pareto.png"))
@@ -121,6 +125,11 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
           "validation loss, over the no-freezing run's (mean over the seeds that reached it). Intervals: "
           "Student t over seeds. A verdict is given only where the interval excludes no change.", "",
           md_cells(cells), "",
+          "## Trends over the knob (every seed pooled)", "",
+          "Least-squares slope of each paired quantity over the method's knob (e.g. per +1 of r_max), with its 95 % "
+          "interval; a verdict only where the interval excludes 0.", "",
+          md_table([{**t, "slope": fmt_ci(t["slope"], t["slope_lo"], t["slope_hi"], 4)} for t in trends],
+                   ["schedule", "method", "quantity", "runs", "slope", "verdict"]), "",
           "## Paired runs (time to accuracy)", "",
           md_table(tta, TTA_COLUMNS), "",
           "## Jobs", "", md_table(rows, RESULT_COLUMNS), "",
@@ -134,4 +143,4 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     for w in warnings:
         print_fn(f"report: warning: {w}")
     print_fn(f"report: {len(rows)} jobs -> {rep / 'report.md'} ({len(plots)} plots)")
-    return {"rows": rows, "configs": configs, "tta": tta, "cells": cells, "plots": plots, "warnings": warnings, "dir": rep}
+    return {"rows": rows, "configs": configs, "tta": tta, "cells": cells, "trends": trends, "plots": plots, "warnings": warnings, "dir": rep}

@@ -18,6 +18,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from timelyfreeze.experiments.grid import NO_FREEZING
+
 QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
 CELL_COLUMNS = (["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
                 + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
@@ -68,11 +70,13 @@ def cell_stats(paired: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                              "seeds": len(ts), "reached": sum(t["steps_method"] is not None for t in ts)}
         for q in QUANTITIES:
             c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(t.get(q) for t in ts)
-        c["throughput"] = verdict(c["kappa_lo"], c["kappa_hi"], 1.0, "faster", "slower")
-        c["accuracy"] = verdict(c["dval_lo"], c["dval_hi"], 0.0, "worse", "better")
-        c["time_to_accuracy"] = verdict(c["tta_ratio_lo"], c["tta_ratio_hi"], 1.0, "later", "sooner")
+        reference = method == NO_FREEZING  # its paired values are 1 and 0 by definition: no verdicts
+        c["throughput"] = None if reference else verdict(c["kappa_lo"], c["kappa_hi"], 1.0, "faster", "slower")
+        c["accuracy"] = None if reference else verdict(c["dval_lo"], c["dval_hi"], 0.0, "worse", "better")
+        c["time_to_accuracy"] = None if reference else verdict(c["tta_ratio_lo"], c["tta_ratio_hi"], 1.0, "later",
+                                                               "sooner")
         cells.append(c)
-    return sorted(cells, key=lambda c: (str(c["schedule"]), c["method"] != "none", str(c["method"]),
+    return sorted(cells, key=lambda c: (str(c["schedule"]), c["method"] != NO_FREEZING, str(c["method"]),
                                         c["knob_value"] or 0))
 
 
@@ -82,3 +86,33 @@ def fmt_ci(mean: float | None, lo: float | None, hi: float | None, digits: int =
         return ""
     text = f"{mean:.{digits}f}"
     return text if lo is None else f"{text} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+TREND_COLUMNS = ["schedule", "method", "quantity", "runs", "slope", "slope_lo", "slope_hi", "intercept", "verdict"]
+
+
+def knob_trends(paired: Sequence[dict[str, Any]], quantities: Sequence[str] = ("dval", "speedup_in_run", "kappa"),
+                ) -> list[dict[str, Any]]:
+    """Per (schedule, knob-carrying method) with at least three runs over two or more knob values: the least-squares
+    slope of each quantity over the knob, pooling every seed (e.g. how much validation loss each +1 of r_max costs),
+    with its 95 % interval (``slope +- t(0.975, n-2) * standard error``). Pooling the seeds of all values resolves
+    a steady trend that per-value intervals over three seeds leave open."""
+    from scipy.stats import linregress
+
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for t in paired:
+        if t["knob_value"] is not None:
+            groups[(t["schedule"], t["method"])].append(t)
+    out = []
+    for (schedule, method), ts in sorted(groups.items()):
+        for q in quantities:
+            pts = [(float(t["knob_value"]), float(t[q])) for t in ts if t.get(q) is not None and math.isfinite(t[q])]
+            if len(pts) < 3 or len({x for x, _ in pts}) < 2:
+                continue
+            fit = linregress([x for x, _ in pts], [y for _, y in pts])
+            half = t_quantile(len(pts) - 2) * fit.stderr
+            lo, hi = fit.slope - half, fit.slope + half
+            out.append({"schedule": schedule, "method": method, "quantity": q, "runs": len(pts), "slope": fit.slope,
+                        "slope_lo": lo, "slope_hi": hi, "intercept": fit.intercept,
+                        "verdict": verdict(lo, hi, 0.0, "rises", "falls")})
+    return out
