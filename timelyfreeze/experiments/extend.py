@@ -22,6 +22,7 @@ from typing import Any
 
 from timelyfreeze.experiments.command import job_setting
 from timelyfreeze.experiments.grid import NO_FREEZING, Job
+from timelyfreeze.experiments.results import num
 from timelyfreeze.experiments.runner import read_job_json, summary_path
 
 
@@ -39,7 +40,7 @@ def target_loss(jobs_dir: Path, job: Job) -> tuple[float | None, str | None]:
         loss = json.loads(summary_path(nf_dir).read_text()).get("val_loss")
     except (OSError, ValueError, AttributeError):
         loss = None
-    if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss) or loss <= 0:
+    if num(loss) is None or loss <= 0:
         return None, f"no target loss: {nf_dir.name} has no final validation loss"
     return float(loss), None
 

@@ -14,8 +14,9 @@ from typing import Any
 from planner.errors import PlannerError
 from timelyfreeze.config import METHODS, PLANNED_METHODS
 from timelyfreeze.experiments.grid import NO_FREEZING
+from timelyfreeze.experiments.pareto import pareto_front
 from timelyfreeze.experiments.predictions import Planner
-from timelyfreeze.experiments.results import config_label, fmt_knob, num
+from timelyfreeze.experiments.results import config_label, fmt_knob
 
 PLAIN_TIMELYFREEZE = "timelyfreeze"
 """The planned method whose run a schedule's timeline prefers (then any other planned method)."""
@@ -66,8 +67,6 @@ def _errorbar(ax, x: float, y: float, xerr, yerr, color: str, marker: str, label
 def plot_pareto(cells: list[dict[str, Any]], out_png: Path) -> bool:
     """Per schedule: validation-loss change vs throughput ratio (kappa), both vs the no-freezing run of the
     same seed, each cell at its mean with its 95 % intervals; the front of the means is dashed."""
-    from timelyfreeze.experiments.pareto import pareto_front
-
     cs_all = [c for c in cells if c["kappa_mean"] is not None and c["dval_mean"] is not None]
     schedules = sorted({c["schedule"] for c in cs_all})
     if not schedules:
@@ -105,21 +104,19 @@ def plot_pareto(cells: list[dict[str, Any]], out_png: Path) -> bool:
 
 def rmax_data(rows: list[dict[str, Any]], cells: list[dict[str, Any]], planner: Planner | None, work: Path,
               warnings: list[str]) -> dict[str, dict[str, Any]]:
-    """Per schedule: the TimelyFreeze-family cells, the planner's predicted speedup curves (one per trace of
-    the schedule's runs) and each run's own plan speedup (no-freeze batch / planned batch)."""
+    """Per schedule: the TimelyFreeze-family cells (each run's own plan speedup is their ``predicted_speedup``)
+    and the planner's predicted speedup curves (one per trace of the schedule's runs)."""
     fam = [r for r in rows if r["status"] == "ok" and r["method"] in PLANNED_METHODS]
     grid_r = sorted({r["knob_value"] for r in fam})
     r_values = sorted({round(i / 10, 10) for i in range(11)} | set(grid_r))
     data: dict[str, dict[str, Any]] = {}
     for schedule in sorted({r["schedule"] for r in fam}):
         d = {"cells": [c for c in cells if c["schedule"] == schedule and c["method"] in PLANNED_METHODS],
-             "curves": [], "plan_points": []}
+             "curves": []}
+        if planner is None:
+            data[schedule] = d
+            continue
         for r in (r for r in fam if r["schedule"] == schedule):
-            p = r["_predicted"]
-            if num(p.get("no_freeze")) and num(p.get("planned")):
-                d["plan_points"].append((r["knob_value"], p["no_freeze"] / p["planned"], r["method"]))
-            if planner is None:
-                continue
             if r["_trace"] is None:
                 warnings.append(f"{r['job_id']}: no trace, no planner prediction")
                 continue

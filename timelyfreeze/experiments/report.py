@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
+from timelyfreeze.experiments.grid import NO_FREEZING
 from timelyfreeze.experiments.pareto import CONFIG_COLUMNS, aggregate_configs, loss_key
 from timelyfreeze.experiments.plots import plot_pareto, plot_rmax, plot_tta, rmax_data, timelines
 from timelyfreeze.experiments.predictions import Planner
@@ -95,7 +96,7 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
             warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
                             f"no {which} throughput or loss, left out of the Pareto front")
     for t in tta:
-        if t["note"] and t["method"] != "none":
+        if t["note"] and t["method"] != NO_FREEZING:
             warnings.append(f"{t['job_id']}: {t['note']}")
     write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
