@@ -13,6 +13,8 @@ the certified relative gap of the planned batch time (0: exact optimum; the boun
 
     .venv/bin/python scripts/bench_planner.py [--sizes 8x64,16x256,32x512] [--schedules ...] [--solver auto]
     .venv/bin/python scripts/bench_planner.py --legacy [--quick] [--max-actions N]   # the older size table
+    .venv/bin/python scripts/bench_planner.py --process --sizes 32x512 --schedules Interleaved1F1B,ZBVZeroBubble
+        # the whole `planner plan` process on simulated trace files, --repeats runs each
 
 ``--solver`` takes a name of ``planner.lp.SOLVERS`` or, to time the whole LP under another HiGHS
 configuration, a key of ``planner.lp_solve.CONFIGS`` (``dual``, ``dual-dse``, ``primal``, ``slack``,
@@ -171,6 +173,65 @@ def schedules_table(a: argparse.Namespace) -> None:
                   f"| {100 * r['gap']:.3f} % | {r['peak_mb']:.0f} |", flush=True)
 
 
+def _median_range(xs: list[float]) -> str:
+    xs = sorted(xs)
+    mid = xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+    return f"{mid:.2f} [{xs[0]:.2f}, {xs[-1]:.2f}]" if len(xs) > 1 else f"{mid:.2f}"
+
+
+def process_table(a: argparse.Namespace) -> None:
+    """The whole ``python -m planner plan`` process, timed from outside, on trace files written by
+    ``planner.simulate`` (one record per action and phase; per-stage costs ``U(0.6, 1.4)`` from ``--trace-seed``,
+    +-5 % jitter per record): what a user waits for, trace loading, weights, DAG, LP, plan file and summary."""
+    import random
+    import tempfile
+
+    from planner.simulate import synthetic_trace, write_trace
+
+    sizes = [tuple(int(x) for x in item.split("x")) for item in a.sizes.split(",")]
+    names = [x for x in a.schedules.split(",") if x]
+    print(f"whole `planner plan` process, r_max 0.5, {a.repeats} runs each (median [min, max]); traces: "
+          f"`planner simulate`, stage scales U(0.6, 1.4) seed {a.trace_seed}, jitter 0.05, 1 record per action "
+          "and phase\n")
+    print("| schedule | pp x stages x microbatches | actions | method | process s | LP s | batch ms | gap |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for pp, mb in sizes:
+            for name in names:
+                from planner import schedules
+
+                ns = pp * schedules.stages_per_rank(name)
+                rng = random.Random(a.trace_seed)
+                scale = [round(rng.uniform(0.6, 1.4), 4) for _ in range(ns)]
+                trace = synthetic_trace(name, pp, mb, stage_scale=scale, jitter=0.05, seed=a.trace_seed, steps=1)
+                tdir = os.path.join(tmp, f"{name}_{pp}x{mb}")
+                write_trace(trace, tdir)
+                out = os.path.join(tmp, "plan.json")
+                walls, lps, plan, failure = [], [], None, None
+                for _ in range(a.repeats):
+                    t0 = time.perf_counter()
+                    try:
+                        run = subprocess.run([sys.executable, "-m", "planner", "plan", tdir, "--r-max", "0.5", "--out", out],
+                                             cwd=ROOT, capture_output=True, text=True, check=False, timeout=a.timeout)
+                    except subprocess.TimeoutExpired:
+                        failure = f"timed out after {a.timeout:.0f} s"
+                        break
+                    walls.append(time.perf_counter() - t0)
+                    if run.returncode != 0:
+                        failure = f"failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}"
+                        break
+                    with open(out, encoding="utf-8") as f:
+                        plan = json.load(f)
+                    lps.append(plan["solver"]["seconds"])
+                if failure or plan is None:
+                    print(f"| {name} | {pp} x {ns // pp} x {mb} | {len(trace.meta.all_actions()):,} | {failure} "
+                          "| | | | |", flush=True)
+                    continue
+                print(f"| {name} | {pp} x {ns // pp} x {mb} | {len(plan['actions']):,} | {plan['solver']['method']} "
+                      f"| {_median_range(walls)} | {_median_range(lps)} | {plan['batch_time_ms']['planned']:.1f} "
+                      f"| {100 * (plan['solver'].get('gap') or 0.0):.3f} % |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the small sizes")
@@ -185,8 +246,15 @@ def main() -> None:
                          "onto each size; its schedule only)")
     ap.add_argument("--gap", type=float, default=None, help="certified gap accepted (default: the planner's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per size (default 600)")
+    ap.add_argument("--process", action="store_true",
+                    help="time the whole `python -m planner plan` process on simulated trace files (--repeats runs)")
+    ap.add_argument("--repeats", type=int, default=3, help="--process: runs per trace (default 3)")
+    ap.add_argument("--trace-seed", type=int, default=7, help="--process: seed of the stage scales and jitter")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.process:
+        process_table(a)
+        return
     if a.one:
         pp, spr, mb, split, schedule = json.loads(a.one)
         print(json.dumps(run_one(pp, spr, mb, split, a.solver, schedule, a.timings, a.gap)))

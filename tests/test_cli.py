@@ -336,3 +336,16 @@ def test_gantt_rejects_plan_for_another_trace(trace_dir, tmp_path):
     assert_ok(run("plan", other, "--r-max", 0.3, "--out", plan_path))
     assert_user_error(run("gantt", trace_dir, "--plan", plan_path, "--out", tmp_path / "g.png"), "other.json",
                       "schedule")
+
+
+def test_bench_planner_process_mode_times_the_whole_cli():
+    """``scripts/bench_planner.py --process``: writes a simulated trace, runs ``planner plan`` on it and prints
+    one table row with the method, the process and LP seconds (median [min, max]) and the gap."""
+    proc = subprocess.run(
+        [sys.executable, "scripts/bench_planner.py", "--process", "--sizes", "2x4", "--schedules", "1F1B",
+         "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    out = assert_ok(proc)
+    rows = [line for line in out.splitlines() if line.startswith("| 1F1B |")]
+    assert len(rows) == 1 and "| 2 x 1 x 4 | 16 | highs-fast |" in rows[0], out
+    assert rows[0].count("[") == 2, rows[0]  # process and LP seconds: median [min, max] of the 2 runs
