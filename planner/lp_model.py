@@ -176,6 +176,10 @@ class Paths:
         tail = _farthest(reversed(self.order), self.succs, self.sptr, w, self.sdelay)
         return np.asarray(head), np.asarray(tail)
 
+    def tail(self, dur: np.ndarray) -> np.ndarray:
+        """Longest path from each node's end (one pass; ``max(dur + tail)`` is the batch time)."""
+        return np.asarray(_farthest(reversed(self.order), self.succs, self.sptr, dur.tolist(), self.sdelay))
+
 
 def _farthest(
     order, nbrs: list[int], ptr: list[int], w: list[float], delay: list[float] | None,  # noqa: ANN001

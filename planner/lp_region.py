@@ -128,7 +128,9 @@ def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax)
     return r
 
 
-def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) -> tuple[np.ndarray, float]:
+def unfreeze_slack(
+    ar: DagArrays, paths: Paths, r: np.ndarray, target: float, tail: np.ndarray | None = None,
+) -> tuple[np.ndarray, float]:
     """``r`` with freezing given back where the batch does not need it to stay within ``target`` ms, and the
     batch time of the result (the latest end of the pass's final schedule).
 
@@ -137,9 +139,10 @@ def unfreeze_slack(ar: DagArrays, paths: Paths, r: np.ndarray, target: float) ->
     ``head`` its earliest start under the durations already chosen.  Paths through an action keep within
     ``target`` after its change and later changes only see the new heads, so the batch time stays within
     ``target`` when it was (a greedy pass: no action alone can give back more, but the total is not
-    minimised)."""
+    minimised).  ``tail``: ``paths.tail`` of ``r``'s durations, when the caller has it."""
     d = ar.wmax - ar.delta * r
-    _, tail = paths.head_tail(d)
+    if tail is None:
+        tail = paths.tail(d)
     w, tl, wmax = d.tolist(), tail.tolist(), ar.wmax.tolist()
     preds, ptr, delay = paths.preds, paths.pptr, paths.pdelay
     room = target * (1.0 - 1e-12)
@@ -190,11 +193,13 @@ def rebalance(
         budget[s_] = stage_r_max(r_max, s_) * c
     st = np.maximum(ar.stage, 0)
     target = lower * (1 + gap / 2)
-    best_t = _longest(ar, paths, r)[0]
+    d = ar.wmax - ar.delta * r
+    tail = paths.tail(d)
+    best_t = float((d + tail).max())
     best_r, t_prev, passes = r, best_t, 0
     while passes < _REBALANCE_PASSES and best_t > lower * (1 + gap):
         passes += 1
-        r, _ = unfreeze_slack(ar, paths, r, t_prev)
+        r, _ = unfreeze_slack(ar, paths, r, t_prev, tail)
         _, through = _longest(ar, paths, r)
         over = frz & (through > target)
         used = np.bincount(ar.stage[frz], weights=r[frz], minlength=ns)
@@ -202,7 +207,9 @@ def rebalance(
         excess = np.where(over, through - target, 0.0)
         per_stage = np.bincount(ar.stage[frz], weights=excess[frz], minlength=ns)
         r = np.minimum(1.0, r + left[st] * excess / np.maximum(per_stage[st], 1e-300))
-        t_new = _longest(ar, paths, r)[0]
+        d = ar.wmax - ar.delta * r
+        tail = paths.tail(d)  # the batch time now, and the next pass's tails
+        t_new = float((d + tail).max())
         if t_new < best_t:
             best_r, best_t = r, t_new
         if t_prev - t_new < _REBALANCE_PROGRESS * (t_prev - target):
@@ -238,7 +245,10 @@ def solve_region(
     budget and tight at this one; :func:`planner.lp.solve_freeze_lp` has the argument), so no whole-LP
     solve is needed for them.
 
-    ``gap > 0``: the bounded method (module docstring); returns the feasible plan's batch time ``T_U``
+    ``gap > 0``: the bounded method (module docstring).  Its rounds solve stage 1 only (the region's least
+    freezing is wasted work when the plan is the spread or rebalanced one: 20-35 % of the LP time on
+    real-like 32 x 2 x 512 batches, ``docs/planner-solver-notes.md``); stage 2 runs only when stage 1's ratios already give the whole batch ``T_R``, to return the
+    exact optimum.  It returns the feasible plan's batch time ``T_U``
     and ratios once ``T_U <= T_R (1 + gap)``, with ``info["lower_bound"] = T_R`` (an exact result has no such
     key); its duals are then a subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``.
     """
@@ -259,7 +269,8 @@ def solve_region(
         if keep.sum() > _REGION_MAX_FRACTION * (n - 2):
             return None
         sub, back = region_arrays(ar, keep, head_min, tail_min, counts)
-        t_r, r_sub, sinfo = solve_lexicographic(sub, r_max, opts, True, "critical", True)
+        # bounded: stage 1 only (the least freezing of a region whose plan is not kept would be wasted)
+        t_r, r_sub, sinfo = solve_lexicographic(sub, r_max, opts, True, "critical", True, stage2=gap == 0)
         for k in totals:
             totals[k] += sinfo[k]  # type: ignore[operator]
         r = np.zeros(n)
@@ -278,8 +289,14 @@ def solve_region(
                     rb, t_up = rb2, t2
             info.update(upper_bound=t_up)
             if t_up <= lower * (1 + gap):
-                if _longest(ar, paths, r)[0] <= bound:  # the region is exact: the lexicographic optimum
-                    return t_r, r, info
+                if _longest(ar, paths, r)[0] <= bound:  # the region reaches T*: solve its least freezing too
+                    t2, r2_sub, s2 = solve_lexicographic(sub, r_max, opts, True, "critical", True)
+                    r2 = np.zeros(n)
+                    r2[back[real]] = r2_sub[real]
+                    if _longest(ar, paths, r2)[0] <= bound:  # exact: the lexicographic optimum
+                        for k in totals:
+                            totals[k] += s2[k]  # type: ignore[operator]
+                        return t2, r2, info | s2 | totals
                 rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
                 return t_up, rb, info | {"lower_bound": lower}
             add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
