@@ -164,12 +164,10 @@ def budget_duals(m: LPModel, rd: np.ndarray) -> dict[int, float]:
 
 def solve_lexicographic(
     ar: DagArrays, r_max: RMax, opts: dict[str, object], use_basis: bool, basis_start: str, on_face: bool,
-    stage2: bool = True,
 ) -> tuple[float, np.ndarray, dict[str, object]]:
     """Both LP stages on ``ar``: returns ``T*``, the freeze ratio of every node of ``ar`` (0 for fixed
     actions) and sizes/timings; ``info["budget_duals"]`` holds the stage-1 shadow prices of the budget
-    rows (:func:`budget_duals`).  ``stage2=False``: stage 1 only, the ratios of its optimal vertex (a
-    minimal batch time, not the least freezing)."""
+    rows (:func:`budget_duals`)."""
     t0 = time.perf_counter()
     m1 = build_lp(None, None, r_max, arrays=ar, basis_start=basis_start)  # type: ignore[arg-type]
     t1 = time.perf_counter()
@@ -184,10 +182,7 @@ def solve_lexicographic(
     t_bound = t_star * (1 + 1e-9) + 1e-9
     build2 = 0.0
     frz = np.flatnonzero(ar.delta > 0)
-    if m1.r_actions and not stage2:
-        r[frz] = np.clip(col[: frz.size], 0.0, 1.0)
-        on_face = True  # (nothing more to solve)
-    elif m1.r_actions and on_face:
+    if m1.r_actions and on_face:
         tb = time.perf_counter()
         lp2, fc, fr = _face_lp(m1, sol1, rd, t_bound)
         fixed = (fc, fr)
