@@ -50,7 +50,7 @@ _REBALANCE_PASSES = 12
 _REBALANCE_FROM = 10.0
 """A :func:`rebalance` pass that leaves the plan farther than this many gaps above ``T_R`` is the last of its
 round (the lower bound is usually not tight yet and more passes are wasted: on simulate's Interleaved1F1B
-32 x 2 x 512 trace rounds 1-2 stayed 0.5-2 % above a ``T_R`` 0.38 % below ``T*``; the round that certified
+32 x 2 x 512 trace rounds 1-2 started 1.4-2 % above a ``T_R`` 0.38 % below ``T*``; the round that certified
 started at 0.38 %)."""
 _REBALANCE_PROGRESS = 0.3
 """A :func:`rebalance` pass that closes less than this share of the distance from the batch time to the
