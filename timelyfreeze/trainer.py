@@ -192,19 +192,31 @@ class TimelyFreezeTrainer(Trainer):
             self.freeze_rt.load_state_dict(state_dict[self._freeze_key()], self.step)
             logger.info(f"[freeze] restored freezing state at step {self.step}")
 
+    def train(self):
+        super().train()
+        self._trained = True
+
     def close(self) -> None:
         rt = getattr(self, "freeze_rt", None)
         if rt is not None:
-            try:
-                # a refused resume leaves the earlier run's summary alone
-                summary = None if rt.refused else rt.finish()
-                if summary is not None:
-                    logger.info(format_summary(summary))
-            finally:
-                rt.close()
+            close_runtime(rt, trained=getattr(self, "_trained", False))
         super().close()
         # before TorchTitan's destroy_process_group(): let it really destroy the groups (see torch_fixes)
         release_mesh_process_groups()
+
+
+def close_runtime(rt, *, trained: bool) -> None:
+    """Close the freezing runtime at the end of a run: the summary (a collective over every rank) only
+    after ``train()`` returned. After an exception, TorchTitan still calls ``close()`` before re-raising,
+    and a collective there waits for ranks that are elsewhere (still in the pipeline, or dead) until the
+    process group's timeout, holding back the error that ended the run. The trace is flushed either way.
+    A refused resume leaves the earlier run's summary alone."""
+    try:
+        summary = rt.finish() if trained and not rt.refused else None
+        if summary is not None:
+            logger.info(format_summary(summary))
+    finally:
+        rt.close()
 
 
 def _held_after(fn, last: int, step: int) -> float:
