@@ -128,6 +128,19 @@ def test_toml_and_cli_reach_the_section():
     assert cfg.activation_checkpoint.mode == "none"
 
 
+
+def test_the_gpu_debug_config_parses_and_splits_into_8_microbatches():
+    """torchtitan_configs/llama3_debug_1f1b_gpu.toml (run on a lent GPU, docs/results/gpu) stays valid."""
+    from timelyfreeze import cpu_shims
+
+    cpu_shims.apply_if_needed()
+    from torchtitan.config import ConfigManager
+
+    cfg = ConfigManager().parse_args(["--job.config_file", "torchtitan_configs/llama3_debug_1f1b_gpu.toml"])
+    assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
+    assert cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size == 8
+    assert cfg.parallelism.pipeline_parallel_schedule == "1F1B"
+
 def test_knob_of_each_method():
     f = Freeze(method="smartpipe")
     f.smartpipe.lam = 0.75
