@@ -524,3 +524,39 @@ def test_knob_trend_slope_and_interval():
     assert d["slope_lo"] < 0.01 < d["slope_hi"] and d["verdict"] == "rises"
     assert s["quantity"] == "speedup_in_run" and s["slope"] == pytest.approx(0.0, abs=1e-12)
     assert knob_trends(paired[:2]) == []  # one knob value: no slope
+
+
+def test_jobs_from_another_pretrained_checkpoint_are_stale_unpaired_and_give_no_target(base_toml, tmp_path):
+    """The pre-trained checkpoint is built on each machine and differs between machines: a finished job that
+    started from another one reruns, gives no time-to-accuracy target, and pairs with no no-freezing run."""
+    from timelyfreeze.experiments.extend import target_loss
+    from timelyfreeze.experiments.results import load_rows
+    from timelyfreeze.experiments.runner import job_spec, resume_state
+
+    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0], "extend_to_target": 2,
+            "methods": {"timelyfreeze": [0.8], "none": True}}
+    none_job, tf_job = expand_grid(grid)
+    d = write_job(tmp_path, none_job.job_id, {"val_loss": 4.5, "val_curve": [[20, 4.5]],
+                                              "tokens_per_s": {"all": 100.0, "stable": 100.0}})
+    rec = {"job_id": none_job.job_id, "status": "ok", "spec": job_spec(none_job, "abc", "old-start")}
+    (d / "job.json").write_text(json.dumps(rec))
+    assert resume_state(d, job_spec(none_job, "abc", "old-start")) == (True, "done")
+    assert resume_state(d, job_spec(none_job, "abc", "new-start")) == (
+        False, "stale (started from another pre-trained checkpoint)")
+    assert resume_state(d, job_spec(none_job, "other-config", "new-start"))[1] == "stale (spec or base config changed)"
+    assert job_spec(none_job, "abc") == {**none_job.spec(), "base_config_sha256": "abc"}  # no fine-tuning: as before
+
+    loss, why = target_loss(tmp_path / "jobs", tf_job, "new-start")
+    assert loss is None and "started from another pre-trained checkpoint" in why
+    assert target_loss(tmp_path / "jobs", tf_job, "old-start") == (4.5, None)
+
+    t = write_job(tmp_path, tf_job.job_id, {"val_loss": 4.6, "val_curve": [[20, 4.6]],
+                                            "tokens_per_s": {"all": 110.0, "stable": 110.0}})
+    (t / "job.json").write_text(json.dumps({"job_id": tf_job.job_id, "status": "ok",
+                                            "spec": job_spec(tf_job, "abc", "new-start")}))
+    (paired,) = [r for r in tta_rows(load_rows(tmp_path)) if r["method"] == "timelyfreeze"]
+    assert paired["kappa"] is None and "same pre-trained checkpoint" in paired["note"]
+    (t / "job.json").write_text(json.dumps({"job_id": tf_job.job_id, "status": "ok",
+                                            "spec": job_spec(tf_job, "abc", "old-start")}))
+    (paired,) = [r for r in tta_rows(load_rows(tmp_path)) if r["method"] == "timelyfreeze"]
+    assert paired["kappa"] == pytest.approx(1.1) and paired["dval"] == pytest.approx(0.1)

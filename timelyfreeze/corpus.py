@@ -183,6 +183,28 @@ def pretrained_checkpoint() -> Path | None:
     return steps[-1][1] if steps and done.exists() else None
 
 
+
+def start_fingerprint() -> str | None:
+    """What a fine-tuning run starts from, as a short hash: the tokenizer (``tokenizer.json``) and the cached
+    pre-trained checkpoint's files. None when the checkpoint is not built.
+
+    Both are built on the machine that runs the jobs, and they are not the same on every machine: the same
+    pre-training on another host gave another checkpoint (step-1 fine-tuning loss 5.139 against 5.044),
+    so runs compared with each other (a freezing job and the no-freezing job of its seed) must carry the
+    same fingerprint (``timelyfreeze.experiments``)."""
+    ckpt = pretrained_checkpoint()
+    tok = tokenizer_dir() / "tokenizer.json"
+    if ckpt is None or not tok.is_file():
+        return None
+    h = hashlib.sha256(tok.read_bytes())
+    for f in sorted(q for q in ckpt.rglob("*") if q.is_file()):
+        h.update(f.relative_to(ckpt).as_posix().encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
 def resolve_initial_load(job_config) -> None:
     """Point ``initial_load_path = "pystdlib-pretrained"`` at the cached checkpoint (error if missing)."""
     if job_config.checkpoint.initial_load_path == PRETRAINED_MARKER:

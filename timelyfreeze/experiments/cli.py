@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from timelyfreeze import corpus
 from timelyfreeze.corpus import PRETRAINED_MARKER
 from timelyfreeze.experiments.command import build_command
 from timelyfreeze.experiments.extend import extension_overrides
@@ -29,7 +30,7 @@ from timelyfreeze.experiments.grid import (KNOBS, GridError, Job, expand_grid, l
                                            parse_set_flag)
 from timelyfreeze.experiments.predictions import Planner
 from timelyfreeze.experiments.report import build_report
-from timelyfreeze.experiments.runner import REPO_ROOT, file_sha256, resume_state, run_sweep, write_json
+from timelyfreeze.experiments.runner import REPO_ROOT, file_sha256, job_spec, resume_state, run_sweep, write_json
 
 RUN_DESCRIPTION = "Run a grid of TimelyFreeze / baseline training jobs from one base TOML, one ``torchrun`` at a time."
 
@@ -74,9 +75,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sweep: {e}", file=sys.stderr)
         return 2
     out = Path(args.out).resolve()
+    finetunes = PRETRAINED_MARKER in base.read_text()
+    start = corpus.start_fingerprint() if finetunes and args.launcher is None else None
 
     def command_fn(job: Job, dump: Path) -> list[str]:
-        extra, note = extension_overrides(job, out / "jobs", base)
+        extra, note = extension_overrides(job, out / "jobs", base, start)
         if note and not args.dry_run:
             print(f"sweep: {job.job_id}: {note}; it trains its plain length")
         job = dataclasses.replace(job, overrides=job.overrides + extra)
@@ -84,18 +87,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         for k, job in enumerate(jobs, 1):
-            skip, why = resume_state(out / "jobs" / job.job_id, {**job.spec(), "base_config_sha256": file_sha256(base)})
+            skip, why = resume_state(out / "jobs" / job.job_id, job_spec(job, file_sha256(base), start))
             print(f"[{k}/{len(jobs)}] {job.job_id}  ({'skip: ' if skip else ''}{why})")
             print("    " + shlex.join(command_fn(job, out / "jobs" / job.job_id / "dump")))
         print(f"{len(jobs)} jobs")
         return 0
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "grid.json", {**grid, "jobs": [j.job_id for j in jobs]})
-    if args.launcher is None and PRETRAINED_MARKER in base.read_text():
-        # the fine-tuning setting starts every job from the cached pre-trained checkpoint: build it once
+    if args.launcher is None and finetunes:
+        # the fine-tuning setting starts every job from the cached pre-trained checkpoint: build it once, and
+        # let every job's spec name it (a job that started from another machine's checkpoint runs again)
         _ensure_pretrained()
+        start = corpus.start_fingerprint()
+        print(f"sweep: every job starts from the pre-trained checkpoint {start}")
     try:
-        res = run_sweep(jobs, out, command_fn, file_sha256(base), args.retry_failed, args.timeout)
+        res = run_sweep(jobs, out, command_fn, file_sha256(base), args.retry_failed, args.timeout, start_sha=start)
     except KeyboardInterrupt:  # between jobs: nothing is running, nothing to mark
         print("sweep: interrupted", file=sys.stderr)
         return 130

@@ -30,12 +30,15 @@ def no_freezing_id(job: Job) -> str:
     return Job(job.schedule, NO_FREEZING, None, job.seed).job_id
 
 
-def target_loss(jobs_dir: Path, job: Job) -> tuple[float | None, str | None]:
-    """(the no-freezing job's final validation loss, None) or (None, why there is none)."""
+def target_loss(jobs_dir: Path, job: Job, start_sha: str | None = None) -> tuple[float | None, str | None]:
+    """(the no-freezing job's final validation loss, None) or (None, why there is none). With ``start_sha``
+    the no-freezing job must have started from the same pre-trained checkpoint."""
     nf_dir = jobs_dir / no_freezing_id(job)
     rec = read_job_json(nf_dir)
     if rec is None or rec.get("status") != "ok":
         return None, f"no target loss: {nf_dir.name} is {'missing' if rec is None else rec.get('status')}"
+    if start_sha is not None and (rec.get("spec") or {}).get("start_sha256") != start_sha:
+        return None, f"no target loss: {nf_dir.name} started from another pre-trained checkpoint"
     try:
         loss = json.loads(summary_path(nf_dir).read_text()).get("val_loss")
     except (OSError, ValueError, AttributeError):
@@ -45,11 +48,12 @@ def target_loss(jobs_dir: Path, job: Job) -> tuple[float | None, str | None]:
     return float(loss), None
 
 
-def extension_overrides(job: Job, jobs_dir: Path, base_toml: str | Path) -> tuple[tuple[tuple[str, Any], ...], str | None]:
+def extension_overrides(job: Job, jobs_dir: Path, base_toml: str | Path, start_sha: str | None = None
+                        ) -> tuple[tuple[tuple[str, Any], ...], str | None]:
     """The overrides that extend ``job`` (see the module docstring) and a note when it cannot be extended."""
     if job.extend is None or job.method == NO_FREEZING:
         return (), None
-    loss, why = target_loss(Path(jobs_dir), job)
+    loss, why = target_loss(Path(jobs_dir), job, start_sha)
     if loss is None:
         return (), why
     steps = job_setting(job, base_toml, "training.steps")

@@ -164,6 +164,7 @@ def load_job(job_dir: Path) -> dict[str, Any]:
     row["_val_curve"] = sorted(([float(s), float(v)] for s, v in curve if num(v) is not None), key=lambda p: p[0])
     row["_step_ms"] = {m["step"]: float(m["step_ms"]) for m in metrics if num(m.get("step_ms")) is not None}
     row["_dir"] = job_dir
+    row["_start"] = (job.get("spec") or {}).get("start_sha256")  # the pre-trained checkpoint it started from
     row["_trace"] = tf / "trace" if (tf / "trace" / "meta.json").is_file() else None
     row["_plan"] = tf / "plan.json" if (tf / "plan.json").is_file() else None
     row["_timeline"] = tf / "timeline.png" if (tf / "timeline.png").is_file() else None

@@ -54,12 +54,25 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+
+def job_spec(job: Job, base_config_sha: str | None, start_sha: str | None = None) -> dict[str, Any]:
+    """What a finished job must match to be skipped on resume (stored in its job.json as ``spec``)."""
+    spec = {**job.spec(), "base_config_sha256": base_config_sha}
+    if start_sha is not None:
+        spec["start_sha256"] = start_sha
+    return spec
+
+
 def resume_state(job_dir: Path, spec: dict[str, Any]) -> tuple[bool, str]:
     """(skip?, why): a job is done when its job.json says ok for the same spec and summary.json exists."""
     rec = read_job_json(job_dir)
     if rec is None:
         return False, "new" if not job_dir.exists() else "incomplete (no job.json)"
     if rec.get("spec") != spec:
+        old = rec.get("spec") or {}
+        if old.get("start_sha256") != spec.get("start_sha256") and {**old, "start_sha256": None} == {
+                **spec, "start_sha256": None}:
+            return False, "stale (started from another pre-trained checkpoint)"
         return False, "stale (spec or base config changed)"
     if rec.get("status") != "ok":
         return False, f"previous run {rec.get('status', '?')}"
@@ -193,13 +206,16 @@ def run_sweep(
     timeout_s: float | None = None,
     print_fn: Callable[[str], None] = print,
     env: dict[str, str] | None = None,
+    start_sha: str | None = None,
 ) -> SweepResult:
-    """Run the jobs one at a time under ``<out>/jobs/``; never raises for a failed job."""
+    """Run the jobs one at a time under ``<out>/jobs/``; never raises for a failed job. ``start_sha``
+    (``corpus.start_fingerprint``, fine-tuning grids) becomes part of every job's spec: a finished job that
+    started from another checkpoint is stale and runs again."""
     out = Path(out).resolve()
     res = SweepResult()
     plan: list[tuple[Job, dict[str, Any], bool, str]] = []
     for job in jobs:
-        spec = {**job.spec(), "base_config_sha256": base_config_sha}
+        spec = job_spec(job, base_config_sha, start_sha)
         job_dir = out / "jobs" / job.job_id
         skip, why = resume_state(job_dir, spec)
         if not skip and not retry_failed:

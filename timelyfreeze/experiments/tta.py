@@ -1,5 +1,6 @@
 """Each run against the no-freezing run of the same schedule and seed (the paired comparison), with its
-time to accuracy.
+time to accuracy. Both must have started from the same pre-trained checkpoint (the sweep records it as
+``start_sha256`` in each job's spec; jobs without one pair with each other).
 
 - ``kappa`` = the run's stable-phase throughput / the no-freezing run's (across jobs: machine drift between
   the two jobs is in it); ``speedup_in_run`` (``results.in_run_speedup``) is the same job's unfrozen over
@@ -76,8 +77,10 @@ def wall_to_step(step_ms: Mapping[int, float], step: float) -> float | None:
 
 def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[dict[str, Any]]:
     """The paired comparison and time to accuracy of every ok job against the no-freezing job of its
-    schedule and seed (the no-freezing job gets its own row: kappa 1, dval 0)."""
-    base = {(r["schedule"], r["seed"]): r for r in rows if r["method"] == NO_FREEZING and r["status"] == "ok"}
+    schedule and seed that started from the same pre-trained checkpoint (``_start``; the no-freezing job gets
+    its own row: kappa 1, dval 0)."""
+    base = {(r["schedule"], r["seed"], r.get("_start")): r for r in rows
+            if r["method"] == NO_FREEZING and r["status"] == "ok"}
     out = []
     for r in rows:
         if r["status"] != "ok":
@@ -89,9 +92,9 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
         if num(pred.get("no_freeze")) and num(pred.get("planned")):
             t["predicted_speedup"] = pred["no_freeze"] / pred["planned"]
         out.append(t)
-        nf = base.get((r["schedule"], r["seed"]))
+        nf = base.get((r["schedule"], r["seed"], r.get("_start")))
         if nf is None:
-            t["note"] = "no no-freezing run of this schedule and seed"
+            t["note"] = "no no-freezing run of this schedule and seed (from the same pre-trained checkpoint)"
             continue
         tm, tn = throughput(r), throughput(nf)
         if tm is not None and tn:
