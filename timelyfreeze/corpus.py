@@ -163,35 +163,66 @@ def resolve_assets(job_config) -> None:
 
 
 PRETRAINED_MARKER = "pystdlib-pretrained"
-"""Value of ``[checkpoint] initial_load_path`` that means "the cached pre-trained debug model"."""
+"""Value of ``[checkpoint] initial_load_path`` that means "the pre-trained debug model" (``pretrained_checkpoint``)."""
 PRETRAIN_CONFIG = "llama3_debug_pretrain_cpu.toml"
 
 
 def pretrained_dir() -> Path:
-    """Dump folder of the cached pre-training run (``scripts/pretrain.py``)."""
+    """Dump folder of a pre-training run built on this machine (``scripts/pretrain.py``)."""
     v = sys.version_info
     return cache_dir() / f"pretrained-llama3-debugmodel-py{v.major}{v.minor}"
 
 
-def pretrained_checkpoint() -> Path | None:
-    """The last checkpoint of the cached pre-training run, or None when it was never built."""
-    ckpt = pretrained_dir() / "checkpoint"
+COMMITTED_PRETRAINED = Path(__file__).resolve().parent / "pretrained" / "llama3-debugmodel-py311"
+"""The pre-trained checkpoint that ships with the repository (``checkpoint/step-*/``, model weights only), with
+the sha256 of the tokenizer it was trained with (``tokenizer.sha256``) and its ``pretrain.log``. Pre-training
+on another CPU gives another checkpoint (float sums in another order), so fine-tuning results are only
+comparable across machines when every machine starts from this one."""
+
+
+def last_checkpoint(ckpt: Path) -> Path | None:
+    """The highest ``step-<n>`` folder under a TorchTitan checkpoint folder, or None."""
     steps = sorted(
         (int(d.name.split("-")[1]), d) for d in ckpt.glob("step-*") if d.name.split("-")[1].isdigit()
     ) if ckpt.is_dir() else []
-    done = pretrained_dir() / "DONE"
-    return steps[-1][1] if steps and done.exists() else None
+    return steps[-1][1] if steps else None
 
+
+def tokenizer_sha256() -> str:
+    """sha256 of this machine's embedded tokenizer (``tokenizer.json``; built on demand)."""
+    return hashlib.sha256((ensure_tokenizer() / "tokenizer.json").read_bytes()).hexdigest()
+
+
+def committed_pretrained_mismatch() -> str | None:
+    """Why the committed checkpoint does not apply here (None when it does): another Python (another stdlib
+    corpus) or another tokenizer than the one it was trained with."""
+    marker = COMMITTED_PRETRAINED / "tokenizer.sha256"
+    if sys.version_info[:2] != (3, 11) or not marker.is_file() or last_checkpoint(COMMITTED_PRETRAINED / "checkpoint") is None:
+        return f"no committed checkpoint for Python {sys.version_info.major}.{sys.version_info.minor}"
+    want = marker.read_text().split()[0]
+    have = tokenizer_sha256()
+    if want != have:
+        return f"it was trained with tokenizer {want[:16]}, this machine built tokenizer {have[:16]}"
+    return None
+
+
+def pretrained_checkpoint() -> Path | None:
+    """The checkpoint fine-tuning starts from: the committed one (``COMMITTED_PRETRAINED``) when it matches
+    this machine's tokenizer, else the last checkpoint of a pre-training run built here, else None."""
+    if committed_pretrained_mismatch() is None:
+        return last_checkpoint(COMMITTED_PRETRAINED / "checkpoint")
+    step = last_checkpoint(pretrained_dir() / "checkpoint")
+    return step if step is not None and (pretrained_dir() / "DONE").exists() else None
 
 
 def start_fingerprint() -> str | None:
-    """What a fine-tuning run starts from, as a short hash: the tokenizer (``tokenizer.json``) and the cached
-    pre-trained checkpoint's files. None when the checkpoint is not built.
+    """What a fine-tuning run starts from, as a short hash: the tokenizer (``tokenizer.json``) and the
+    pre-trained checkpoint's files (``pretrained_checkpoint``). None when there is no checkpoint.
 
-    Both are built on the machine that runs the jobs, and they are not the same on every machine: the same
-    pre-training on another host gave another checkpoint (step-1 fine-tuning loss 5.139 against 5.044),
-    so runs compared with each other (a freezing job and the no-freezing job of its seed) must carry the
-    same fingerprint (``timelyfreeze.experiments``)."""
+    Runs compared with each other (a freezing job and the no-freezing job of its seed) must carry the same
+    fingerprint (``timelyfreeze.experiments``). Before the checkpoint was committed each machine built its
+    own, and the same pre-training on another host gave another one (step-1 fine-tuning loss 5.139 against
+    5.044)."""
     ckpt = pretrained_checkpoint()
     tok = tokenizer_dir() / "tokenizer.json"
     if ckpt is None or not tok.is_file():
@@ -206,7 +237,7 @@ def start_fingerprint() -> str | None:
 
 
 def resolve_initial_load(job_config) -> None:
-    """Point ``initial_load_path = "pystdlib-pretrained"`` at the cached checkpoint (error if missing)."""
+    """Point ``initial_load_path = "pystdlib-pretrained"`` at ``pretrained_checkpoint()`` (error if none)."""
     if job_config.checkpoint.initial_load_path == PRETRAINED_MARKER:
         path = pretrained_checkpoint()
         if path is None:
