@@ -560,3 +560,31 @@ def test_jobs_from_another_pretrained_checkpoint_are_stale_unpaired_and_give_no_
                                             "spec": job_spec(tf_job, "abc", "old-start")}))
     (paired,) = [r for r in tta_rows(load_rows(tmp_path)) if r["method"] == "timelyfreeze"]
     assert paired["kappa"] == pytest.approx(1.1) and paired["dval"] == pytest.approx(0.1)
+
+
+def test_a_whole_seed_from_another_checkpoint_is_kept_a_partial_one_reruns(base_toml, tmp_path):
+    """Seed 0 finished every job from checkpoint "old": it is complete in itself (each freezing run pairs with
+    the no-freezing run of its seed and checkpoint) and is kept. Seed 1 finished only some: it runs again whole,
+    its finished job from "old" included, so that no seed mixes checkpoints."""
+    from timelyfreeze.experiments.runner import job_spec, run_sweep, whole_seeds_from_other_checkpoints
+
+    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0, 1],
+            "methods": {"timelyfreeze": [0.8], "none": True}}
+    jobs = expand_grid(grid)
+    done = [j for j in jobs if j.seed == 0] + [j for j in jobs if j.seed == 1 and j.method == "none"]
+    for job in done:
+        d = write_job(tmp_path, job.job_id, {"val_loss": 4.5})
+        (d / "job.json").write_text(json.dumps({"job_id": job.job_id, "status": "ok",
+                                                "spec": job_spec(job, "abc", "old")}))
+    kept = whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "abc", "new")
+    assert kept == {j.job_id: "old" for j in jobs if j.seed == 0}
+    assert whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "other-config", "new") == {}
+    assert whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "abc", "old") == {}  # current: resume as usual
+
+    lines = []
+    res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+                    base_config_sha="abc", print_fn=lines.append, start_sha="new")
+    assert sorted(res.skipped) == sorted(j.job_id for j in jobs if j.seed == 0)
+    assert sorted(res.ok) == sorted(j.job_id for j in jobs if j.seed == 1)
+    assert any("started from another pre-trained checkpoint" in line for line in lines)
+    assert any("all its 1F1B jobs started from checkpoint old" in line for line in lines)

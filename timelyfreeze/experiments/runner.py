@@ -81,6 +81,32 @@ def resume_state(job_dir: Path, spec: dict[str, Any]) -> tuple[bool, str]:
     return True, "done"
 
 
+def whole_seeds_from_other_checkpoints(jobs: list[Job], jobs_dir: Path, base_config_sha: str | None,
+                                        start_sha: str) -> dict[str, str]:
+    """{job_id: start_sha256} of finished jobs that started from another pre-trained checkpoint than
+    ``start_sha`` but belong to a (schedule, seed) whose every job in ``jobs`` finished ok from one and the
+    same checkpoint. Such a seed is complete in itself: each freezing run is compared with the no-freezing
+    run of its own seed and checkpoint (``tta.tta_rows``), so it is kept; a seed with any job missing, failed
+    or from a third checkpoint runs again whole."""
+    groups: dict[tuple[str, int], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.schedule, job.seed), []).append(job)
+    kept: dict[str, str] = {}
+    for group in groups.values():
+        starts = set()
+        for job in group:
+            rec = read_job_json(jobs_dir / job.job_id) or {}
+            start = (rec.get("spec") or {}).get("start_sha256")
+            if (rec.get("status") != "ok" or start is None or rec.get("spec") != job_spec(job, base_config_sha, start)
+                    or not summary_path(jobs_dir / job.job_id).is_file()):
+                break
+            starts.add(start)
+        else:
+            if len(starts) == 1 and start_sha not in starts:
+                kept.update({job.job_id: next(iter(starts)) for job in group})
+    return kept
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         with open(path, "rb") as f:
@@ -210,14 +236,19 @@ def run_sweep(
 ) -> SweepResult:
     """Run the jobs one at a time under ``<out>/jobs/``; never raises for a failed job. ``start_sha``
     (``corpus.start_fingerprint``, fine-tuning grids) becomes part of every job's spec: a finished job that
-    started from another checkpoint is stale and runs again."""
+    started from another checkpoint is stale and runs again, unless its whole seed did
+    (``whole_seeds_from_other_checkpoints``)."""
     out = Path(out).resolve()
     res = SweepResult()
+    kept = ({} if start_sha is None else
+            whole_seeds_from_other_checkpoints(jobs, out / "jobs", base_config_sha, start_sha))
     plan: list[tuple[Job, dict[str, Any], bool, str]] = []
     for job in jobs:
         spec = job_spec(job, base_config_sha, start_sha)
         job_dir = out / "jobs" / job.job_id
         skip, why = resume_state(job_dir, spec)
+        if job.job_id in kept:
+            skip, why = True, f"done (seed {job.seed}: all its {job.schedule} jobs started from checkpoint {kept[job.job_id]})"
         if not skip and not retry_failed:
             rec = read_job_json(job_dir)
             if rec and rec.get("spec") == spec and rec.get("status") in ("failed", "timeout"):
@@ -230,7 +261,7 @@ def run_sweep(
         tag = f"[{k}/{n}] {job.job_id}"
         if skip:
             print_fn(f"{tag} ... skipped ({why})")
-            (res.skipped if why == "done" else res.failed).append(job.job_id)
+            (res.skipped if why.startswith("done") else res.failed).append(job.job_id)
             continue
         job_dir = out / "jobs" / job.job_id
         command = command_fn(job, job_dir / "dump")
