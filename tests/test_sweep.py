@@ -229,6 +229,26 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     assert not (tmp_path / "jobs" / jobs[1].job_id).exists()
 
 
+def test_sigterm_stops_a_sweep_as_ctrl_c_does(base_toml, tmp_path, monkeypatch):
+    """kill <sweep pid>: the running job's process group is stopped and the job recorded interrupted (it was
+    left "running", its training going on in a session of its own); the handler is restored afterwards."""
+    monkeypatch.setenv("FAKE_JOB_SLEEP", "30")
+    jobs = [Job("1F1B", "random", 0.5, 0), Job("1F1B", "random", 0.6, 0)]
+    before = signal.getsignal(signal.SIGTERM)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+                        print_fn=lambda line: None)
+    finally:
+        timer.cancel()
+    assert res.interrupted == jobs[0].job_id and res.exit_code == 130
+    rec = json.loads((tmp_path / "jobs" / jobs[0].job_id / "job.json").read_text())
+    assert rec["status"] == "interrupted" and rec["duration_s"] < 20
+    assert not (tmp_path / "jobs" / jobs[1].job_id).exists()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
 # ---------------------------------------------------------------------------------------- report
 def write_job(out, job_id, summary=None, status="ok", metrics=None, timeline=False):
     d = out / "jobs" / job_id

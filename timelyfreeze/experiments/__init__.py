@@ -5,7 +5,7 @@
 
 - ``grid``: a grid file / grid flags -> jobs (schedule x method x knob value x seed), their ids and knobs;
 - ``command``: one job -> its ``torchrun -m timelyfreeze.train`` command (or a fake launcher's);
-- ``runner``: run one job or a resumable sweep: ``job.json`` records, progress/ETA, timeouts, Ctrl-C;
+- ``runner``: run one job or a resumable sweep: ``job.json`` records, progress/ETA, timeouts, Ctrl-C and SIGTERM;
 - ``results``: read a sweep folder's job outputs into one row per job;
 - ``pareto``: means per configuration over seeds and the loss/throughput Pareto front;
 - ``tta``: time-to-accuracy against the no-freezing run;

@@ -1,5 +1,5 @@
 """Run jobs one at a time: each in ``<out>/jobs/<job_id>/`` (``log.txt``, ``dump/`` = its
-``--job.dump_folder``, ``job.json``), with resume, per-job timeout, progress/ETA and Ctrl-C handling.
+``--job.dump_folder``, ``job.json``), with resume, per-job timeout, progress/ETA and Ctrl-C / SIGTERM handling.
 
 Re-running the same sweep skips jobs whose ``job.json`` says ``ok`` for the same spec and whose
 ``summary.json`` exists; everything else runs (again). A job is ``ok`` only when it exited 0, wrote
@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -130,6 +131,32 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+class stop_signals_interrupt:
+    """While a sweep runs, SIGTERM and SIGHUP (``kill``, a closed terminal, a scheduler's stop) stop it as
+    Ctrl-C does: the running job's process group is stopped and the job recorded ``interrupted``. Without
+    this the sweep died at once, leaving its job ``running`` and the job's own process group (a session of
+    its own) training on. Signals set to be ignored (``nohup``) stay ignored; main thread only."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self.previous[sig] = signal.signal(sig, _interrupt)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
 
 
 def fmt_duration(s: float) -> str:
@@ -257,35 +284,36 @@ def run_sweep(
     n = len(plan)
     to_run = sum(1 for p in plan if not p[2])
     durations: list[float] = []
-    for k, (job, spec, skip, why) in enumerate(plan, 1):
-        tag = f"[{k}/{n}] {job.job_id}"
-        if skip:
-            print_fn(f"{tag} ... skipped ({why})")
-            (res.skipped if why.startswith("done") else res.failed).append(job.job_id)
-            continue
-        job_dir = out / "jobs" / job.job_id
-        command = command_fn(job, job_dir / "dump")
-        note = "" if why == "new" else f" ({why})"
-        print_fn(f"{tag} ... started{note}")
-        try:
-            rec = run_one(job, job_dir, command, spec, timeout_s, env)
-        except KeyboardInterrupt:
-            print_fn(f"{tag} ... interrupted (see {job_dir / 'log.txt'})")
-            res.interrupted = job.job_id
-            break
-        durations.append(rec["duration_s"])
-        left = to_run - len(durations)
-        eta = f", ETA {fmt_duration(left * sum(durations) / len(durations))}" if left else ""
-        if rec["status"] == "ok":
-            res.ok.append(job.job_id)
-            print_fn(f"{tag} ... ok {rec['duration_s']:.1f} s{eta}")
-        else:
-            res.failed.append(job.job_id)
-            what = {"failed": f"FAILED (exit {rec['exit_code']}", "timeout": "TIMEOUT ("}[rec["status"]]
-            if rec["status"] == "failed" and rec["exit_code"] == 0:
-                what = ("FAILED (exit 0 but no summary.json" if "no timelyfreeze/summary.json" in rec.get("reason", "")
-                        else f"FAILED ({rec.get('reason', 'exit 0')}")
-            sep = ", " if not what.endswith("(") else ""
-            print_fn(f"{tag} ... {what}{sep}see {rec['log']}) {rec['duration_s']:.1f} s{eta}")
+    with stop_signals_interrupt():
+        for k, (job, spec, skip, why) in enumerate(plan, 1):
+            tag = f"[{k}/{n}] {job.job_id}"
+            if skip:
+                print_fn(f"{tag} ... skipped ({why})")
+                (res.skipped if why.startswith("done") else res.failed).append(job.job_id)
+                continue
+            job_dir = out / "jobs" / job.job_id
+            command = command_fn(job, job_dir / "dump")
+            note = "" if why == "new" else f" ({why})"
+            print_fn(f"{tag} ... started{note}")
+            try:
+                rec = run_one(job, job_dir, command, spec, timeout_s, env)
+            except KeyboardInterrupt:
+                print_fn(f"{tag} ... interrupted (see {job_dir / 'log.txt'})")
+                res.interrupted = job.job_id
+                break
+            durations.append(rec["duration_s"])
+            left = to_run - len(durations)
+            eta = f", ETA {fmt_duration(left * sum(durations) / len(durations))}" if left else ""
+            if rec["status"] == "ok":
+                res.ok.append(job.job_id)
+                print_fn(f"{tag} ... ok {rec['duration_s']:.1f} s{eta}")
+            else:
+                res.failed.append(job.job_id)
+                what = {"failed": f"FAILED (exit {rec['exit_code']}", "timeout": "TIMEOUT ("}[rec["status"]]
+                if rec["status"] == "failed" and rec["exit_code"] == 0:
+                    what = ("FAILED (exit 0 but no summary.json" if "no timelyfreeze/summary.json" in rec.get("reason", "")
+                            else f"FAILED ({rec.get('reason', 'exit 0')}")
+                sep = ", " if not what.endswith("(") else ""
+                print_fn(f"{tag} ... {what}{sep}see {rec['log']}) {rec['duration_s']:.1f} s{eta}")
     print_fn(res.line())
     return res
