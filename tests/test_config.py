@@ -94,6 +94,24 @@ def test_parallelism_checks():
     check_parallelism(_par(shard=2), world_size=4, method="timelyfreze")  # a typo: validate() names it, no KeyError
 
 
+def test_microbatch_checks():
+    from timelyfreeze.config import check_microbatches
+
+    def par(schedule, pp=2, mbs=1):
+        return SimpleNamespace(pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule,
+                               pipeline_parallel_microbatch_size=mbs)
+
+    check_microbatches(par("DualPipeV"), 4)  # 4 stages, 4 microbatches
+    with pytest.raises(FreezeConfigError, match=r"gives 3 microbatches; DualPipeV needs.*\(4 stages\).*to 4 or more"):
+        check_microbatches(par("DualPipeV"), 3)
+    with pytest.raises(FreezeConfigError, match=r"gives 1 microbatches; 1F1B needs.*\(2 stages\)"):
+        check_microbatches(par("1F1B", mbs=2), 2)
+    with pytest.raises(FreezeConfigError, match=r"microbatch_size = 2 does not divide.*local_batch_size = 5"):
+        check_microbatches(par("GPipe", mbs=2), 5)
+    check_microbatches(par("GPipe"), 1)  # GPipe and the others run with fewer
+    check_microbatches(par("1F1B", pp=1), 1)  # no pipeline: nothing to check
+
+
 @pytest.mark.parametrize("method", [m for m, spec in REGISTRY.items() if not spec.data_parallel])
 def test_methods_with_per_rank_statistics_are_refused_with_replicas(method):
     check_parallelism(_par(shard=1), world_size=2, method=method)  # one pipeline: fine

@@ -326,6 +326,34 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, me
         )
 
 
+_MIN_MICROBATCHES_PER_STAGE = {"1f1b": 1, "dualpipev": 2}
+"""Schedules whose torch 2.13 constructor raises (a traceback on every rank) with fewer microbatches than
+stages, and their stages per pipeline rank."""
+
+
+def check_microbatches(parallelism, local_batch_size: int) -> None:
+    """Refuse a batch that does not split into whole microbatches, or (1F1B, DualPipeV) into at least as many
+    microbatches as the pipeline has stages, before TorchTitan builds the schedule."""
+    pp = parallelism.pipeline_parallel_degree
+    if pp < 2:
+        return
+    mbs = parallelism.pipeline_parallel_microbatch_size
+    if mbs < 1 or local_batch_size % mbs:
+        raise FreezeConfigError(
+            f"[parallelism] pipeline_parallel_microbatch_size = {mbs} does not divide [training] "
+            f"local_batch_size = {local_batch_size} into whole microbatches"
+        )
+    name = parallelism.pipeline_parallel_schedule
+    per_rank = _MIN_MICROBATCHES_PER_STAGE.get(name.lower())
+    n = local_batch_size // mbs
+    if per_rank is not None and n < pp * per_rank:
+        raise FreezeConfigError(
+            f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
+            f"{mbs} gives {n} microbatches; {name} needs at least one per stage ({pp * per_rank} stages): "
+            f"raise local_batch_size to {pp * per_rank * mbs} or more"
+        )
+
+
 def check_compile(compile_cfg) -> None:
     """Freezing toggles ``requires_grad`` per microbatch; torch.compile guards on it and would recompile
     (or fall back) for every new frozen set, so the two are not combined."""
