@@ -402,7 +402,7 @@ class FakePlanner:
     def __init__(self):
         self.sweeps, self.gantts = [], []
 
-    def sweep(self, trace, r_values, csv_path):
+    def sweep(self, trace, r_values):
         self.sweeps.append((trace, list(r_values)))
         return [{"r_max": r, "batch_ms": 120 / (1 + 0.4 * r), "speedup": 1 + 0.4 * r} for r in r_values]
 
@@ -455,13 +455,17 @@ def test_report_with_real_planner_sweep(fabricated):
     shutil.rmtree(trace)
     subprocess.run([sys.executable, "-m", "planner", "simulate", "--schedule", "1F1B", "--pp", "2",
                     "--microbatches", "4", "--out", str(trace)], cwd=REPO, check=True, capture_output=True)
-    rows = Planner().sweep(trace, [0.0, 0.5, 1.0], fabricated / "s.csv")
+    rows = Planner().sweep(trace, [0.0, 0.5, 1.0])
     assert [r["r_max"] for r in rows] == [0.0, 0.5, 1.0] and rows[0]["speedup"] == pytest.approx(1.0)
     assert rows[2]["speedup"] > rows[1]["speedup"] > 1.0
     with pytest.raises(PlannerError, match="does not exist"):
-        Planner().sweep(fabricated / "no_trace", [0.5], fabricated / "s2.csv")
+        Planner().sweep(fabricated / "no_trace", [0.5])
     rep = build_report(fabricated, planner=Planner(), print_fn=lambda s: None)
-    assert (fabricated / "report" / "planner_sweep_1F1B__timelyfreeze__r_max=0.8__seed=0.csv").is_file()
+    with open(fabricated / "report" / "planner_sweep.csv") as f:
+        table = list(csv.DictReader(f))
+    mine = [t for t in table if t["job_id"] == "1F1B__timelyfreeze__r_max=0.8__seed=0"]
+    assert len(mine) == 11 and mine[0]["seed"] == "0" and float(mine[0]["speedup"]) == pytest.approx(1.0)
+    assert {"batch_ms", "mean_ratio", "no_freeze_ms"} <= set(table[0])
     assert not any("0.8__seed=0: planner sweep failed" in w for w in rep["warnings"])
     _nontrivial_png(fabricated / "report" / "throughput_vs_rmax.png")
 

@@ -31,18 +31,18 @@ class Planner:
     def __init__(self, solver: str = "auto"):
         self.solver = solver
 
-    def sweep(self, trace: Path, r_values: Sequence[float], csv_path: Path) -> list[dict[str, float]]:
-        """Rows with ``r_max``, ``batch_ms``, ``speedup`` (floats) for each r_max value; the planner's
-        sweep CSV is written to ``csv_path`` too."""
-        from planner.sweep import sweep, write_csv
+    def sweep(self, trace: Path, r_values: Sequence[float]) -> list[dict[str, Any]]:
+        """The planner's r_max sweep of one trace: a dict per r_max value with ``planner.sweep.SweepRow``'s
+        fields (``r_max``, ``batch_ms``, ``speedup``, ... as floats)."""
+        from dataclasses import asdict
+
+        from planner.sweep import sweep
         from planner.trace import load_trace, node_weights
 
-        def run() -> list[dict[str, float]]:
+        def run() -> list[dict[str, Any]]:
             tr = load_trace(trace)
             rows = sweep(tr.meta, node_weights(tr), list(r_values), solver=self.solver)
-            write_csv(rows, csv_path)
-            return [{"r_max": float(r.r_max), "batch_ms": float(r.batch_ms), "speedup": float(r.speedup)}
-                    for r in rows]
+            return [{k: float(v) for k, v in asdict(r).items()} for r in rows]
 
         return _guarded("sweep", run)
 
