@@ -51,3 +51,21 @@ def test_the_repository_ships_a_whole_checkpoint():
     sha = (root / "tokenizer.sha256").read_text().split()[0]
     assert len(sha) == 64 and int(sha, 16) >= 0
     assert "step: 240" in (root / "pretrain.log").read_text()
+
+
+@pytest.mark.torchrun
+def test_fine_tuning_starts_from_the_committed_checkpoint(tmp_path):
+    """The comparison setting loads the committed weights: TorchTitan says so, and the first validation loss
+    is the pre-trained model's (about 5.3; a freshly initialised debug model scores above 7)."""
+    from tests.torchrun_util import torchrun
+
+    why_not = corpus.committed_pretrained_mismatch()
+    if why_not is not None:
+        pytest.skip(f"the committed checkpoint does not apply on this machine: {why_not}")
+    run = torchrun("llama3_debug_finetune_cpu.toml", tmp_path / "dump", "--training.steps", "2",
+                   "--freeze.method", "none", "--checkpoint.interval", "100000")
+    assert run.rc == 0, run.tail()
+    step = corpus.last_checkpoint(corpus.COMMITTED_PRETRAINED / "checkpoint")
+    assert f"Loading the checkpoint from {step}" in run.log
+    (first_step, first_loss), *_ = run.summary()["val_curve"]
+    assert first_step == 1 and first_loss < 6.0
