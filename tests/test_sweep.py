@@ -131,6 +131,18 @@ def _run(base_toml, out, *extra):
                        "--launcher", FAKE, "--no-report", *extra])
 
 
+def test_grid_record_adds_up_runs_of_one_schedule_each(base_toml, tmp_path):
+    """grid.json: a run with --schedule adds its schedule and jobs to the record of earlier runs into the same
+    folder instead of replacing it."""
+    out = tmp_path / "o"
+    for schedule in ("1F1B", "GPipe"):
+        assert main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", schedule,
+                     "--method", "none", "--launcher", FAKE, "--no-report"]) == 0
+    rec = json.loads((out / "grid.json").read_text())
+    assert rec["schedules"] == ["1F1B", "GPipe"]
+    assert rec["jobs"] == ["1F1B__none__seed=0", "GPipe__none__seed=0"]
+
+
 def _calls(path):
     return path.read_text().split() if path.exists() else []
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ from timelyfreeze.experiments.grid import (KNOBS, GridError, Job, expand_grid, l
                                            parse_set_flag)
 from timelyfreeze.experiments.predictions import Planner
 from timelyfreeze.experiments.report import build_report
-from timelyfreeze.experiments.runner import REPO_ROOT, file_sha256, job_spec, resume_state, run_sweep, write_json
+from timelyfreeze.experiments.runner import REPO_ROOT, file_sha256, resume_plan, run_sweep, write_json
 
 RUN_DESCRIPTION = "Run a grid of TimelyFreeze / baseline training jobs from one base TOML, one ``torchrun`` at a time."
 
@@ -62,6 +63,24 @@ def _ensure_pretrained() -> None:
     module.ensure_pretrained()
 
 
+def grid_record(path: Path, grid: dict, jobs: list[Job]) -> dict:
+    """What ``grid.json`` keeps: the grid as run, with the base config relative to the repository where it is
+    inside it, and its schedules and job ids merged with those of earlier runs into the same folder (a run
+    with ``--schedule`` or ``--method`` adds to the record instead of replacing it)."""
+    rec = {**grid, "jobs": [j.job_id for j in jobs]}
+    base = Path(grid["config"]).resolve()
+    if base.is_relative_to(REPO_ROOT):
+        rec["config"] = base.relative_to(REPO_ROOT).as_posix()
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return rec
+    for key in ("schedules", "jobs"):
+        if isinstance(old.get(key), list) and isinstance(rec.get(key), list):
+            rec[key] = list(dict.fromkeys(old[key] + rec[key]))
+    return rec
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         grid = grid_from_args(args)
@@ -86,14 +105,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return build_command(job, base, args.python, dump, args.launcher, args.nproc_per_node)
 
     if args.dry_run:
-        for k, job in enumerate(jobs, 1):
-            skip, why = resume_state(out / "jobs" / job.job_id, job_spec(job, file_sha256(base), start))
+        for k, (job, _, skip, why) in enumerate(resume_plan(jobs, out, file_sha256(base), start), 1):
             print(f"[{k}/{len(jobs)}] {job.job_id}  ({'skip: ' if skip else ''}{why})")
             print("    " + shlex.join(command_fn(job, out / "jobs" / job.job_id / "dump")))
         print(f"{len(jobs)} jobs")
         return 0
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "grid.json", {**grid, "jobs": [j.job_id for j in jobs]})
+    write_json(out / "grid.json", grid_record(out / "grid.json", grid, jobs))
     if args.launcher is None and finetunes:
         # the fine-tuning setting starts every job from the cached pre-trained checkpoint: build it once, and
         # let every job's spec name it (a job that started from another machine's checkpoint runs again)

@@ -250,6 +250,26 @@ def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
     return rec
 
 
+def resume_plan(jobs: list[Job], out: Path, base_config_sha: str | None, start_sha: str | None,
+                retry_failed: bool = True) -> list[tuple[Job, dict[str, Any], bool, str]]:
+    """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does."""
+    kept = ({} if start_sha is None else
+            whole_seeds_from_other_checkpoints(jobs, Path(out) / "jobs", base_config_sha, start_sha))
+    plan: list[tuple[Job, dict[str, Any], bool, str]] = []
+    for job in jobs:
+        spec = job_spec(job, base_config_sha, start_sha)
+        job_dir = Path(out) / "jobs" / job.job_id
+        skip, why = resume_state(job_dir, spec)
+        if job.job_id in kept:
+            skip, why = True, f"done (seed {job.seed}: all its {job.schedule} jobs started from checkpoint {kept[job.job_id]})"
+        if not skip and not retry_failed:
+            rec = read_job_json(job_dir)
+            if rec and rec.get("spec") == spec and rec.get("status") in ("failed", "timeout"):
+                skip, why = True, f"previous run {rec['status']} (--no-retry-failed)"
+        plan.append((job, spec, skip, why))
+    return plan
+
+
 def run_sweep(
     jobs: list[Job],
     out: str | Path,
@@ -267,20 +287,7 @@ def run_sweep(
     (``whole_seeds_from_other_checkpoints``)."""
     out = Path(out).resolve()
     res = SweepResult()
-    kept = ({} if start_sha is None else
-            whole_seeds_from_other_checkpoints(jobs, out / "jobs", base_config_sha, start_sha))
-    plan: list[tuple[Job, dict[str, Any], bool, str]] = []
-    for job in jobs:
-        spec = job_spec(job, base_config_sha, start_sha)
-        job_dir = out / "jobs" / job.job_id
-        skip, why = resume_state(job_dir, spec)
-        if job.job_id in kept:
-            skip, why = True, f"done (seed {job.seed}: all its {job.schedule} jobs started from checkpoint {kept[job.job_id]})"
-        if not skip and not retry_failed:
-            rec = read_job_json(job_dir)
-            if rec and rec.get("spec") == spec and rec.get("status") in ("failed", "timeout"):
-                skip, why = True, f"previous run {rec['status']} (--no-retry-failed)"
-        plan.append((job, spec, skip, why))
+    plan = resume_plan(jobs, out, base_config_sha, start_sha, retry_failed)
     n = len(plan)
     to_run = sum(1 for p in plan if not p[2])
     durations: list[float] = []
