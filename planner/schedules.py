@@ -61,6 +61,15 @@ def stages_per_rank(schedule: str) -> int:
     return 1 if canonical_schedule(schedule) in _SINGLE_STAGE else 2
 
 
+def min_microbatches(schedule: str, pp: int, spr: int | None = None) -> int:
+    """The fewest microbatches ``schedule`` runs on ``pp`` ranks with ``spr`` stages each (default: the
+    schedule's): one per stage for 1F1B and DualPipeV (torch's constructors raise below that), else 1."""
+    name = canonical_schedule(schedule)
+    if name not in ("1F1B", "DualPipeV"):
+        return 1
+    return pp * (stages_per_rank(name) if spr is None else spr)
+
+
 def _positive_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PlannerError(f"{what} must be an integer >= 1, got {value!r}")
@@ -81,7 +90,7 @@ def _check(schedule: str, pp: int, num_microbatches: int | None, spr: int | None
     if num_microbatches is None:
         return name, spr
     n = _positive_int(num_microbatches, "number of microbatches")
-    if name in ("1F1B", "DualPipeV") and n < pp * spr:
+    if n < min_microbatches(name, pp, spr):
         raise PlannerError(f"{name} needs at least as many microbatches as stages ({pp * spr}), got {n}")
     if name in _ROUNDS:
         rounds = max(1, n // pp)

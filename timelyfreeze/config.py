@@ -9,7 +9,9 @@ import math
 from dataclasses import dataclass, field
 
 from planner.estimate import ESTIMATORS
+from planner.errors import PlannerError
 from planner.lp import SOLVERS
+from planner.schedules import min_microbatches
 
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
 
@@ -326,11 +328,6 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, me
         )
 
 
-_MIN_MICROBATCHES_PER_STAGE = {"1f1b": 1, "dualpipev": 2}
-"""Schedules whose torch 2.13 constructor raises (a traceback on every rank) with fewer microbatches than
-stages, and their stages per pipeline rank."""
-
-
 def check_microbatches(parallelism, local_batch_size: int) -> None:
     """Refuse a batch that does not split into whole microbatches, or (1F1B, DualPipeV) into at least as many
     microbatches as the pipeline has stages, before TorchTitan builds the schedule."""
@@ -344,13 +341,16 @@ def check_microbatches(parallelism, local_batch_size: int) -> None:
             f"local_batch_size = {local_batch_size} into whole microbatches"
         )
     name = parallelism.pipeline_parallel_schedule
-    per_rank = _MIN_MICROBATCHES_PER_STAGE.get(name.lower())
+    try:
+        need = min_microbatches(name, pp)  # torch's constructor raises on every rank below it
+    except PlannerError:
+        return  # a schedule the planner does not know: TorchTitan's own checks apply
     n = local_batch_size // mbs
-    if per_rank is not None and n < pp * per_rank:
+    if n < need:
         raise FreezeConfigError(
             f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
-            f"{mbs} gives {n} microbatches; {name} needs at least one per stage ({pp * per_rank} stages): "
-            f"raise local_batch_size to {pp * per_rank * mbs} or more"
+            f"{mbs} gives {n} microbatches; {name} needs at least one per stage ({need} stages): "
+            f"raise local_batch_size to {need * mbs} or more"
         )
 
 
