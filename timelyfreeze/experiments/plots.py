@@ -6,7 +6,6 @@ Every ``plot_*`` returns whether it drew anything; a figure with no data is skip
 
 from __future__ import annotations
 
-import csv
 
 import math
 import shutil
@@ -104,19 +103,18 @@ def plot_pareto(cells: list[dict[str, Any]], out_png: Path) -> bool:
     return True
 
 
-def rmax_data(rows: list[dict[str, Any]], cells: list[dict[str, Any]], planner: Planner | None, work: Path,
+def rmax_data(rows: list[dict[str, Any]], cells: list[dict[str, Any]], planner: Planner | None,
               warnings: list[str]) -> dict[str, dict[str, Any]]:
-    """Per schedule: the TimelyFreeze-family cells (each run's own plan speedup is their ``predicted_speedup``)
-    and the planner's predicted speedup curves (one per trace of the schedule's runs). Every curve's rows go
-    to ``<work>/planner_sweep.csv`` too, one row per (job, r_max)."""
+    """Per schedule: the TimelyFreeze-family cells (each run's own plan speedup is their ``predicted_speedup``),
+    the planner's predicted speedup curves (one per trace of the schedule's runs) and their rows
+    (``planner_rows``: job_id, schedule, seed and ``planner.sweep.SweepRow``'s fields per r_max)."""
     fam = [r for r in rows if r["status"] == "ok" and r["method"] in PLANNED_METHODS]
     grid_r = sorted({r["knob_value"] for r in fam})
     r_values = sorted({round(i / 10, 10) for i in range(11)} | set(grid_r))
     data: dict[str, dict[str, Any]] = {}
-    table: list[dict[str, Any]] = []
     for schedule in sorted({r["schedule"] for r in fam}):
         d = {"cells": [c for c in cells if c["schedule"] == schedule and c["method"] in PLANNED_METHODS],
-             "curves": []}
+             "curves": [], "planner_rows": []}
         if planner is None:
             data[schedule] = d
             continue
@@ -127,18 +125,11 @@ def rmax_data(rows: list[dict[str, Any]], cells: list[dict[str, Any]], planner: 
             try:
                 curve = planner.sweep(r["_trace"], r_values)
                 d["curves"].append(sorted((c["r_max"], c["speedup"]) for c in curve))
-                table += [{"job_id": r["job_id"], "schedule": schedule, "seed": r["seed"], **c} for c in curve]
+                d["planner_rows"] += [{"job_id": r["job_id"], "schedule": schedule, "seed": r["seed"], **c}
+                                      for c in curve]
             except (PlannerError, OSError) as e:
                 warnings.append(f"{r['job_id']}: planner sweep failed: {e}")
         data[schedule] = d
-    for old in work.glob("planner_sweep_*.csv"):  # one file per job, as reports before this one wrote them
-        old.unlink()
-    if table:
-        columns = list(dict.fromkeys(k for row in table for k in row))
-        with open(work / "planner_sweep.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns)
-            w.writeheader()
-            w.writerows(table)
     return data
 
 

@@ -106,7 +106,13 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     plots = []
     if plot_pareto(cells, rep / "pareto.png"):
         plots.append(("Validation-loss change vs throughput ratio (mean, 95 % interval)", "pareto.png"))
-    if plot_rmax(rmax_data(rows, cells, planner, rep, warnings), rep / "throughput_vs_rmax.png"):
+    rmax = rmax_data(rows, cells, planner, warnings)
+    for stale in rep.glob("planner_sweep_*.csv"):  # one file per job, as reports before planner_sweep.csv wrote
+        stale.unlink()
+    planner_rows = [row for d in rmax.values() for row in d["planner_rows"]]
+    if planner_rows:
+        write_csv(rep / "planner_sweep.csv", planner_rows, list(dict.fromkeys(k for r in planner_rows for k in r)))
+    if plot_rmax(rmax, rep / "throughput_vs_rmax.png"):
         plots.append(("Speed-up and validation-loss change over r_max, beside the planner's prediction",
                       "throughput_vs_rmax.png"))
     if plot_tta(cells, rep / "tta.png"):
