@@ -88,8 +88,9 @@ def _gap_arg(text: str) -> float:
 _SOLVER_HELP = (f"LP solver: {', '.join(SOLVERS)} (default auto: the whole LP below 20,000 actions, else the region "
                 "method; all give the same optimum when --gap is 0)")
 _GAP_HELP = ("largest certified relative gap in batch time accepted from the region method, in [0, 1) (default: "
-             "0.001 when auto picks the region method, else 0 = the exact optimum); the plan records the lower "
-             "bound and the gap reached")
+             "0.001 when auto picks the region method, else 0 = the exact optimum; with the default, where the "
+             "region method cannot certify 0.001 it keeps its best plan if within 0.01 and says so, where a given "
+             "G is kept at the whole LP's cost); the plan records the lower bound and the gap reached")
 _ESTIMATOR_HELP = (f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
                    "pooled: one value per stage and kind, except microbatches whose data show an effect; "
                    "see docs/formats.md)")
