@@ -369,8 +369,10 @@ def solve_region(
                     return t_r, r, info
                 rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
                 return t_up, rb, info | {"lower_bound": lower}
-            if settle_next and (add.size == 0 or settle() is not None):
-                return settle()  # None: the too-long paths lie in the region already, the whole LP decides
+            if settle_next:
+                settled = settle()
+                if settled is not None or add.size == 0:
+                    return settled  # None: the too-long paths lie in the region already, the whole LP decides
             if add.size > cap:  # the worst paths first: the region grows at most geometrically
                 add = add[np.argsort(-through[add], kind="stable")[:cap]]
             keep[add] = True
