@@ -210,6 +210,16 @@ def stage_counts(ar: DagArrays) -> dict[int, int]:
     return dict(zip(st.tolist(), cn.tolist()))
 
 
+def stage_budgets(ar: DagArrays, r_max: RMax) -> np.ndarray:
+    """Each stage's budget ``r_max_s * n_s`` (the most its freeze ratios may sum to), indexed by stage, with
+    ``n_s`` from :func:`stage_counts` (for a region, the whole batch's counts)."""
+    counts = stage_counts(ar)
+    budget = np.zeros(max(int(ar.stage.max()), max(counts, default=-1)) + 1)
+    for s_, c in counts.items():
+        budget[s_] = stage_r_max(r_max, s_) * c
+    return budget
+
+
 def build_lp(
     dag: nx.DiGraph,
     weights: NodeWeights,
@@ -343,7 +353,7 @@ def build_lp(
     n_prec = len(rows_lo)
 
     # Per-stage budget rows: sum of the stage's freeze ratios <= r_max_s * (its number of freezable actions).
-    budget = {k: stage_r_max(r_max, k) * c for k, c in stage_counts(ar).items()}
+    budget = stage_budgets(ar, r_max)
     f_stage = ar.stage[frz]
     stages, counts = np.unique(f_stage, return_counts=True)
     lengths = np.fromiter((len(c) for c in rows_cols), dtype=np.int64, count=n_prec)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .budget import RMax, node_r_max, stage_r_max
+from .budget import RMax, node_r_max
 from .dag import SINK, SOURCE
-from .lp_model import DagArrays, Paths, stage_counts
+from .lp_model import DagArrays, Paths, stage_budgets, stage_counts
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_lexicographic
 
 _REGION_START = 1e-3
@@ -125,8 +125,8 @@ def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax)
     budget ``r_max_s * n_s`` minus what the kept actions use, spread evenly over its left-out actions (capped
     at 1).  Every stage stays within its budget."""
     frz = ar.delta > 0
-    ns = int(ar.stage.max()) + 1
-    budget = _budgets(ar, r_max, ns)
+    budget = stage_budgets(ar, r_max)
+    ns = budget.size
     inside, out = frz & keep, frz & ~keep
     used = np.bincount(ar.stage[inside], weights=r[inside], minlength=ns)
     n_out = np.bincount(ar.stage[out], minlength=ns)
@@ -190,8 +190,8 @@ def freeze_and_give_back(ar: DagArrays, paths: Paths, r_max: RMax, target: float
     already the optimum on replayed measured timings at pp 32 x 2 x 512; this plan, rebalanced, 0.5 %
     (``docs/planner-solver-notes.md``)."""
     frz = ar.delta > 0
-    ns = int(ar.stage.max()) + 1
-    budget = _budgets(ar, r_max, ns)
+    budget = stage_budgets(ar, r_max)
+    ns = budget.size
     idx = np.flatnonzero(frz)
     st = ar.stage[idx]
     order = np.lexsort((-ar.delta[idx], st))  # by stage, largest saving first
@@ -205,14 +205,6 @@ def freeze_and_give_back(ar: DagArrays, paths: Paths, r_max: RMax, target: float
     used = np.bincount(ar.stage[frz], weights=r[frz], minlength=ns)
     scale = np.minimum(1.0, budget / np.maximum(used, 1e-300))
     return np.where(frz, r * scale[np.maximum(ar.stage, 0)], 0.0)
-
-
-def _budgets(ar: DagArrays, r_max: RMax, ns: int) -> np.ndarray:
-    """Each stage's budget ``r_max_s * n_s`` (sum of its freeze ratios), indexed by stage."""
-    budget = np.zeros(ns)
-    for s_, c in stage_counts(ar).items():
-        budget[s_] = stage_r_max(r_max, s_) * c
-    return budget
 
 
 def rebalance(
@@ -235,8 +227,8 @@ def rebalance(
     grew past :data:`_REGION_MAX_FRACTION` (the whole LP then took minutes at 65k actions).
     """
     frz = ar.delta > 0
-    ns = int(ar.stage.max()) + 1
-    budget = _budgets(ar, r_max, ns)
+    budget = stage_budgets(ar, r_max)
+    ns = budget.size
     st = np.maximum(ar.stage, 0)
     target = lower * (1 + gap / 2)
     d = ar.wmax - ar.delta * r
