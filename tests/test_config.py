@@ -119,14 +119,6 @@ def test_methods_with_per_rank_statistics_are_refused_with_replicas(method):
         check_parallelism(_par(shard=2), world_size=4, method=method)
 
 
-def test_torch_compile_is_refused_with_freezing():
-    from timelyfreeze.config import check_compile
-
-    check_compile(SimpleNamespace(enable=False))
-    with pytest.raises(FreezeConfigError, match=r"\[compile\] enable = true"):
-        check_compile(SimpleNamespace(enable=True))
-
-
 def test_toml_and_cli_reach_the_section():
     """The TorchTitan ConfigManager merges [freeze] (and its method sub-sections) from TOML and CLI."""
     from timelyfreeze import cpu_shims

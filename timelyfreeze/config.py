@@ -14,6 +14,7 @@ from planner.lp import SOLVERS
 from planner.schedules import min_microbatches
 
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
+from timelyfreeze.stage_layout import UNITS
 
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
@@ -69,6 +70,14 @@ class Freeze:
     plan: str = ""
     """Path to an existing plan (``timelyfreeze-plan/1``): skip both monitoring windows and use it
     (it must match the schedule, stage count and microbatch count in use)."""
+
+    unit: str = "auto"
+    """What a backward action freezes a share of: ``tensor`` (parameter tensors, drawn one by one), ``block``
+    (whole transformer blocks, with the final norm and the output head as units of their own and the first
+    stage's embedding in its first block's unit), or ``auto`` (the default: ``block`` when ``[compile]``
+    compiles the model, whose compiled blocks guard on their tensors' ``requires_grad``, else ``tensor``).
+    Planned ratios are met in expectation either way; the trace records the realised share of elements.
+    Under ``torch.compile`` it must be ``block``."""
 
     trace: bool = True
     """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
@@ -354,14 +363,54 @@ def check_microbatches(parallelism, local_batch_size: int) -> None:
         )
 
 
-def check_compile(compile_cfg) -> None:
-    """Freezing toggles ``requires_grad`` per microbatch; torch.compile guards on it and would recompile
-    (or fall back) for every new frozen set, so the two are not combined."""
-    if getattr(compile_cfg, "enable", False):
+UNIT_CHOICES = ("auto",) + UNITS
+COMPILE_REFUSED_SCHEDULES: tuple[str, ...] = ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
+"""Schedules torch 2.13 refuses for ``torch.compile``'d stage modules (its split I/W backward:
+``torch.distributed.pipelining.schedules._check_torch_compile_compatibility``), whether or not anything freezes."""
+
+
+def compiles_model(compile_cfg) -> bool:
+    """TorchTitan compiles every transformer block: ``[compile] enable`` with ``model`` in its components."""
+    return bool(getattr(compile_cfg, "enable", False)) and "model" in getattr(compile_cfg, "components", ["model"])
+
+
+def check_compile_schedule(parallelism, compile_cfg) -> None:
+    """Refuse, before TorchTitan builds the pipeline, a schedule that torch refuses under ``torch.compile``."""
+    name = parallelism.pipeline_parallel_schedule
+    if parallelism.pipeline_parallel_degree > 1 and compiles_model(compile_cfg) and name in COMPILE_REFUSED_SCHEDULES:
         raise FreezeConfigError(
-            "[compile] enable = true: per-microbatch freezing changes requires_grad on parameters, which breaks "
-            "torch.compile's guards (a recompile per frozen set); set [compile] enable = false with [freeze] enable"
+            f"[parallelism] pipeline_parallel_schedule = {name!r} with [compile] enable = true: torch 2.13 does not "
+            "run its split-backward (I/W) schedules on torch.compile'd stage modules; use GPipe, 1F1B, "
+            "Interleaved1F1B or LoopedBFS, or set [compile] enable = false"
         )
+
+
+def resolve_unit(cfg: "Freeze", compile_cfg, *, warmup_end: int) -> str:
+    """``[freeze] unit`` as the run uses it (``tensor`` or ``block``), checked against ``[compile]``, the method
+    and the schedule. Compiled blocks guard on ``requires_grad``: freezing a random subset of a block's
+    tensors would compile a graph per subset, freezing whole blocks compiles two per block."""
+    if cfg.unit not in UNIT_CHOICES:
+        raise FreezeConfigError(f"[freeze] unit = {cfg.unit!r}: choose one of {', '.join(UNIT_CHOICES)}")
+    compiled = compiles_model(compile_cfg)
+    unit = cfg.unit if cfg.unit != "auto" else ("block" if compiled else "tensor")
+    if compiled and unit == "tensor":
+        raise FreezeConfigError(
+            "[freeze] unit = 'tensor' with [compile] enable = true: compiled blocks guard on requires_grad, so "
+            "per-tensor freezing would compile a graph per frozen subset; set [freeze] unit = 'block' (or 'auto')"
+        )
+    if unit == "block" and not _REGISTRY[cfg.method].block_units:
+        why = " (required under [compile] enable = true)" if compiled else ""
+        raise FreezeConfigError(
+            f"[freeze] method = {cfg.method!r} decides per tensor and cannot freeze whole blocks: [freeze] unit = "
+            f"'block'{why}; use one of: {', '.join(n for n, s in _REGISTRY.items() if s.block_units)}"
+        )
+    if compiled and cfg.method in PLANNED_METHODS and not cfg.plan and warmup_end < 2:
+        raise FreezeConfigError(
+            f"[freeze] warmup_steps = {warmup_end} with [compile] enable = true: the warm-up must compile both "
+            "variants of every block (step 1 trainable, the last warm-up step all frozen) before the monitoring "
+            "windows measure anything; set warmup_steps >= 2"
+        )
+    return unit
 
 
 def check_stop_rule(cfg: Freeze, validation) -> None:

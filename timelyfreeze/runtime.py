@@ -28,6 +28,7 @@ from planner.drift import max_scales
 from planner.fileio import write_json_atomically
 
 from timelyfreeze import freeze_state, planning, stage_hooks, summary as run_summary, timeline
+from timelyfreeze.compile_watch import CompileWatch
 from timelyfreeze.config import Freeze, Phases, knob_of
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
@@ -58,6 +59,10 @@ class RunInfo:
     dp_degree: int = 1
     """Data-parallel degree (TorchTitan's "batch" mesh): replicas that train on different samples.
     Replicas beyond it (tensor parallelism) compute the same loss."""
+    unit: str = "tensor"
+    """The freezing unit in force (``[freeze] unit`` resolved: ``tensor`` or ``block``)."""
+    compiled: bool = False
+    """The model's transformer blocks run under ``torch.compile``."""
 
 
 class FreezeRuntime:
@@ -74,7 +79,7 @@ class FreezeRuntime:
         self.trace_dir = self.out_dir / "trace"
         self.plan_path = self.out_dir / "plan.json"
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.views: list[StageView] = build_stage_views(stages, info.n_layers)
+        self.views: list[StageView] = build_stage_views(stages, info.n_layers, unit=info.unit)
         self.stage_to_rank = _stage_to_rank(self.pg.all_gather([v.stage for v in self.views]))
         self.num_stages = len(self.stage_to_rank)
         self.r_max = self._budgets()
@@ -83,9 +88,10 @@ class FreezeRuntime:
             stages=self.views, num_stages=self.num_stages, num_microbatches=info.num_microbatches,
             schedule=info.schedule, total_steps=info.total_steps, all_gather=self.pg.all_gather, get_lr=get_lr,
             pp_rank=self.pg.rank, pp_size=self.pg.size, lr_warmup_steps=info.lr_warmup_steps,
-            extras={"phases": phases, "last_loss": None},
+            compiled=info.compiled, extras={"phases": phases, "last_loss": None},
         )
         self.method: FreezeMethod = method_class(cfg.method)(cfg, self.ctx)
+        self.compile_watch = CompileWatch(phases.warmup_end, [v.module for v in self.views]) if info.compiled else None
         self.step = 0
         self.accum = 0
         """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
@@ -172,6 +178,8 @@ class FreezeRuntime:
     def end_step(self, step: int) -> dict:
         """After the optimizer step. Collective over the pipeline group."""
         self.method.after_optimizer_step(step)
+        if self.compile_watch is not None:
+            self.compile_watch.end_step(step)
         step_s = time.perf_counter() - self._step_t0
         phase = self.method.phase(step)
         records = self._records(step, phase)
@@ -398,6 +406,7 @@ class FreezeRuntime:
         if self.writer is not None:
             self.writer.close()
         medians = self.job.all_gather(timeline.phase_medians(self.writer.path if self.writer else None))
+        compiled = self.job.all_gather(self.compile_watch.stats()) if self.compile_watch is not None else None
         if self.job.rank != 0:
             return None
         summary = run_summary.build(
@@ -406,13 +415,15 @@ class FreezeRuntime:
             tokens_per_step=self.info.tokens_per_step,
             run={"method": self.cfg.method, "knob": knob_of(self.cfg), "schedule": self.info.schedule,
                  "pp_degree": self.pg.size, "replicas": self.job.replicas, "num_stages": self.num_stages,
-                 "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed}
+                 "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed, "unit": self.info.unit}
             | ({"r_max_per_stage": list(self.r_max)} if isinstance(self.r_max, tuple) else {})
             | ({"stop_at_val_loss": self.cfg.stop_at_val_loss} if self.cfg.stop_at_val_loss > 0 else {}),
             predicted_batch_ms=self.plan_batch_ms, val_curve=self.val_curve,
             method_summary=self.method.summary(), failures=self.failures,
             replans=self.replanner.events if self.replanner is not None else [],
         )
+        if compiled is not None:
+            summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
         drawn = timeline.draw(self.meta, timeline.merge(medians), self.plan_path, self.trace_dir,
                               self.out_dir / "timeline.png", self.log)
         summary["paths"] = {

@@ -12,6 +12,14 @@ at an unpredictable depth. Keeping one small tensor of its first block trainable
 tensor of the first layer that holds more than one tensor, e.g. ``layers.0.attention_norm.weight``,
 256 elements of the debug model's ~3 M) makes the backward always reach back through the stage's
 blocks, so its time falls linearly with the freeze ratio like every other stage's.
+
+Freezing units (``[freeze] unit``): what a method samples when it freezes a share of the stage. With
+``tensor`` every freezable tensor is a unit of its own. With ``block`` a unit is a whole module: each
+transformer block (``layers.<k>``, the region TorchTitan compiles), the final norm, the output head. On
+the first stage the embedding joins its first block's unit: ``torch.compile`` guards on the
+``requires_grad`` of a block's inputs as well as its parameters, and the anchor keeps the first block
+partly trainable, so an embedding frozen apart from that block would give the block four variants
+(its input and its tensors each trainable or frozen) instead of two.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from timelyfreeze.methods.base import StageView
 _BLOCK = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")
 _HEAD_PREFIXES = ("norm.", "output.", "final_norm.", "lm_head.")
 _EMBED_PREFIXES = ("tok_embeddings.", "embed_tokens.", "embeddings.")
+UNITS = ("tensor", "block")
+"""Values of ``[freeze] unit`` once resolved (``auto`` becomes one of these: ``timelyfreeze.config``)."""
 
 
 def layer_index(name: str, n_layers: int) -> int:
@@ -58,6 +68,37 @@ def choose_anchor(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int
     return min(first, key=lambda n: (params[n].numel(), n))
 
 
+def _module_of(name: str) -> str:
+    """The block-level module a parameter belongs to: ``layers.<k>`` (with any prefix before it) for a
+    transformer block's tensors, else the name's first component (``tok_embeddings``, ``norm``, ``output``)."""
+    m = _BLOCK.match(name)
+    return m.group(0)[:-1] if m else name.split(".", 1)[0]
+
+
+def freeze_units(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int], anchor: str | None,
+                 unit: str) -> dict[str, tuple[str, ...]]:
+    """The stage's freezing units, front to back: unit name -> its freezable tensors (registration order,
+    the anchor left out). See the module docstring."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
+    names = [n for n in params if n != anchor]
+    if unit == "tensor":
+        return {n: (n,) for n in names}
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(_module_of(n), []).append(n)
+    first_layer = {u: min(layer_of[n] for n in ns) for u, ns in groups.items()}
+    order = sorted(groups, key=lambda u: (first_layer[u], list(groups).index(u)))
+    embed = [u for u in order if first_layer[u] == 0]
+    blocks = [u for u in order if _BLOCK.match(u + ".")]
+    if anchor is not None and embed and blocks:  # first stage: the embedding rides with the first block
+        first = blocks[0]
+        merged = "+".join(embed + [first])
+        return {(merged if u == first else u): tuple(n for e in (embed + [u] if u == first else [u]) for n in groups[e])
+                for u in order if u not in embed}
+    return {u: tuple(groups[u]) for u in order}
+
+
 def _layer_modules(module: torch.nn.Module, n_layers: int) -> dict[int, torch.nn.Module]:
     mods: dict[int, torch.nn.Module] = {}
     layers = getattr(module, "layers", None)
@@ -74,8 +115,9 @@ def _layer_modules(module: torch.nn.Module, n_layers: int) -> dict[int, torch.nn
     return mods
 
 
-def build_stage_views(stages, n_layers: int) -> list[StageView]:
-    """``stages``: the ``PipelineStage`` objects of this rank (``stage.submod`` is the model part)."""
+def build_stage_views(stages, n_layers: int, unit: str = "tensor") -> list[StageView]:
+    """``stages``: the ``PipelineStage`` objects of this rank (``stage.submod`` is the model part);
+    ``unit``: the freezing unit (``UNITS``)."""
     views = []
     for st in stages:
         module = st.submod
@@ -92,6 +134,7 @@ def build_stage_views(stages, n_layers: int) -> list[StageView]:
                 is_first=st.is_first,
                 is_last=st.is_last,
                 anchor=anchor,
+                units=freeze_units(params, layer_of, anchor, unit),
             )
         )
     return views

@@ -65,6 +65,11 @@ def format_summary(s: dict) -> str:
     lines = [f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}{dp}, "
              f"{s['num_stages']} stages, {s['num_microbatches']} microbatches, {s['steps']} steps) ====="]
     lines.append("  phases: " + ", ".join(f"{p} {a}-{b}" for p, (a, b) in s["phases"].items()))
+    comp = s.get("compile")
+    if comp:
+        lines.append(f"  torch.compile: freezing unit {s.get('unit')}; {', '.join(map(str, comp['regions']))} compiled "
+                     f"blocks per rank, graphs compiled {', '.join(map(str, comp['graphs']))} (after the warm-up: "
+                     f"{', '.join('n/a' if g is None else str(g) for g in comp['graphs_after_warmup'])})")
     mb = s["mean_batch_ms"]
     pred = s.get("predicted_batch_ms") or {}
     if pred:

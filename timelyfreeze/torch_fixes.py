@@ -13,7 +13,10 @@ gloo process groups then live on with their worker threads and are destroyed by 
 *during interpreter finalization* (seen with gdb: ``~ProcessGroupGloo`` called from ``finalize_modules``),
 where about one finished run in twenty aborted ("terminate called without an active exception"). Dropping
 those references when the trainer closes lets ``destroy_process_group()`` destroy the groups and join
-their threads while the interpreter is fully alive.
+their threads while the interpreter is fully alive. The meshes are the ones TorchTitan's ``ParallelDims``
+built (``parallel_meshes``), with their root meshes, whose registry child meshes share: an earlier version
+scanned ``gc.get_objects()`` for meshes and, under ``torch.compile``, tripped over a dead weak proxy that
+Dynamo leaves behind (``ReferenceError`` at exit).
 """
 
 from __future__ import annotations
@@ -36,18 +39,27 @@ def patch_v_schedule_eval(stage) -> None:
     stage.set_local_bwd_input = set_local_bwd_input
 
 
-def release_mesh_process_groups() -> int:
-    """Drop every live ``DeviceMesh``'s references to its process groups (call at shutdown, once no mesh
-    is used again). Returns how many references were dropped."""
-    import gc
+def parallel_meshes(parallel_dims) -> list:
+    """Every ``DeviceMesh`` a TorchTitan 0.2.2 ``ParallelDims`` built: the world mesh, its global meshes
+    and its one-dimensional meshes (private fields of ``ParallelDims``, checked against 0.2.2)."""
+    meshes = [getattr(parallel_dims, "_world_mesh", None)]
+    meshes += list(getattr(parallel_dims, "_global_meshes", {}).values())
+    meshes += list(getattr(parallel_dims, "_meshes", {}).values())
+    return [m for m in meshes if m is not None]
 
-    from torch.distributed.device_mesh import DeviceMesh
 
+def release_mesh_process_groups(meshes) -> int:
+    """Drop the references of ``meshes`` (and of their root meshes) to their process groups (call at
+    shutdown, once no mesh is used again). Returns how many references were dropped."""
     dropped = 0
-    for obj in gc.get_objects():
-        if isinstance(obj, DeviceMesh):
-            registry = getattr(obj, "_pg_registry", None)
-            if isinstance(registry, dict):
-                dropped += len(registry)
-                registry.clear()
+    seen: set[int] = set()
+    for mesh in meshes:
+        root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+        for m in (mesh, root):
+            registry = getattr(m, "_pg_registry", None)
+            if id(m) in seen or not isinstance(registry, dict):
+                continue
+            seen.add(id(m))
+            dropped += len(registry)
+            registry.clear()
     return dropped

@@ -18,11 +18,12 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus, cpu_shims
-from timelyfreeze.config import check_compile, check_microbatches, check_parallelism, check_stop_rule, validate
+from timelyfreeze.config import (check_compile_schedule, check_microbatches, check_parallelism, check_stop_rule,
+                                 compiles_model, resolve_unit, validate)
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
-from timelyfreeze.torch_fixes import patch_v_schedule_eval, release_mesh_process_groups
+from timelyfreeze.torch_fixes import parallel_meshes, patch_v_schedule_eval, release_mesh_process_groups
 
 
 class TimelyFreezeTrainer(Trainer):
@@ -37,11 +38,12 @@ class TimelyFreezeTrainer(Trainer):
         check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing,
                           method=fz.method if freezing else None)
         check_microbatches(job_config.parallelism, job_config.training.local_batch_size)
+        check_compile_schedule(job_config.parallelism, job_config.compile)
         if freezing:
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
-            check_compile(job_config.compile)
+            self._freeze_unit = resolve_unit(fz, job_config.compile, warmup_end=phases.warmup_end)
             check_stop_rule(fz, job_config.validation)
             if fz.cpu_pinning:
                 cores = cpu_shims.pin_cpu_cores()
@@ -78,6 +80,8 @@ class TimelyFreezeTrainer(Trainer):
             n_layers=getattr(self.model_args, "n_layers", 0),
             use_cuda=torch.cuda.is_available(),
             dp_degree=dp_degree,
+            unit=self._freeze_unit,
+            compiled=compiles_model(job_config.compile),
         )
         schedulers = self.lr_schedulers.schedulers
         return FreezeRuntime(
@@ -203,7 +207,9 @@ class TimelyFreezeTrainer(Trainer):
             close_runtime(rt, trained=getattr(self, "_trained", False))
         super().close()
         # before TorchTitan's destroy_process_group(): let it really destroy the groups (see torch_fixes)
-        release_mesh_process_groups()
+        pd = getattr(self, "parallel_dims", None)
+        if pd is not None:
+            release_mesh_process_groups(parallel_meshes(pd))
 
 
 def close_runtime(rt, *, trained: bool) -> None:

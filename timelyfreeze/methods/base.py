@@ -44,6 +44,10 @@ class StageView:
     anchor: str | None = None
     """On a stage whose input needs no gradient (the first), one small early tensor that is never
     frozen, so the stage's backward always has something to reach; ``None`` elsewhere."""
+    units: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Freezing units, front to back: unit name -> its tensors (``timelyfreeze.stage_layout.freeze_units``;
+    the anchor in none). Methods that freeze a share of the stage sample whole units. Empty: every
+    freezable tensor is a unit of its own."""
 
     @property
     def numels(self) -> dict[str, int]:
@@ -67,6 +71,8 @@ class MethodContext:
     pp_rank: int = 0
     pp_size: int = 1
     lr_warmup_steps: int = 0
+    compiled: bool = False
+    """The stages' transformer blocks run under ``torch.compile`` (``[compile] enable`` with ``model``)."""
     extras: dict[str, Any] = field(default_factory=dict)
 
 

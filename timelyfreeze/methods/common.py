@@ -15,6 +15,29 @@ def freezable_names(view: StageView) -> list[str]:
     return [n for n in view.params if n != view.anchor]
 
 
+class Units:
+    """A stage's freezing units as sampling items: names, element counts, and the tensors each stands for.
+    Methods that freeze a share of the stage draw unit names and hand the hook ``tensors(chosen)``."""
+
+    def __init__(self, view: StageView):
+        members = view.units or {n: (n,) for n in freezable_names(view)}
+        self.names: list[str] = list(members)
+        self.members = members
+        self._size = {t: view.params[t].numel() for ts in members.values() for t in ts}
+        self.numels: list[int] = [sum(self.sizes(u)) for u in self.names]
+
+    def sizes(self, unit: str) -> list[int]:
+        """Element counts of ``unit``'s tensors, in its order."""
+        return [self._size[t] for t in self.members[unit]]
+
+    def tensors(self, chosen) -> frozenset[str]:
+        """The tensors of the chosen units."""
+        return frozenset(t for u in chosen for t in self.members[u])
+
+    def all_tensors(self) -> frozenset[str]:
+        return self.tensors(self.names)
+
+
 def warmup_of(cfg: Any, ctx: MethodContext) -> int:
     """Steps before any freezing: ``[freeze] warmup_steps``; where it is -1 (derived), the warm-up end the
     runtime derived for TimelyFreeze (``ctx.extras["phases"].warmup_end``), else the LR warm-up."""

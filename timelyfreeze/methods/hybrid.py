@@ -22,7 +22,7 @@ import torch
 from timelyfreeze.methods.apf import APFMetric
 from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
-from timelyfreeze.methods.common import warmup_of
+from timelyfreeze.methods.common import Units, warmup_of
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 from timelyfreeze.selection import action_generator, inclusion_probabilities, systematic_subset
 
@@ -50,20 +50,33 @@ def hybrid_select(
     return systematic_subset(names, hybrid_probabilities(names, numels, marked, ratio), gen)
 
 
+def unit_weights(units: Units, marked: Collection[str]) -> list[float]:
+    """Each unit's preference weight: ``MARKED_WEIGHT`` if the metric marks all its tensors, ``UNMARKED_WEIGHT``
+    if none, else the element-weighted mean of its tensors' weights (``[freeze] unit = "block"``)."""
+    marked = set(marked)
+    out = []
+    for u, n in zip(units.names, units.numels):
+        ts = units.members[u]
+        hit = [t in marked for t in ts]
+        if all(hit) or not any(hit):
+            out.append(MARKED_WEIGHT if all(hit) else UNMARKED_WEIGHT)
+            continue
+        sizes = units.sizes(u)
+        out.append(sum((MARKED_WEIGHT if h else UNMARKED_WEIGHT) * k for h, k in zip(hit, sizes)) / max(1, n))
+    return out
+
+
 class _MetricHybrid(TimelyFreezeMethod):
     """``select`` draws with the metric's marks as weights; subclasses own the metric."""
-
-    def __init__(self, cfg: Any, ctx: MethodContext):
-        super().__init__(cfg, ctx)
-        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
-        """Element count of every freezable tensor, aligned with ``self._names[stage]``."""
 
     def _marked(self, step: int, stage: int) -> Collection[str]:
         raise NotImplementedError
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
         gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
-        return hybrid_select(self._names[stage], self._numels[stage], self._marked(step, stage), ratio, gen)
+        units = self._units[stage]
+        probs = inclusion_probabilities(units.numels, unit_weights(units, self._marked(step, stage)), ratio)
+        return units.tensors(systematic_subset(units.names, probs, gen))
 
 
 class TimelyAPF(_MetricHybrid):

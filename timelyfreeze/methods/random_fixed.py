@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
-from timelyfreeze.methods.common import freezable_names, warmup_of
+from timelyfreeze.methods.common import Units, warmup_of
 from timelyfreeze.selection import action_generator, balanced_subset
 
 
@@ -29,8 +29,7 @@ class RandomFixed(FreezeMethod):
             raise ValueError(f"freeze.random.ratio must be in [0, 1], got {self.ratio}")
         self.seed = int(cfg.seed)
         self.warmup_steps = warmup_of(cfg, ctx)
-        self._names = {v.stage: freezable_names(v) for v in ctx.stages}
-        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
+        self._units = {v.stage: Units(v) for v in ctx.stages}
 
     def phase(self, step: int) -> str:
         return "warmup" if step <= self.warmup_steps else "active"
@@ -39,7 +38,8 @@ class RandomFixed(FreezeMethod):
         if step <= self.warmup_steps or self.ratio == 0.0:
             return frozenset()
         gen = action_generator(self.seed, step, stage, microbatch, accum)
-        return balanced_subset(self._names[stage], self._numels[stage], self.ratio, gen)
+        units = self._units[stage]
+        return units.tensors(balanced_subset(units.names, units.numels, self.ratio, gen))
 
     def summary(self) -> dict[str, Any]:
         return {"ratio": self.ratio}

@@ -26,6 +26,9 @@ class MethodSpec:
     depend only on the plan, the seed and the step), so the method runs under FSDP/HSDP/TP. Methods
     that decide from per-rank gradient statistics would need those statistics reduced over the
     replicas first (not done yet)."""
+    block_units: bool = True
+    """True if the method can freeze whole blocks (``[freeze] unit = "block"``, required under
+    ``torch.compile``): it samples units, or freezes whole layers by construction. APF decides per tensor."""
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -33,7 +36,7 @@ METHODS: dict[str, MethodSpec] = {
     "timelyfreeze": MethodSpec("timelyfreeze.methods.timely", "r_max", planned=True, data_parallel=True),
     "timelyfreeze_apf": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
     "timelyfreeze_autofreeze": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
-    "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold"),
+    "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold", block_units=False),
     "autofreeze": MethodSpec("timelyfreeze.methods.autofreeze", "autofreeze.percentile"),
     "egeria": MethodSpec("timelyfreeze.methods.egeria", "egeria.tolerance_coef"),
     "smartpipe": MethodSpec("timelyfreeze.methods.smartpipe", "smartpipe.lam"),

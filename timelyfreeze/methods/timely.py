@@ -14,7 +14,7 @@ from planner.actions import FREEZABLE_KINDS, parse_action
 
 from timelyfreeze.config import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
-from timelyfreeze.methods.common import freezable_names
+from timelyfreeze.methods.common import Units
 from timelyfreeze.selection import action_generator, balanced_subset
 
 
@@ -25,8 +25,11 @@ class TimelyFreezeMethod(FreezeMethod):
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
         self.phases: Phases = ctx.extras["phases"]
-        self._names = {v.stage: freezable_names(v) for v in ctx.stages}
-        self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
+        self._units = {v.stage: Units(v) for v in ctx.stages}
+        """Per stage, what a draw picks from (tensors, or whole blocks with ``[freeze] unit = "block"``)."""
+        self.compile_step = self.phases.warmup_end if ctx.compiled else None
+        """Under ``torch.compile``, the last warm-up step freezes every unit, so that the frozen variant of every
+        compiled block is compiled there and not inside the lower-bound window (``docs/compile.md``)."""
         self.planned_ratio: dict[tuple[int, int], float] | None = None
         """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
         self.plan_failed: str | None = None
@@ -60,7 +63,7 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def action_ratio(self, step: int, stage: int, microbatch: int) -> float:
         p = self.phases.phase(step)
-        if p == "lower":
+        if p == "lower" or step == self.compile_step:
             return 1.0
         if p in ("progressive", "stable") and self.planned_ratio is not None:
             return self.planned_ratio.get((stage, microbatch), 0.0) * self.phases.ramp(step)
@@ -73,14 +76,15 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
         gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
-        return balanced_subset(self._names[stage], self._numels[stage], ratio, gen)
+        units = self._units[stage]
+        return units.tensors(balanced_subset(units.names, units.numels, ratio, gen))
 
     def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         ratio = self.action_ratio(step, stage, microbatch)
         if ratio <= 0.0:
             return frozenset()
-        if ratio >= 1.0 and self.phases.phase(step) == "lower":
-            return frozenset(self._names[stage])
+        if ratio >= 1.0 and (self.phases.phase(step) == "lower" or step == self.compile_step):
+            return self._units[stage].all_tensors()
         return self.select(step, stage, microbatch, ratio, accum)
 
     # -- checkpoint -------------------------------------------------------------------------
