@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,8 @@ from timelyfreeze.methods.registry import METHODS as REGISTRY
 
 from timelyfreeze.config import Freeze, FreezeConfigError, check_parallelism, knob_of, validate
 from timelyfreeze.phases import Phases, derive_phases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_paper_phases_from_lr_warmup():
@@ -304,3 +307,15 @@ def test_each_method_section_validates_itself():
 
     with pytest.raises(FreezeConfigError, match=r"^\[freeze.apf\] threshold = 'x': must be a number$"):
         APFConfig(threshold="x").validate()
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "torchtitan_configs").glob("*.toml")))
+def test_every_shipped_config_passes_the_type_check_of_every_section(config):
+    """``check_job_types`` reads TorchTitan's annotations too: none of the shipped TOML files trips it."""
+    from timelyfreeze import cpu_shims
+    from timelyfreeze.config import check_job_types
+
+    cpu_shims.apply_if_needed()
+    from torchtitan.config import ConfigManager
+
+    check_job_types(ConfigManager().parse_args(["--job.config_file", str(ROOT / "torchtitan_configs" / config)]))

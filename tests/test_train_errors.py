@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "torchtitan_configs"
 
 
-def _with_freeze_setting(tmp_path: Path, config: str, key: str, value: str) -> Path:
-    """A copy of ``config`` whose ``[freeze]`` table sets ``key = value`` (TOML text), replacing its own line."""
+def _with_setting(tmp_path: Path, config: str, key: str, value: str, table: str = "freeze") -> Path:
+    """A copy of ``config`` whose ``[table]`` sets ``key = value`` (TOML text), replacing its own line."""
     text = (CONFIGS / config).read_text()
-    head, rest = text.split("[freeze]\n", 1)
+    head, rest = text.split(f"[{table}]\n", 1)
     section, sep, tail = rest.partition("\n[")
     lines = [l for l in section.splitlines() if not re.match(rf"{re.escape(key)}\s*=", l)]
     path = tmp_path / config
-    path.write_text(head + "[freeze]\n" + f"{key} = {value}\n" + "\n".join(lines) + sep + tail)
+    path.write_text(head + f"[{table}]\n" + f"{key} = {value}\n" + "\n".join(lines) + sep + tail)
     return path
 
 
@@ -64,8 +64,14 @@ def _main_error(monkeypatch, capsys, config: Path, *flags: str) -> str:
     ],
 )
 def test_wrong_type_in_the_toml_file(monkeypatch, capsys, tmp_path, key, value, line):
-    config = _with_freeze_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", key, value)
+    config = _with_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", key, value)
     assert _main_error(monkeypatch, capsys, config) == line
+
+
+def test_wrong_type_in_a_torchtitan_section(monkeypatch, capsys, tmp_path):
+    """TorchTitan's own sections are typed by the same check: the batch is read before TorchTitan builds anything."""
+    config = _with_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", "local_batch_size", '"8"', table="training")
+    assert _main_error(monkeypatch, capsys, config) == "error: [training] local_batch_size = '8': must be an integer"
 
 
 @pytest.mark.parametrize(
@@ -93,7 +99,7 @@ def test_interleaved_1f1b_with_microbatches_torch_would_refuse(monkeypatch, caps
 
 def test_the_command_line_itself(tmp_path):
     """``python -m timelyfreeze.train`` (what torchrun starts on each rank) in a process of its own."""
-    config = _with_freeze_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", "monitor_steps", "2.5")
+    config = _with_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", "monitor_steps", "2.5")
     proc = subprocess.run([sys.executable, "-m", "timelyfreeze.train", "--job.config_file", str(config),
                            "--metrics.no-enable-tensorboard"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]

@@ -156,9 +156,9 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     check_types(cfg, "freeze")
     _check_ranges(cfg)
     for f in dataclasses.fields(cfg):
-        section = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(section):
-            section.validate(f"freeze.{f.name}")
+        validate_section = getattr(getattr(cfg, f.name), "validate", None)
+        if dataclasses.is_dataclass(getattr(cfg, f.name)) and validate_section is not None:
+            validate_section(f"freeze.{f.name}")
     phases = derive_phases(cfg, total_steps, lr_warmup_steps)
     if cfg.method in PLANNED_METHODS and phases.lower_end >= total_steps:
         raise FreezeConfigError(
@@ -207,6 +207,17 @@ def _check_ranges(cfg: Freeze) -> None:
             f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
             f"method = {cfg.method!r} would ignore it"
         )
+
+
+def check_job_types(job_config) -> None:
+    """The declared type of every field of every section of the job, TorchTitan's as well as ``[freeze]``,
+    before anything reads them: a TOML ``[training] local_batch_size = "8"`` is one error line naming the
+    field, not a TypeError in the middle of setting up (the command line is typed by TorchTitan's parser;
+    a TOML file is not)."""
+    for f in dataclasses.fields(job_config):
+        section = getattr(job_config, f.name)
+        if dataclasses.is_dataclass(section):
+            check_types(section, f.name)
 
 
 def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, method: str | None = None) -> None:

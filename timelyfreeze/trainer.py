@@ -18,7 +18,9 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus, cpu_shims
-from timelyfreeze.config import check_compile, check_microbatches, check_parallelism, check_stop_rule, validate
+from timelyfreeze.config import (
+    check_compile, check_job_types, check_microbatches, check_parallelism, check_stop_rule, validate,
+)
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
@@ -34,6 +36,7 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
         freezing = fz is not None and fz.enable
+        check_job_types(job_config)
         check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing,
                           method=fz.method if freezing else None)
         check_microbatches(job_config.parallelism, job_config.training.local_batch_size)
