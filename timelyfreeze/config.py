@@ -156,9 +156,9 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     check_types(cfg, "freeze")
     _check_ranges(cfg)
     for f in dataclasses.fields(cfg):
-        validate_section = getattr(getattr(cfg, f.name), "validate", None)
-        if dataclasses.is_dataclass(getattr(cfg, f.name)) and validate_section is not None:
-            validate_section(f"freeze.{f.name}")
+        section = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(section) and hasattr(section, "validate"):
+            section.validate(f"freeze.{f.name}")
     phases = derive_phases(cfg, total_steps, lr_warmup_steps)
     if cfg.method in PLANNED_METHODS and phases.lower_end >= total_steps:
         raise FreezeConfigError(
