@@ -87,19 +87,28 @@ def _check(schedule: str, pp: int, num_microbatches: int | None, spr: int | None
         raise PlannerError(f"{name} requires exactly 2 stages per rank, got {spr}")
     if name not in _SINGLE_STAGE and spr < 2:
         raise PlannerError(f"{name} needs at least 2 stages per rank, got {spr}")
-    if num_microbatches is None:
-        return name, spr
+    if num_microbatches is not None:
+        check_microbatch_count(name, pp, num_microbatches, spr)
+    return name, spr
+
+
+def check_microbatch_count(schedule: str, pp: int, num_microbatches: int, spr: int | None = None) -> None:
+    """Raise ``PlannerError`` if torch's constructor of ``schedule`` would refuse ``num_microbatches`` on ``pp``
+    ranks with ``spr`` stages each: fewer than ``min_microbatches``, or (the interleaved schedules) not a
+    multiple of the number of rounds ``max(1, n // pp)``."""
+    name = canonical_schedule(schedule)
+    spr = stages_per_rank(name) if spr is None else spr
     n = _positive_int(num_microbatches, "number of microbatches")
     if n < min_microbatches(name, pp, spr):
         raise PlannerError(f"{name} needs at least as many microbatches as stages ({pp * spr}), got {n}")
     if name in _ROUNDS:
         rounds = max(1, n // pp)
         if n % rounds:
+            below = n - n % pp  # a multiple of pp always fits (pp divides it into its rounds)
             raise PlannerError(
                 f"{name} needs the number of microbatches to be a multiple of the number of rounds "
-                f"max(1, {n} // {pp}) = {rounds}, got {n}"
+                f"max(1, {n} // {pp}) = {rounds}, got {n} (a multiple of {pp} fits: {below} or {below + pp})"
             )
-    return name, spr
 
 
 def stage_to_rank(schedule: str, pp: int, stages_per_rank: int | None = None) -> list[int]:

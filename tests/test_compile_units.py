@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze.config import COMPILE_REFUSED_SCHEDULES, Freeze, FreezeConfigError, check_compile_schedule, resolve_unit
+from timelyfreeze.config import COMPILE_REFUSED_SCHEDULES, Freeze, FreezeConfigError, check_compile_schedule, resolve_unit, validate
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.methods.common import Units
 from timelyfreeze.methods.registry import METHODS
@@ -37,7 +37,7 @@ def test_tensor_units_under_compile_are_refused_naming_both_fields():
     with pytest.raises(FreezeConfigError, match=r"\[freeze\] unit = 'tensor' with \[compile\] enable = true"):
         unit_of(compile_cfg=COMPILED, unit="tensor")
     with pytest.raises(FreezeConfigError, match=r"\[freeze\] unit = 'layer': choose one of auto, tensor, block"):
-        unit_of(compile_cfg=EAGER, unit="layer")
+        validate(Freeze(unit="layer"), total_steps=40, lr_warmup_steps=10)
 
 
 @pytest.mark.parametrize("method", [m for m, spec in METHODS.items() if not spec.block_units])

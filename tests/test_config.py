@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from timelyfreeze.methods.registry import METHODS as REGISTRY
 
-from timelyfreeze.config import (
-    Freeze, FreezeConfigError, Phases, check_parallelism, derive_phases, knob_of, validate,
-)
+from timelyfreeze.config import Freeze, FreezeConfigError, check_parallelism, knob_of, validate
+from timelyfreeze.phases import Phases, derive_phases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_paper_phases_from_lr_warmup():
@@ -198,7 +202,9 @@ def test_layer_order_of_parameter_names():
         ("autofreeze", "check_every", 0, "[freeze.autofreeze] check_every = 0"),
         ("egeria", "window", 1, "[freeze.egeria] window = 1"),
         ("egeria", "unfreeze_lr_drop", 0.5, "[freeze.egeria] unfreeze_lr_drop = 0.5"),
+        ("apf", "ema_alpha", 0.0, "[freeze.apf] ema_alpha = 0.0: must lie in (0, 1)"),  # P = 1: nothing freezes
         ("smartpipe", "lam", 0.0, "[freeze.smartpipe] lam = 0.0"),
+        ("smartpipe", "lam", 1.0, "[freeze.smartpipe] lam = 1.0: must lie in (0, 1)"),  # the paper's open interval
         ("smartpipe", "check_every", -2, "[freeze.smartpipe] check_every = -2"),
         ("random", "ratio", float("nan"), "[freeze.random] ratio = nan"),
     ],
@@ -214,3 +220,94 @@ def test_bad_method_knobs_name_the_field(section, name, value, needle):
 def test_a_plan_for_a_method_that_ignores_it_is_refused():
     with pytest.raises(FreezeConfigError, match="only the TimelyFreeze methods"):
         validate(Freeze(enable=True, method="random", plan="p.json"), total_steps=100, lr_warmup_steps=10)
+
+
+def _sections() -> list[tuple[str, tuple[str, ...], type]]:
+    """(name, path of attributes from ``Freeze``, dataclass) of ``[freeze]`` and every section nested in it."""
+    found = [("freeze", (), Freeze)]
+    for name, kind in typing.get_type_hints(Freeze).items():
+        if dataclasses.is_dataclass(kind):
+            found.append((f"freeze.{name}", (name,), kind))
+    return found
+
+
+_WRONG_VALUES: dict[object, list[tuple[object, str]]] = {
+    bool: [("yes", "true or false"), (1, "true or false")],
+    int: [("2", "an integer"), (2.5, "an integer"), (True, "an integer")],
+    float: [("0.5", "a number"), (True, "a number")],
+    str: [(3, "a string"), (True, "a string")],
+    list[float]: [("0.5", "a list of numbers"), ([0.5, "x"], "a number"), ([False], "a number")],
+}
+"""Per declared type, values of another type that a TOML file can give, and what the error says it must be."""
+
+
+def _wrong_type_cases():
+    for section, path, cls in _sections():
+        for name, kind in typing.get_type_hints(cls).items():
+            if section == "freeze" and dataclasses.is_dataclass(kind):
+                continue  # a nested section: its fields are cases of their own
+            assert kind in _WRONG_VALUES, f"[{section}] {name}: add wrong values of type {kind} to _WRONG_VALUES"
+            for value, noun in _WRONG_VALUES[kind]:
+                label, shown = name, value
+                if isinstance(value, list):
+                    bad = next(i for i, v in enumerate(value) if not isinstance(v, float))
+                    label, shown = f"{name}[{bad}]", value[bad]
+                yield pytest.param(path, name, value, f"[{section}] {label} = {shown!r}: must be {noun}",
+                                   id=f"{section}.{name}={value!r}")
+
+
+@pytest.mark.parametrize("path,name,value,message", list(_wrong_type_cases()))
+def test_every_field_of_every_section_has_its_type_checked(path, name, value, message):
+    """A value of the wrong type (as a TOML file can give it) is one error naming the field, never a
+    TypeError from a comparison or a silently accepted 2.5 steps; the check comes from the annotations."""
+    f = Freeze(enable=True)
+    section = f
+    for part in path:
+        section = getattr(section, part)
+    setattr(section, name, value)
+    with pytest.raises(FreezeConfigError) as e:
+        validate(f, total_steps=100, lr_warmup_steps=10)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"resample_every": "2"}, "[freeze] resample_every = '2': must be an integer"),
+        ({"warmup_steps": "three"}, "[freeze] warmup_steps = 'three': must be an integer"),
+        ({"monitor_steps": 2.5}, "[freeze] monitor_steps = 2.5: must be an integer"),
+        ({"r_max": "0.5"}, "[freeze] r_max = '0.5': must be a number"),
+        ({"r_max": 1}, None),  # an integer is a number
+        ({"replan_patience": 2.0}, "[freeze] replan_patience = 2.0: must be an integer"),
+    ],
+)
+def test_types_are_checked_before_ranges(kwargs, message):
+    if message is None:
+        validate(Freeze(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
+        return
+    with pytest.raises(FreezeConfigError) as e:
+        validate(Freeze(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
+    assert str(e.value) == message
+
+
+def test_each_method_section_validates_itself():
+    """Each method's config section holds its own rules: its defaults pass, a bad value names the field."""
+    for section, path, cls in _sections()[1:]:
+        cls().validate()
+        cls().validate(section)
+    from timelyfreeze.methods.apf import APFConfig
+
+    with pytest.raises(FreezeConfigError, match=r"^\[freeze.apf\] threshold = 'x': must be a number$"):
+        APFConfig(threshold="x").validate()
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "torchtitan_configs").glob("*.toml")))
+def test_every_shipped_config_passes_the_type_check_of_every_section(config):
+    """``check_job_types`` reads TorchTitan's annotations too: none of the shipped TOML files trips it."""
+    from timelyfreeze import cpu_shims
+    from timelyfreeze.config import check_job_types
+
+    cpu_shims.apply_if_needed()
+    from torchtitan.config import ConfigManager
+
+    check_job_types(ConfigManager().parse_args(["--job.config_file", str(ROOT / "torchtitan_configs" / config)]))

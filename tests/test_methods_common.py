@@ -9,9 +9,11 @@ import math
 import threading
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
+from timelyfreeze.errors import FreezeConfigError
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.base import MethodContext, StageView
@@ -196,9 +198,6 @@ def test_random_ratio_bounds():
     assert full.frozen_tensors(1, 0, 0) == frozenset(freezable_names(stages[0]))
     none = RandomFixed(make_cfg(random=RandomConfig(ratio=0.0)), make_ctx(stages))
     assert none.frozen_tensors(1, 0, 0) == frozenset()
-    try:
-        RandomFixed(make_cfg(random=RandomConfig(ratio=1.5)), make_ctx(stages))
-    except ValueError:
-        pass
-    else:
-        raise AssertionError("ratio 1.5 accepted")
+    # the rule lives with the config section (the runtime builds methods from validated configs only)
+    with pytest.raises(FreezeConfigError, match=r"\[freeze.random\] ratio = 1.5: must lie in \[0, 1\]"):
+        RandomConfig(ratio=1.5).validate()

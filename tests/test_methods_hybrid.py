@@ -5,7 +5,7 @@ import math
 import torch
 from test_methods_common import make_cfg, make_ctx, make_stages, set_layer_grads
 
-from timelyfreeze.config import Phases
+from timelyfreeze.phases import Phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze, hybrid_probabilities, hybrid_select

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from timelyfreeze.config import Freeze, Phases
+from timelyfreeze.config import Freeze
+from timelyfreeze.phases import Phases
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 

@@ -5,15 +5,19 @@ No ``from __future__ import annotations`` here: TorchTitan's ConfigManager merge
 inspecting real dataclass types.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from planner.estimate import ESTIMATORS
 from planner.errors import PlannerError
 from planner.lp import SOLVERS
-from planner.schedules import min_microbatches
+from planner.schedules import check_microbatch_count, min_microbatches
 
+from timelyfreeze.errors import FreezeConfigError
+from timelyfreeze.fields import check_types, fail
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
+from timelyfreeze.phases import Phases, derive_phases
 from timelyfreeze.stage_layout import UNITS
 
 from timelyfreeze.methods.apf import APFConfig
@@ -154,133 +158,16 @@ def knob_of(cfg: "Freeze") -> dict | None:
     return {"name": path.split(".")[-1], "value": value}
 
 
-class FreezeConfigError(ValueError):
-    """A ``[freeze]`` setting that cannot work; the message names the field."""
-
-
-@dataclass(frozen=True)
-class Phases:
-    """Inclusive last step of each TimelyFreeze phase (steps are 1-based)."""
-
-    warmup_end: int
-    upper_end: int
-    lower_end: int
-    ramp_end: int
-
-    def phase(self, step: int) -> str:
-        if step <= self.warmup_end:
-            return "warmup"
-        if step <= self.upper_end:
-            return "upper"
-        if step <= self.lower_end:
-            return "lower"
-        if step <= self.ramp_end:
-            return "progressive"
-        return "stable"
-
-    def ramp(self, step: int) -> float:
-        """Fraction of the planned ratio applied at ``step`` (0 up to the plan, linear, then 1)."""
-        if step <= self.lower_end:
-            return 0.0
-        if step >= self.ramp_end:
-            return 1.0
-        return (step - self.lower_end) / (self.ramp_end - self.lower_end)
-
-    def ranges(self, total_steps: int) -> dict[str, tuple[int, int]]:
-        bounds = [
-            ("warmup", 1, self.warmup_end),
-            ("upper", self.warmup_end + 1, self.upper_end),
-            ("lower", self.upper_end + 1, self.lower_end),
-            ("progressive", self.lower_end + 1, self.ramp_end),
-            ("stable", self.ramp_end + 1, total_steps),
-        ]
-        return {name: (a, min(b, total_steps)) for name, a, b in bounds if a <= min(b, total_steps)}
-
-
-def derive_phases(cfg: Freeze, total_steps: int, lr_warmup_steps: int) -> Phases:
-    """Phase boundaries from the explicit fields, or from the LR warm-up where left at -1."""
-    w, m, r = cfg.warmup_steps, cfg.monitor_steps, cfg.ramp_steps
-    if cfg.plan:
-        # A given plan skips monitoring entirely.
-        m = 0
-    if (w < 0 or m < 0 or r < 0) and lr_warmup_steps <= 0:
-        raise FreezeConfigError(
-            "[freeze] warmup_steps/monitor_steps/ramp_steps are derived from [lr_scheduler] warmup_steps, "
-            "which is 0: set them explicitly"
-        )
-    if m < 0:
-        m = max(2, math.ceil(0.1 * lr_warmup_steps))
-    if w < 0:
-        w = max(0, lr_warmup_steps - 2 * m)
-    if r < 0:
-        r = max(1, math.ceil(0.25 * lr_warmup_steps))
-    return Phases(warmup_end=w, upper_end=w + m, lower_end=w + 2 * m, ramp_end=w + 2 * m + r)
-
-
-_METHOD_FIELD_RULES = (
-    ("random", "ratio", lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),
-    ("apf", "threshold", lambda v: v >= 0.0, "must be >= 0"),
-    ("apf", "ema_alpha", lambda v: 0.0 <= v < 1.0, "must lie in [0, 1)"),
-    ("apf", "check_every", lambda v: v >= 1, "must be >= 1"),
-    ("autofreeze", "percentile", lambda v: 0.0 <= v <= 100.0, "must lie in [0, 100]"),
-    ("autofreeze", "check_every", lambda v: v >= 1, "must be >= 1"),
-    ("egeria", "eval_every", lambda v: v >= 0, "must be >= 0 (0: the paper's formula)"),
-    ("egeria", "window", lambda v: v >= 2, "must be >= 2"),
-    ("egeria", "tolerance_coef", lambda v: v > 0.0, "must be > 0"),
-    ("egeria", "tolerance_readings", lambda v: v >= 1, "must be >= 1"),
-    ("egeria", "bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
-    ("egeria", "unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
-    ("egeria", "sp_max_rows", lambda v: v >= 2, "must be >= 2"),
-    ("smartpipe", "tau", lambda v: v >= 0.0, "must be >= 0"),
-    ("smartpipe", "lam", lambda v: 0.0 < v <= 1.0, "must lie in (0, 1]"),
-    ("smartpipe", "e1", lambda v: v >= 0, "must be >= 0"),
-    ("smartpipe", "check_every", lambda v: v >= 1, "must be >= 1"),
-)
-"""(section, field, rule, what the rule says) of every method knob: a bad value is one error line, not a
-crash or a silent no-op mid-run."""
-
-
 def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
-    """Check the section on its own (the plan/schedule match is checked once the pipeline exists)."""
-    if cfg.method not in METHODS:
-        raise FreezeConfigError(f"[freeze] method = {cfg.method!r}: choose one of {', '.join(METHODS)}")
-    if not (isinstance(cfg.r_max, (int, float)) and 0.0 <= cfg.r_max <= 1.0):
-        raise FreezeConfigError(f"[freeze] r_max = {cfg.r_max}: must lie in [0, 1]")
-    for i, v in enumerate(cfg.r_max_per_stage):
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0.0 <= v <= 1.0):
-            raise FreezeConfigError(f"[freeze] r_max_per_stage[{i}] = {v!r}: must lie in [0, 1]")
-    for name in ("warmup_steps", "monitor_steps", "ramp_steps"):
-        v = getattr(cfg, name)
-        if v < -1:
-            raise FreezeConfigError(f"[freeze] {name} = {v}: must be >= 0 (or -1 to derive it)")
-    if cfg.monitor_steps == 0 and cfg.method in PLANNED_METHODS and not cfg.plan:
-        raise FreezeConfigError(
-            "[freeze] monitor_steps = 0: the plan needs at least one upper- and one lower-bound step "
-            "(or give [freeze] plan)"
-        )
-    if cfg.resample_every < 1:
-        raise FreezeConfigError(f"[freeze] resample_every = {cfg.resample_every}: must be >= 1")
-    if cfg.solver not in SOLVERS:
-        raise FreezeConfigError(f"[freeze] solver = {cfg.solver!r}: choose one of {', '.join(SOLVERS)}")
-    if cfg.estimator not in ESTIMATORS:
-        raise FreezeConfigError(f"[freeze] estimator = {cfg.estimator!r}: choose one of {', '.join(ESTIMATORS)}")
-    if isinstance(cfg.replan_threshold, bool) or not (
-            isinstance(cfg.replan_threshold, (int, float)) and 0.0 < cfg.replan_threshold < math.inf):
-        raise FreezeConfigError(f"[freeze] replan_threshold = {cfg.replan_threshold}: must be a number > 0")
-    if isinstance(cfg.replan_patience, bool) or not isinstance(cfg.replan_patience, int) or cfg.replan_patience < 1:
-        raise FreezeConfigError(f"[freeze] replan_patience = {cfg.replan_patience}: must be an integer >= 1")
-    if isinstance(cfg.stop_at_val_loss, bool) or not (
-            isinstance(cfg.stop_at_val_loss, (int, float)) and 0.0 <= cfg.stop_at_val_loss < math.inf):
-        raise FreezeConfigError(f"[freeze] stop_at_val_loss = {cfg.stop_at_val_loss}: must be a number >= 0")
-    if cfg.plan and cfg.method not in PLANNED_METHODS:
-        raise FreezeConfigError(
-            f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
-            f"method = {cfg.method!r} would ignore it"
-        )
-    for section, name, ok, rule in _METHOD_FIELD_RULES:
-        value = getattr(getattr(cfg, section), name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-            raise FreezeConfigError(f"[freeze.{section}] {name} = {value!r}: {rule}")
+    """Check the section on its own (the plan/schedule match is checked once the pipeline exists): the type
+    of every field, nested method sections included (``timelyfreeze.fields``), then the ranges of
+    ``[freeze]``'s own fields, then each method section's ``validate()`` (its rules live with its method)."""
+    check_types(cfg, "freeze")
+    _check_ranges(cfg)
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(section) and hasattr(section, "validate"):
+            section.validate(f"freeze.{f.name}")
     phases = derive_phases(cfg, total_steps, lr_warmup_steps)
     if cfg.method in PLANNED_METHODS and phases.lower_end >= total_steps:
         raise FreezeConfigError(
@@ -293,6 +180,55 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
             "shorten ramp_steps or train longer"
         )
     return phases
+
+
+def _check_ranges(cfg: Freeze) -> None:
+    """The rules of ``[freeze]``'s own fields, whose types ``check_types`` has checked."""
+    if cfg.method not in METHODS:
+        fail("freeze", "method", cfg.method, f"choose one of {', '.join(METHODS)}")
+    if not 0.0 <= cfg.r_max <= 1.0:
+        fail("freeze", "r_max", cfg.r_max, "must lie in [0, 1]")
+    for i, v in enumerate(cfg.r_max_per_stage):
+        if not 0.0 <= v <= 1.0:
+            fail("freeze", f"r_max_per_stage[{i}]", v, "must lie in [0, 1]")
+    for name in ("warmup_steps", "monitor_steps", "ramp_steps"):
+        if getattr(cfg, name) < -1:
+            fail("freeze", name, getattr(cfg, name), "must be >= 0 (or -1 to derive it)")
+    if cfg.monitor_steps == 0 and cfg.method in PLANNED_METHODS and not cfg.plan:
+        raise FreezeConfigError(
+            "[freeze] monitor_steps = 0: the plan needs at least one upper- and one lower-bound step "
+            "(or give [freeze] plan)"
+        )
+    if cfg.unit not in UNIT_CHOICES:
+        fail("freeze", "unit", cfg.unit, f"choose one of {', '.join(UNIT_CHOICES)}")
+    if cfg.resample_every < 1:
+        fail("freeze", "resample_every", cfg.resample_every, "must be >= 1")
+    if cfg.solver not in SOLVERS:
+        fail("freeze", "solver", cfg.solver, f"choose one of {', '.join(SOLVERS)}")
+    if cfg.estimator not in ESTIMATORS:
+        fail("freeze", "estimator", cfg.estimator, f"choose one of {', '.join(ESTIMATORS)}")
+    if not 0.0 < cfg.replan_threshold < math.inf:
+        fail("freeze", "replan_threshold", cfg.replan_threshold, "must be a number > 0")
+    if cfg.replan_patience < 1:
+        fail("freeze", "replan_patience", cfg.replan_patience, "must be an integer >= 1")
+    if not 0.0 <= cfg.stop_at_val_loss < math.inf:
+        fail("freeze", "stop_at_val_loss", cfg.stop_at_val_loss, "must be a number >= 0")
+    if cfg.plan and cfg.method not in PLANNED_METHODS:
+        raise FreezeConfigError(
+            f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
+            f"method = {cfg.method!r} would ignore it"
+        )
+
+
+def check_job_types(job_config) -> None:
+    """The declared type of every field of every section of the job, TorchTitan's as well as ``[freeze]``,
+    before anything reads them: a TOML ``[training] local_batch_size = "8"`` is one error line naming the
+    field, not a TypeError in the middle of setting up (the command line is typed by TorchTitan's parser;
+    a TOML file is not)."""
+    for f in dataclasses.fields(job_config):
+        section = getattr(job_config, f.name)
+        if dataclasses.is_dataclass(section):
+            check_types(section, f.name)
 
 
 def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, method: str | None = None) -> None:
@@ -338,8 +274,9 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, me
 
 
 def check_microbatches(parallelism, local_batch_size: int) -> None:
-    """Refuse a batch that does not split into whole microbatches, or (1F1B, DualPipeV) into at least as many
-    microbatches as the pipeline has stages, before TorchTitan builds the schedule."""
+    """Refuse, before TorchTitan builds the schedule, a batch that does not split into whole microbatches, or
+    into a count torch's schedule constructor would refuse on every rank (``planner.schedules`` has the rules:
+    at least one per stage for 1F1B and DualPipeV, a multiple of the rounds for the interleaved ones)."""
     pp = parallelism.pipeline_parallel_degree
     if pp < 2:
         return
@@ -355,12 +292,16 @@ def check_microbatches(parallelism, local_batch_size: int) -> None:
     except PlannerError:
         return  # a schedule the planner does not know: TorchTitan's own checks apply
     n = local_batch_size // mbs
+    gives = (f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
+             f"{mbs} gives {n} microbatches")
     if n < need:
         raise FreezeConfigError(
-            f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
-            f"{mbs} gives {n} microbatches; {name} needs at least one per stage ({need} stages): "
-            f"raise local_batch_size to {need * mbs} or more"
+            f"{gives}; {name} needs at least one per stage ({need} stages): raise local_batch_size to {need * mbs} or more"
         )
+    try:
+        check_microbatch_count(name, pp, n)
+    except PlannerError as e:
+        raise FreezeConfigError(f"{gives}; {e}") from None
 
 
 UNIT_CHOICES = ("auto",) + UNITS
@@ -386,11 +327,9 @@ def check_compile_schedule(parallelism, compile_cfg) -> None:
 
 
 def resolve_unit(cfg: "Freeze", compile_cfg, *, warmup_end: int) -> str:
-    """``[freeze] unit`` as the run uses it (``tensor`` or ``block``), checked against ``[compile]``, the method
-    and the schedule. Compiled blocks guard on ``requires_grad``: freezing a random subset of a block's
-    tensors would compile a graph per subset, freezing whole blocks compiles two per block."""
-    if cfg.unit not in UNIT_CHOICES:
-        raise FreezeConfigError(f"[freeze] unit = {cfg.unit!r}: choose one of {', '.join(UNIT_CHOICES)}")
+    """``[freeze] unit`` (its value checked by ``validate``) as the run uses it (``tensor`` or ``block``), checked
+    against ``[compile]`` and the method. Compiled blocks guard on ``requires_grad``: freezing a random subset of
+    a block's tensors would compile a graph per subset, freezing whole blocks compiles two per block."""
     compiled = compiles_model(compile_cfg)
     unit = cfg.unit if cfg.unit != "auto" else ("block" if compiled else "tensor")
     if compiled and unit == "tensor":

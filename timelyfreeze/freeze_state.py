@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from timelyfreeze import state_codec
-from timelyfreeze.config import Phases
+from timelyfreeze.phases import Phases
 from timelyfreeze.state_codec import FreezeStateError
 
 FIELDS = ("step", "run", "method", "monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures",

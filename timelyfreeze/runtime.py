@@ -29,7 +29,8 @@ from planner.fileio import write_json_atomically
 
 from timelyfreeze import freeze_state, planning, stage_hooks, summary as run_summary, timeline
 from timelyfreeze.compile_watch import CompileWatch
-from timelyfreeze.config import Freeze, Phases, knob_of
+from timelyfreeze.config import Freeze, knob_of
+from timelyfreeze.phases import Phases
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class

@@ -41,12 +41,10 @@ def main(trainer_cls: type | None = None) -> None:
 
 def _release_process_groups() -> None:
     """After an error that ended the run early: destroy the process groups and join their threads now
-    (TorchTitan destroys them only on success), for the same reason as the ``gc.collect()`` above."""
+    (TorchTitan destroys them only on success), for the same reason as the ``gc.collect()`` above. The
+    trainer has released its meshes' references to them (``close``, or its constructor on failure)."""
     import torch.distributed as dist
 
-    from timelyfreeze.torch_fixes import release_mesh_process_groups
-
-    release_mesh_process_groups()
     if dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()

@@ -18,8 +18,10 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from timelyfreeze import corpus, cpu_shims
-from timelyfreeze.config import (check_compile_schedule, check_microbatches, check_parallelism, check_stop_rule,
-                                 compiles_model, resolve_unit, validate)
+from timelyfreeze.config import (
+    check_compile_schedule, check_job_types, check_microbatches, check_parallelism, check_stop_rule, compiles_model,
+    resolve_unit, validate,
+)
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
@@ -35,6 +37,7 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
         freezing = fz is not None and fz.enable
+        check_job_types(job_config)
         check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing,
                           method=fz.method if freezing else None)
         check_microbatches(job_config.parallelism, job_config.training.local_batch_size)
@@ -49,7 +52,15 @@ class TimelyFreezeTrainer(Trainer):
                 cores = cpu_shims.pin_cpu_cores()
                 if cores is not None:
                     logger.info(f"[freeze] local rank {os.environ.get('LOCAL_RANK', '0')} pinned to CPU cores {cores}")
-        super().__init__(job_config)
+        try:
+            super().__init__(job_config)
+            self._set_up(job_config, phases)
+        except BaseException:
+            # TorchTitan closes no trainer it could not build: release the meshes it made (see torch_fixes)
+            self._release_meshes()
+            raise
+
+    def _set_up(self, job_config, phases) -> None:
         cpu_shims.fsdp_sum_reductions(self.model_parts)
         self._hold_lr_after_schedule()
         self._batch_in_step = 0
@@ -64,6 +75,12 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt = self._build_freeze_runtime(job_config, phases)
         self._wrap_validation_logging()
         self._validate_on_fixed_batches()
+
+    def _release_meshes(self) -> None:
+        """Drop the process-group references of every mesh TorchTitan built for this trainer (see torch_fixes)."""
+        pd = getattr(self, "parallel_dims", None)
+        if pd is not None:
+            release_mesh_process_groups(parallel_meshes(pd))
 
     def _build_freeze_runtime(self, job_config, phases) -> FreezeRuntime:
         pd = self.parallel_dims
@@ -207,9 +224,7 @@ class TimelyFreezeTrainer(Trainer):
             close_runtime(rt, trained=getattr(self, "_trained", False))
         super().close()
         # before TorchTitan's destroy_process_group(): let it really destroy the groups (see torch_fixes)
-        pd = getattr(self, "parallel_dims", None)
-        if pd is not None:
-            release_mesh_process_groups(parallel_meshes(pd))
+        self._release_meshes()
 
 
 def close_runtime(rt, *, trained: bool) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from timelyfreeze.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.common import warmup_of
 
@@ -38,6 +39,16 @@ class APFConfig:
     """Steps between stability checks; also the unit by which a stable tensor's freezing period grows
     (digest 1.10/6: fork's ``stability_check_freq`` = 10)."""
 
+    def validate(self, section: str = "freeze.apf") -> None:
+        """``FreezeConfigError`` naming the first field whose type or value cannot work. ``ema_alpha`` lies
+        strictly inside (0, 1): at 0 the EMAs are the last update alone, so P = |D|/|D| = 1 and nothing ever
+        freezes; at 1 they stay at zero and P = 0 freezes everything."""
+        check_section(self, section, (
+            ("threshold", lambda v: v >= 0.0, "must be >= 0"),
+            ("ema_alpha", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
+            ("check_every", lambda v: v >= 1, "must be >= 1"),
+        ))
+
 
 class APFMetric:
     """APF's stability bookkeeping over this rank's stages; shared by ``APF`` and ``TimelyAPF``.
@@ -47,10 +58,7 @@ class APFMetric:
     """
 
     def __init__(self, cfg: APFConfig, stages: list[StageView], warmup_steps: int = 0):
-        if not 0.0 < cfg.ema_alpha < 1.0:
-            raise ValueError(f"freeze.apf.ema_alpha must be in (0, 1), got {cfg.ema_alpha}")
-        if cfg.check_every < 1:
-            raise ValueError(f"freeze.apf.check_every must be >= 1, got {cfg.check_every}")
+        """``cfg`` has passed ``APFConfig.validate``."""
         self.threshold = float(cfg.threshold)
         self.alpha = float(cfg.ema_alpha)
         self.check_every = int(cfg.check_every)

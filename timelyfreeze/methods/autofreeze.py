@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from timelyfreeze.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 
@@ -29,6 +30,13 @@ class AutoFreezeConfig:
     """Steps between checks (digest 1.10/6: fork's ``stability_check_freq`` = 10). A layer's gradient norm
     at a check is the per-step L1 gradient norm summed over the steps since the previous check, as the
     official AutoFreeze code accumulates it (anchors 1.3)."""
+
+    def validate(self, section: str = "freeze.autofreeze") -> None:
+        """``FreezeConfigError`` naming the first field whose type or value cannot work."""
+        check_section(self, section, (
+            ("percentile", lambda v: 0.0 <= v <= 100.0, "must lie in [0, 100]"),
+            ("check_every", lambda v: v >= 1, "must be >= 1"),
+        ))
 
 
 def autofreeze_boundary(ratios: dict[int, float], boundary: int, percentile: float) -> int:
@@ -72,10 +80,7 @@ class AutoFreezeMetric:
     all_gather)`` on check steps (all ranks, same steps); ``boundary`` is the frozen prefix."""
 
     def __init__(self, cfg: AutoFreezeConfig, stages: list[StageView], warmup_steps: int = 0):
-        if not 0.0 <= cfg.percentile <= 100.0:
-            raise ValueError(f"freeze.autofreeze.percentile must be in [0, 100], got {cfg.percentile}")
-        if cfg.check_every < 1:
-            raise ValueError(f"freeze.autofreeze.check_every must be >= 1, got {cfg.check_every}")
+        """``cfg`` has passed ``AutoFreezeConfig.validate``."""
         self.percentile = float(cfg.percentile)
         self.check_every = int(cfg.check_every)
         self.warmup_steps = int(warmup_steps)

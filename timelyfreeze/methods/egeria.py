@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from timelyfreeze.fields import check_section
 from timelyfreeze.methods.common import Prefix
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.egeria_capture import StageCapture
@@ -78,6 +79,18 @@ class EgeriaConfig:
     microbatches are subsampled at evenly spaced rows (our choice, not in the paper: its b is an image
     batch, ours is batch x sequence, and a 16k x 16k Gram matrix would dominate the CPU work)."""
 
+    def validate(self, section: str = "freeze.egeria") -> None:
+        """``FreezeConfigError`` naming the first field whose type or value cannot work."""
+        check_section(self, section, (
+            ("eval_every", lambda v: v >= 0, "must be >= 0 (0: the paper's formula)"),
+            ("window", lambda v: v >= 2, "must be >= 2"),
+            ("tolerance_coef", lambda v: v > 0.0, "must be > 0"),
+            ("tolerance_readings", lambda v: v >= 1, "must be >= 1"),
+            ("bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
+            ("unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
+            ("sp_max_rows", lambda v: v >= 2, "must be >= 2"),
+        ))
+
 
 class Egeria(FreezeMethod):
     """Egeria baseline: every microbatch of a step freezes the modules in front of the frontmost active one."""
@@ -86,9 +99,7 @@ class Egeria(FreezeMethod):
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
-        eg = cfg.egeria
-        if eg.eval_every < 0:
-            raise ValueError(f"freeze.egeria.eval_every must be >= 0, got {eg.eval_every}")
+        eg = cfg.egeria  # validated: EgeriaConfig.validate
         self.ecfg = eg
         self.warmup_steps = warmup_of(cfg, ctx)
         self.ctrl = EgeriaController(eg.window, eg.tolerance_coef, eg.tolerance_readings,

@@ -18,8 +18,7 @@ class EgeriaController:
 
     def __init__(self, window: int, tolerance_coef: float, tolerance_readings: int,
                  bootstrap_loss_rate: float, unfreeze_lr_drop: float):
-        if window < 2:
-            raise ValueError(f"freeze.egeria.window must be >= 2, got {window}")
+        """The arguments are ``EgeriaConfig`` fields that have passed its ``validate`` (``window >= 2``)."""
         self.window = int(window)
         self.window_eff = int(window)
         self.tolerance_coef = float(tolerance_coef)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
+from timelyfreeze.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
 from timelyfreeze.selection import action_generator, balanced_subset
@@ -15,6 +16,10 @@ class RandomConfig:
     chosen uniformly at random per (step, stage, microbatch). Not from a paper; 0.5 sits between the
     r_max values TimelyFreeze used (0.5 ConvNeXt, 0.8 LLaMA/ViT; digest 6)."""
 
+    def validate(self, section: str = "freeze.random") -> None:
+        """``FreezeConfigError`` naming the field if ``ratio`` is not a number in [0, 1]."""
+        check_section(self, section, (("ratio", lambda v: 0.0 <= v <= 1.0, "must lie in [0, 1]"),))
+
 
 class RandomFixed(FreezeMethod):
     """Every backward action after warm-up freezes the fixed ``ratio`` of its stage's freezable tensors,
@@ -24,9 +29,7 @@ class RandomFixed(FreezeMethod):
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
-        self.ratio = float(cfg.random.ratio)
-        if not 0.0 <= self.ratio <= 1.0:
-            raise ValueError(f"freeze.random.ratio must be in [0, 1], got {self.ratio}")
+        self.ratio = float(cfg.random.ratio)  # validated: RandomConfig.validate
         self.seed = int(cfg.seed)
         self.warmup_steps = warmup_of(cfg, ctx)
         self._units = {v.stage: Units(v) for v in ctx.stages}

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from timelyfreeze.fields import check_section
 from timelyfreeze.methods.common import Prefix, merge_layer_stats
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import warmup_of
@@ -36,6 +37,17 @@ class SmartPipeConfig:
     check_every: int = 10
     """Steps between gradient collections/checks ("regular time intervals t", value not stated in the paper;
     10 matches the other baselines' check frequency)."""
+
+    def validate(self, section: str = "freeze.smartpipe") -> None:
+        """``FreezeConfigError`` naming the first field whose type or value cannot work. ``lam`` lies in the
+        paper's open interval (0, 1) (Def. 4, digest 3.2): at 1 the cap is every remaining active layer, so
+        one check may freeze the whole run of layers below ``tau`` at once, which is no rate at all."""
+        check_section(self, section, (
+            ("tau", lambda v: v >= 0.0, "must be >= 0"),
+            ("lam", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
+            ("e1", lambda v: v >= 0, "must be >= 0"),
+            ("check_every", lambda v: v >= 1, "must be >= 1"),
+        ))
 
 
 def smartpipe_boundary(eta: dict[int, float], boundary: int, last_layer: int, tau: float, lam: float) -> int:
@@ -59,11 +71,7 @@ class SmartPipe(FreezeMethod):
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
-        sp = cfg.smartpipe
-        if not 0.0 < sp.lam < 1.0:
-            raise ValueError(f"freeze.smartpipe.lam must be in (0, 1), got {sp.lam}")
-        if sp.check_every < 1:
-            raise ValueError(f"freeze.smartpipe.check_every must be >= 1, got {sp.check_every}")
+        sp = cfg.smartpipe  # validated: SmartPipeConfig.validate
         self.tau = float(sp.tau)
         self.lam = float(sp.lam)
         self.check_every = int(sp.check_every)

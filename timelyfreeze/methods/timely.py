@@ -1,6 +1,6 @@
 """TimelyFreeze: how much each backward action freezes comes from the plan; which tensors, uniformly at random.
 
-Phases (``timelyfreeze.config.Phases``): warm-up (nothing frozen, nothing used) -> upper-bound
+Phases (``timelyfreeze.phases.Phases``): warm-up (nothing frozen, nothing used) -> upper-bound
 monitoring (nothing frozen) -> lower-bound monitoring (every freezable tensor frozen) -> the plan
 is made (by the trainer, which owns the measurements and the process group; see ``set_plan``) ->
 progressive ramp (each action's ratio rises linearly from 0 to its planned value) -> stable.
@@ -12,7 +12,7 @@ from typing import Any
 
 from planner.actions import FREEZABLE_KINDS, parse_action
 
-from timelyfreeze.config import Phases
+from timelyfreeze.phases import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units
 from timelyfreeze.selection import action_generator, balanced_subset
