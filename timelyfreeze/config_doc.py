@@ -82,6 +82,14 @@ def _type_name(tp: object) -> str:
     return str(tp).replace("typing.", "")
 
 
+def _hints(cls: type) -> dict[str, object]:
+    """Resolved field types; the raw annotations where a name cannot be resolved."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
 def markdown_text(doc: str) -> str:
     """A docstring as Markdown: reST double backticks become single ones, wrapped lines one paragraph."""
     paragraphs = re.split(r"\n\s*\n", doc.replace("``", "`"))
@@ -92,7 +100,7 @@ def sections(cls: type, prefix: str = "") -> list[tuple[str, type, list[FieldDoc
     """``[(section path, class, its plain fields)]`` for ``cls`` and, depth first after it, every nested
     dataclass field; the section path is ``""`` for ``[freeze]`` itself, else ``"apf"``, ..."""
     docs = field_docstrings(cls)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     plain: list[FieldDoc] = []
     nested: list[tuple[str, type, list[FieldDoc]]] = []
     for f in dataclasses.fields(cls):
@@ -114,8 +122,7 @@ def section_docstring(root: type, path: str) -> str:
     """The docstring of the field that holds the nested section ``path`` (``"apf"``) in ``root``."""
     owner, *rest = path.split(".")
     if rest:
-        hints = typing.get_type_hints(root)
-        return section_docstring(hints[owner], ".".join(rest))
+        return section_docstring(_hints(root)[owner], ".".join(rest))
     return markdown_text(field_docstrings(root).get(owner, ""))
 
 
