@@ -10,7 +10,7 @@
 
 The runs use a smaller batch than the embedded default (4 microbatches of 128 tokens): four ranks share
 two cores here, and the suite must stay well under 20 minutes. HSDP (8 ranks) runs in
-``scripts/bench_runtime.py --dp-replicate 2 --dp-shard 2`` (see the README), not in the suite.
+``scripts/bench_runtime.py --dp-replicate 2 --dp-shard 2`` (see docs/runtime.md), not in the suite.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ class Freeze:
     """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
     least as many cores as local ranks), so that ranks do not share a core while another idles
     (``timelyfreeze.cpu_shims.pin_cpu_cores``). Ignored on CUDA hosts. Off by default: on the 2-core test
-    machine, with one core per rank, pinned runs were not faster (README, "Runtime benchmark")."""
+    machine, with one core per rank, pinned runs were not faster (``docs/results/runtime/README.md``)."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
