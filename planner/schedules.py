@@ -47,6 +47,11 @@ _V_STYLE = frozenset({"ZBVZeroBubble", "DualPipeV"})
 _ROUNDS = frozenset({"Interleaved1F1B", "InterleavedZeroBubble"})
 
 
+def v_shaped(schedule: str) -> bool:
+    """True for the V-shaped schedules (ZBVZeroBubble, DualPipeV): each rank holds stages ``r`` and ``2 pp - 1 - r``."""
+    return schedule in _V_STYLE
+
+
 def canonical_schedule(schedule: str) -> str:
     """The canonical spelling of ``schedule`` (matched case-insensitively, like torch does)."""
     if isinstance(schedule, str):

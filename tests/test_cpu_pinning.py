@@ -46,3 +46,24 @@ def test_local_ranks_get_disjoint_equal_shares():
 def test_one_local_rank_or_too_few_cores_changes_nothing():
     assert pinned(0, 1)["mine"] is None
     assert pinned(0, 10_000)["mine"] is None
+
+
+def test_overlap_callback_is_turned_off_for_dualpipev_on_cpu_only(monkeypatch):
+    """On a CPU host the trainer turns off TorchTitan's setting that registers the (accelerator-only) overlap
+    callback for DualPipeV, before the schedule is built; other schedules and CUDA hosts keep their setting."""
+    from types import SimpleNamespace
+
+    from timelyfreeze import cpu_shims
+
+    def par(name):
+        return SimpleNamespace(pipeline_parallel_schedule=name, pipeline_parallel_expert_parallel_overlap=True)
+
+    monkeypatch.setattr(cpu_shims, "_APPLIED", True)
+    p = par("DualPipeV")
+    assert cpu_shims.no_overlap_callback(p) and p.pipeline_parallel_expert_parallel_overlap is False
+    assert not cpu_shims.no_overlap_callback(p)  # already off
+    p = par("1F1B")
+    assert not cpu_shims.no_overlap_callback(p) and p.pipeline_parallel_expert_parallel_overlap is True
+    monkeypatch.setattr(cpu_shims, "_APPLIED", False)
+    p = par("DualPipeV")
+    assert not cpu_shims.no_overlap_callback(p) and p.pipeline_parallel_expert_parallel_overlap is True

@@ -39,3 +39,20 @@ def test_val_heads_span_many_files():
     heads = cfg.loader(cfg.path)["text"]
     texts = corpus.read_texts("val")
     assert len(heads) == len(texts) and all(t.startswith(h) and len(h) <= corpus.HEAD_CHARS for h, t in zip(heads, texts))
+
+
+def test_trainer_gets_its_validator_and_metrics_processor_from_torchtitans_train_spec():
+    """The trainer extends TorchTitan through its ``TrainSpec`` builders, not by patching instances: the llama3
+    spec, once registered for freezing, builds the fixed-batch validator and the listening metrics processor
+    (idempotently: a second trainer in the same process registers nothing new)."""
+    from torchtitan.components.validate import Validator
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from timelyfreeze import titan_spec
+
+    titan_spec.use_freeze_spec("llama3")
+    titan_spec.use_freeze_spec("llama3")
+    spec = get_train_spec("llama3")
+    assert spec.build_validator_fn is titan_spec.build_validator
+    assert spec.build_metrics_processor_fn is titan_spec.build_metrics_processor
+    assert issubclass(titan_spec.FixedBatchValidator, Validator)

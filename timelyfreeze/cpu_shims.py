@@ -20,14 +20,15 @@ Must run before ``torchtitan`` is imported: TorchTitan decides its device type a
    one core while another idles and every action's time depends on the scheduler; with at least as
    many cores as local ranks, each rank (every thread of it, and every thread it starts later) gets its
    own equal, contiguous share of the cores this process may use.
-5. ``sequential_overlap`` (called by the trainer once the schedule is built): TorchTitan 0.2.2 registers
-   its expert-parallel overlap callback for every DualPipeV schedule (``pipeline_parallel_expert_parallel_
-   overlap`` defaults to true, and the registration does not look at expert parallelism). The callback
-   asks for the accelerator's stream, ``torch.accelerator.current_stream("cpu")``, which raises
-   "Accelerator expected" at the first ``OVERLAP_F_B`` action (and ``torch.cpu`` has no ``set_stream``,
-   which its backward thread calls next). Without it torch runs each pair itself: the forward, then the
-   backward, in one thread. What the callback adds is coordination with expert-parallel communication
-   (MoE models on GPUs), nothing a CPU run uses.
+5. ``no_overlap_callback`` (called by the trainer before TorchTitan builds the schedule): TorchTitan 0.2.2
+   registers its expert-parallel overlap callback for every DualPipeV schedule when ``[parallelism]
+   pipeline_parallel_expert_parallel_overlap`` is true (its default; the registration does not look at
+   expert parallelism). The callback asks for the accelerator's stream,
+   ``torch.accelerator.current_stream("cpu")``, which raises "Accelerator expected" at the first
+   ``OVERLAP_F_B`` action (and ``torch.cpu`` has no ``set_stream``, which its backward thread calls next).
+   On a CPU host the trainer turns that setting off, so torch runs each pair itself: the forward, then
+   the backward, in one thread. What the callback adds is coordination with expert-parallel
+   communication (MoE models on GPUs), nothing a CPU run uses.
 """
 
 from __future__ import annotations
@@ -109,16 +110,13 @@ def fsdp_sum_reductions(model_parts) -> int:
     return n
 
 
-def sequential_overlap(schedule) -> bool:
-    """On a CPU host (shims applied), remove a function registered for ``OVERLAP_F_B`` from ``schedule``
-    (see 5. above), so torch runs DualPipeV's pairs part by part. Returns True where one was removed;
-    False on CUDA hosts, where nothing changes, and for schedules without one."""
-    if not _APPLIED:
+def no_overlap_callback(parallelism) -> bool:
+    """On a CPU host (shims applied), turn off ``pipeline_parallel_expert_parallel_overlap`` for a DualPipeV
+    schedule (see 5. above). Returns True where it was on and is now off; False on CUDA hosts, where
+    nothing changes, and for other schedules."""
+    if not _APPLIED or parallelism.pipeline_parallel_schedule != "DualPipeV":
         return False
-    from torch.distributed.pipelining.schedules import OVERLAP_F_B
-
-    functions = getattr(schedule, "_comp_type_to_function_map", None)
-    if not functions or OVERLAP_F_B not in functions:
+    if not parallelism.pipeline_parallel_expert_parallel_overlap:
         return False
-    del functions[OVERLAP_F_B]
+    parallelism.pipeline_parallel_expert_parallel_overlap = False
     return True

@@ -6,7 +6,6 @@ Launch: ``torchrun --nproc_per_node=2 -m timelyfreeze.train --job.config_file to
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import time
@@ -17,9 +16,11 @@ import torch.distributed as dist
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from timelyfreeze import corpus, cpu_shims
+from planner.schedules import v_shaped
+
+from timelyfreeze import corpus, cpu_shims, titan_spec
 from timelyfreeze.config import (
-    check_compile_schedule, check_job_types, check_microbatches, check_parallelism, check_stop_rule, compiles_model,
+    FreezeConfigError, check_compile_schedule, check_job_types, check_microbatches, check_parallelism, check_stop_rule, compiles_model,
     resolve_unit, validate,
 )
 from timelyfreeze.runtime import FreezeRuntime, RunInfo
@@ -33,6 +34,7 @@ class TimelyFreezeTrainer(Trainer):
         corpus.register_datasets()
         corpus.resolve_assets(job_config)
         corpus.resolve_initial_load(job_config)
+        titan_spec.use_freeze_spec(job_config.model.name)
         fz = getattr(job_config, "freeze", None)
         self.freeze_rt: FreezeRuntime | None = None
         phases = None
@@ -42,6 +44,9 @@ class TimelyFreezeTrainer(Trainer):
                           method=fz.method if freezing else None)
         check_microbatches(job_config.parallelism, job_config.training.local_batch_size)
         check_compile_schedule(job_config.parallelism, job_config.compile)
+        if cpu_shims.no_overlap_callback(job_config.parallelism):
+            logger.info("[freeze] CPU: DualPipeV's OVERLAP_F_B actions run forward then backward ([parallelism] "
+                        "pipeline_parallel_expert_parallel_overlap = false: TorchTitan's callback needs an accelerator)")
         if freezing:
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
@@ -64,17 +69,19 @@ class TimelyFreezeTrainer(Trainer):
         cpu_shims.fsdp_sum_reductions(self.model_parts)
         self._hold_lr_after_schedule()
         self._batch_in_step = 0
-        if self.parallel_dims.pp_enabled:
-            if cpu_shims.sequential_overlap(self.pp_schedule):
-                logger.info("[freeze] CPU: DualPipeV's OVERLAP_F_B actions run forward then backward "
-                            "(TorchTitan's overlap callback needs an accelerator)")
+        if self.parallel_dims.pp_enabled and v_shaped(job_config.parallelism.pipeline_parallel_schedule):
             for st in self._pp_stages():
                 patch_v_schedule_eval(st)
         if phases is None:
             return
         self.freeze_rt = self._build_freeze_runtime(job_config, phases)
-        self._wrap_validation_logging()
-        self._validate_on_fixed_batches()
+        if titan_spec.has_freeze_builders(self.metrics_processor):
+            self.metrics_processor.on_validation.append(self.freeze_rt.record_validation)
+        elif self.freeze_rt.cfg.stop_at_val_loss > 0:
+            raise FreezeConfigError(
+                f"[freeze] stop_at_val_loss with [model] name = {job_config.model.name!r}: its TrainSpec brings its "
+                "own metrics processor, so the freezing runtime sees no validation loss"
+            )
 
     def _release_meshes(self) -> None:
         """Drop the process-group references of every mesh TorchTitan built for this trainer (see torch_fixes)."""
@@ -135,40 +142,6 @@ class TimelyFreezeTrainer(Trainer):
     def _pp_stages(self) -> list:
         sched = self.pp_schedule
         return list(sched._stages) if hasattr(sched, "_stages") else [sched._stage]
-
-    def _validate_on_fixed_batches(self) -> None:
-        """Every validation reads the same first batches of the held-out split.
-
-        TorchTitan 0.2.2's text dataset keeps its position between iterations, so each validation would
-        otherwise score the *next* slice of the validation set and losses from different steps (and the
-        curves of different runs) would not be comparable.
-        """
-        validator = getattr(self, "validator", None)
-        if validator is None or not hasattr(validator, "validation_dataloader"):
-            return
-        dataset = validator.validation_dataloader.dataset
-        if not (callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))):
-            return
-        # the dataset's own checkpoint API (TorchTitan's Stateful datasets): rewind to where it started
-        start = copy.deepcopy(dataset.state_dict())
-        orig = validator.validate
-
-        def validate(*args, **kwargs):
-            dataset.load_state_dict(copy.deepcopy(start))
-            return orig(*args, **kwargs)
-
-        validator.validate = validate
-
-    def _wrap_validation_logging(self) -> None:
-        mp = self.metrics_processor
-        orig = mp.log_validation
-        rt = self.freeze_rt
-
-        def log_validation(loss, step, *args, **kwargs):
-            rt.record_validation(step, float(loss))
-            return orig(loss, step, *args, **kwargs)
-
-        mp.log_validation = log_validation
 
     # -- the training loop hooks -------------------------------------------------------------
     def train_step(self, data_iterator):
