@@ -1,7 +1,7 @@
 """The region method: the freeze LP solved on a growing set of near-critical actions, exactly.
 
 The LP on a region, with every path through the left-out actions replaced by its all-frozen length
-(:func:`region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound of ``T*`` and,
+(:func:`planner.lp_arrays.region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound of ``T*`` and,
 at that batch time, its least freezing a lower bound of the least freezing.  When its freeze ratios, with
 everything outside unfrozen, give the whole batch that same batch time, they are the whole LP's
 lexicographic optimum (no heuristic enters the result).  Otherwise the actions of the paths that are
@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 
 from .budget import RMax, node_r_max
-from .dag import SINK, SOURCE
-from .lp_arrays import DagArrays, Paths, stage_budgets, stage_counts
+from .lp_arrays import DagArrays, Paths, region_arrays, stage_budgets, stage_counts
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, Config, LPResult, solve_lexicographic
 
 _REGION_START = 1e-3
@@ -62,64 +61,6 @@ started at 0.38 %)."""
 _REBALANCE_PROGRESS = 0.3
 """A :func:`rebalance` pass that closes less than this share of the distance from the batch time to the
 target ends the passes of the round."""
-
-
-def region_arrays(
-    ar: DagArrays, keep: np.ndarray, head_min: np.ndarray, tail_min: np.ndarray, counts: dict[int, int],
-) -> tuple[DagArrays, np.ndarray]:
-    """The relaxation of the LP to the actions ``keep`` (a mask over ``ar``'s nodes).
-
-    Kept actions keep their edges among themselves.  Every path through left-out actions is replaced by
-    what it is at least whatever the freezing: a kept action with a left-out predecessor cannot start
-    before the longest all-frozen (``w_min``) path to it, and one with a left-out successor leaves at least
-    the longest all-frozen path after it (delays of the edges crossing the region's border included).
-    These bounds become fixed-duration dummy actions before/after it, joined to it by edges without
-    delay; edges among kept actions keep their delays.  The per-stage budgets stay those of the whole
-    batch (``counts``).  Every schedule of the whole batch restricted to the kept actions is feasible
-    here, so this LP's batch time is a lower bound of ``T*`` and, at ``T <= T*``, its least freezing a
-    lower bound of the least freezing.
-    Returns the arrays and, per node of them, the index of the node of ``ar`` (-1 for dummies).
-    """
-    n = len(ar.names)
-    keep = keep.copy()
-    keep[[ar.src_i, ar.snk_i]] = False
-    nodes = np.flatnonzero(keep)
-    idx = np.full(n, -1, dtype=np.int64)
-    idx[nodes] = np.arange(2, 2 + nodes.size)  # 0: source, 1: sink
-    ks, kd = ar.k_src, ar.k_dst
-    inner = keep[ks] & keep[kd]
-    into = ~keep[ks] & keep[kd]
-    kc = ar.k_c
-    hb = np.zeros(n)
-    arrive = head_min[ks[into]] + ar.wmax[ks[into]] - ar.delta[ks[into]]
-    np.maximum.at(hb, kd[into], arrive if kc is None else arrive + kc[into])
-    out = keep[ks] & ~keep[kd]
-    tb = np.zeros(n)
-    leave = ar.wmax[kd[out]] - ar.delta[kd[out]] + tail_min[kd[out]]
-    np.maximum.at(tb, ks[out], leave if kc is None else leave + kc[out])
-    hv, tv = nodes[hb[nodes] > 0], nodes[tb[nodes] > 0]
-    m = 2 + nodes.size
-    hd = np.arange(m, m + hv.size)
-    td = np.arange(m + hv.size, m + hv.size + tv.size)
-    src = np.concatenate([idx[ks[inner]], hd, idx[tv]])
-    dst = np.concatenate([idx[kd[inner]], idx[hv], td])
-    sink_preds = np.concatenate([idx[ar.sink_preds[keep[ar.sink_preds]]], td])
-    dummies = hv.size + tv.size
-    pos = np.empty(n, dtype=np.int64)
-    pos[np.asarray(ar.order)] = np.arange(n)
-    order = [0, *hd.tolist(), *idx[nodes[np.argsort(pos[nodes])]].tolist(), *td.tolist(), 1]
-    names = [SOURCE, SINK, *(ar.names[i] for i in nodes.tolist()), *(f"<before {i}>" for i in hv.tolist()),
-             *(f"<after {i}>" for i in tv.tolist())]
-    sub = DagArrays(
-        names, order, 0, 1,
-        np.concatenate([[-1, -1], ar.stage[nodes], np.full(dummies, -1)]),
-        np.concatenate([[0.0, 0.0], ar.wmax[nodes], hb[hv], tb[tv]]),
-        np.concatenate([[0.0, 0.0], ar.delta[nodes], np.zeros(dummies)]),
-        src, dst, sink_preds, ar.split, counts,
-        None if kc is None else np.concatenate([kc[inner], np.zeros(hv.size + tv.size)]),
-    )
-    back = np.concatenate([[ar.src_i, ar.snk_i], nodes, np.full(dummies, -1)])
-    return sub, back
 
 
 def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax) -> np.ndarray:
@@ -272,7 +213,7 @@ def solve_region(
 ) -> LPResult | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
 
-    Round: solve both stages on the relaxation to the kept actions (:func:`region_arrays`), giving a
+    Round: solve both stages on the relaxation to the kept actions (:func:`planner.lp_arrays.region_arrays`), giving a
     lower bound ``T_R`` of ``T*`` and, at ``T <= T_R + time_tol``, freeze ratios whose sum bounds the least
     freezing from below.  With every left-out action unfrozen, the longest path of the whole batch is computed:
     if it is within ``time_tol`` of ``T_R``, these ratios reach the lower bound of both stages, so they are the
