@@ -1,10 +1,12 @@
-"""The TimelyFreeze LP (seeds digest 1.6): the public entry :func:`solve_freeze_lp` and its solver names.
+"""The TimelyFreeze LP (seeds digest 1.6): the entries :func:`solve_problem` (a built
+:class:`planner.problem.Problem`) and :func:`solve_freeze_lp` (a single solve), and the solver names.
 
 The LP chooses a freeze ratio per freezable action; stage 1 minimises the batch time ``T``, stage 2
-keeps ``T <= T*`` and minimises the total freezing.  The work lives in three modules:
+keeps ``T <= T* + time_tol`` (the problem's batch-time resolution) and minimises the total freezing.
+The work lives in these modules:
 
-* :mod:`planner.lp_model`: the per-node arrays of the DAG and one stage of the reduced LP as sparse
-  arrays, with a crafted starting basis;
+* :mod:`planner.lp_arrays`: the per-node arrays of the DAG (the problem's ``arrays``) and of a region;
+* :mod:`planner.lp_model`: one stage of the reduced LP as sparse arrays, with a crafted starting basis;
 * :mod:`planner.lp_solve`: the lexicographic two-stage HiGHS solve of the whole LP;
 * :mod:`planner.lp_region`: the region method, the same optimum from a growing set of near-critical
   actions (exact), for large batches.
@@ -82,8 +84,17 @@ def solve_freeze_lp(
     """:func:`solve_problem` on ``build_problem(dag, weights, r_max, edge_ms)`` (:mod:`planner.problem`): for a
     single solve; a caller with several builds the problem once.  ``edge_ms``: delays (ms) on DAG edges
     between actions, ``start(v) >= end(u) + edge_ms[(u, v)]``; ``None`` or ``{}``: none (the delay-free
-    solve, bit for bit)."""
-    return solve_problem(build_problem(dag, weights, r_max, edge_ms), **kw)
+    solve, bit for bit).  ``solution.seconds`` and ``stats["total_s"]`` include building the problem
+    (``stats["problem_s"]``)."""
+    t0 = time.perf_counter()
+    problem = build_problem(dag, weights, r_max, edge_ms)
+    built = time.perf_counter() - t0
+    sol = solve_problem(problem, **kw)
+    sol.seconds += built
+    stats = kw.get("stats")
+    if stats is not None:
+        stats.update(problem_s=built, total_s=stats["total_s"] + built)
+    return sol
 
 
 def solve_problem(
