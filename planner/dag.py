@@ -22,7 +22,7 @@ import numpy as np
 
 from .actions import parse_action
 from .errors import PlannerError
-from .trace import TraceMeta
+from .meta import TraceMeta
 
 SOURCE = "source"
 SINK = "sink"
