@@ -1,20 +1,23 @@
 """The lexicographic two-stage HiGHS solve of the freeze LP built by :mod:`planner.lp_model`.
 
-Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T*`` and minimises the total freezing
-``sum r_v``.  No big-M weight.
+Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T* + time_tol`` and minimises the total
+freezing ``sum r_v``.  No big-M weight.
 
 Invariants:
 
 * with ``use_basis`` (the default configuration), stage 1 starts dual simplex from the model's crafted
   basis (every start variable and ``T`` basic with one tight predecessor row, every freeze ratio
   nonbasic at a bound), which is dual feasible;
-* stage 2 bounds ``T`` by ``T* + time_tol``, the problem's batch-time resolution (:mod:`planner.problem`).  With ``on_face`` (the default configuration) it
-  runs on the stage-1 optimal face (complementary slackness, exact): columns with a stage-1 reduced cost
-  above ``_FIX_TOL`` are fixed at their value and rows with a dual above it become equalities, so every
-  feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.  Without it, stage 2 is
-  a fresh model pruned to the paths that can reach ``T*``;
-* every configuration in :data:`CONFIGS` reaches the same lexicographic optimum; they differ only in
-  speed (measurements: ``docs/planner-solver-notes.md``);
+* stage 2 bounds ``T`` by ``T* + time_tol``, the problem's batch-time resolution (:mod:`planner.problem`).
+  With ``on_face`` (the default configuration) it runs on the stage-1 optimal face (complementary
+  slackness, exact): columns with a stage-1 reduced cost above ``_FIX_TOL`` are fixed at their value and
+  rows with a dual above it become equalities, so every feasible point is stage-1 optimal (``T = T*``) and
+  presolve shrinks the model.  Without it, stage 2 is a fresh model pruned to the paths that can reach
+  ``T*``;
+* every configuration in :data:`CONFIGS` reaches the same lexicographic optimum (the face does not use
+  the slack ``time_tol``, a fresh model does: the problem's ``min_delta`` keeps that from moving any freeze
+  ratio by more than ``planner.problem.FREEZE_RESOLUTION``); they differ only in speed (measurements:
+  ``docs/planner-solver-notes.md``);
 * the stage-1 row duals are read once: for the optimal face and for the budget rows' shadow prices
   (:func:`budget_duals`, the budget sensitivity of :mod:`planner.budget`).
 """
