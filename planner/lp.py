@@ -111,8 +111,8 @@ def solve_problem(
 
     ``problem`` (:mod:`planner.problem`): the DAG, weights, budget and delays; stage 2 keeps
     ``T <= T* + problem.time_tol``.  ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options;
-    ``stats`` (if given) receives model sizes and timings.  ``_config`` (tests and benchmarks only) names the HiGHS configuration of the
-    whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
+    ``stats`` (if given) receives model sizes and timings.  ``_config`` (tests and benchmarks only) names
+    the HiGHS configuration of the whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
     ``solution.solver`` says what ran: ``highs-region``, ``highs-region-bounded``, or ``highs-<config>`` for
     the whole LP (``highs-fast`` with the default configuration).
 

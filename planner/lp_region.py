@@ -1,8 +1,8 @@
 """The region method: the freeze LP solved on a growing set of near-critical actions, exactly.
 
 The LP on a region, with every path through the left-out actions replaced by its all-frozen length
-(:func:`planner.lp_arrays.region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound of ``T*`` and,
-at that batch time, its least freezing a lower bound of the least freezing.  When its freeze ratios, with
+(:func:`planner.lp_arrays.region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound
+of ``T*`` and, at that batch time, its least freezing a lower bound of the least freezing.  When its freeze ratios, with
 everything outside unfrozen, give the whole batch that same batch time, they are the whole LP's
 lexicographic optimum (no heuristic enters the result).  Otherwise the actions of the paths that are
 too long join the region and the round repeats.
@@ -299,7 +299,9 @@ class _Rounds:
 
     def settle(self) -> LPResult | None:
         """The bounded method could not reach ``gap``: the best plan when it is within ``fallback_gap``."""
-        if self.best_r is None or not self.fallback_gap > self.gap or self.best_t > self.lower * (1 + self.fallback_gap):
+        if self.best_r is None or not self.fallback_gap > self.gap:
+            return None
+        if self.best_t > self.lower * (1 + self.fallback_gap):
             return None
         rb, t_up = unfreeze_slack(self.ar, self.paths, self.best_r, self.best_t)
         self.stats["upper_bound"] = t_up

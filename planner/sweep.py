@@ -1,8 +1,9 @@
 """Sweep the freeze budget ``r_max``: predicted batch time and throughput gain for each value.
 
-One problem (DAG, delays, LP arrays: :mod:`planner.problem`) is built and reused for every LP solve. ``speedup`` is ``no_freeze / batch_ms`` (the
-predicted throughput relative to training without freezing), ``throughput_gain = speedup - 1``,
-and ``mean_ratio`` is the mean planned freeze ratio over all freezable actions.  A value is one budget
+One problem (DAG, delays, LP arrays: :mod:`planner.problem`) is built and reused for every LP solve.
+``speedup`` is ``no_freeze / batch_ms`` (the predicted throughput relative to training without freezing),
+``throughput_gain = speedup - 1``, and ``mean_ratio`` is the mean planned freeze ratio over all freezable
+actions.  A value is one budget
 for every stage (a number; what ``python -m planner sweep`` takes) or one per stage (a sequence of
 ``num_stages`` numbers, :mod:`planner.budget`): the table and CSV write it as ``0.5,0.8,...`` and the plot
 puts it at the mean of its values.
