@@ -2,7 +2,7 @@
 :class:`planner.problem.Problem`) and :func:`solve_freeze_lp` (a single solve), and the solver names.
 
 The LP chooses a freeze ratio per freezable action; stage 1 minimises the batch time ``T``, stage 2
-keeps ``T <= T* + time_tol`` (the problem's batch-time resolution) and minimises the total freezing.
+keeps ``T <= T*`` (to its resolution, :func:`planner.problem.within_tol`) and minimises the total freezing.
 The work lives in these modules:
 
 * :mod:`planner.lp_arrays`: the per-node arrays of the DAG (the problem's ``arrays``) and of a region;
@@ -110,7 +110,7 @@ def solve_problem(
     """Solve the freeze LP lexicographically (min batch time, then min total freezing).
 
     ``problem`` (:mod:`planner.problem`): the DAG, weights, budget and delays; stage 2 keeps
-    ``T <= T* + problem.time_tol``.  ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options;
+    ``T <= planner.problem.within_tol(T*)``.  ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options;
     ``stats`` (if given) receives model sizes and timings.  ``_config`` (tests and benchmarks only) names
     the HiGHS configuration of the whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
     ``solution.solver`` says what ran: ``highs-region``, ``highs-region-bounded``, or ``highs-<config>`` for
@@ -155,13 +155,13 @@ def solve_problem(
             fallback_gap = DEFAULT_FALLBACK_GAP if fallback_gap is None else fallback_gap
     result, method = None, "region"
     if solver == "region" and (ar.delta > 0).any():
-        result = solve_region(ar, problem.r_max, problem.time_tol, options, gap=float(gap or 0.0),
+        result = solve_region(ar, problem.r_max, options, gap=float(gap or 0.0),
                               fallback_gap=float(fallback_gap or 0.0))
         if result is not None and result.lower_bound is not None:
             method = "region-bounded"
     if result is None:
         method = _config
-        result = solve_whole(ar, problem.r_max, problem.time_tol, _config, options)
+        result = solve_whole(ar, problem.r_max, _config, options)
     sol = _solution(problem, result, f"highs-{method}")
     sol.seconds = time.perf_counter() - t0
     if stats is not None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from .budget import RMax
 from .lp_arrays import DagArrays, Paths, stage_budgets
+from .problem import TIME_ATOL, TIME_RTOL
 
 _MAX_TERMS = 2
 """Longest chain of freeze-ratio terms substituted into a start expression before a variable is used."""
@@ -71,7 +72,7 @@ class LPModel:
 
 
 def build_lp(
-    ar: DagArrays, r_max: RMax, *, t_bound: float | None = None, time_tol: float = 0.0, basis_start: str = "frozen",
+    ar: DagArrays, r_max: RMax, *, t_bound: float | None = None, basis_start: str = "frozen",
 ) -> LPModel:
     """Assemble one stage of the reduced LP on ``ar`` (no dense matrices, no per-row modelling API).
 
@@ -81,8 +82,9 @@ def build_lp(
     to the source at 1.  Both are dual feasible (the ratios on that path are the only ones with a nonzero
     reduced cost, ``-delta``), so dual simplex only has to repair the budgets and precedence rows.
 
-    ``t_bound=T* + time_tol``: stage 2, ``T <= t_bound``, minimise ``sum r``.  Edges and actions that no
-    path longer than ``t_bound - time_tol`` can use even with every action at ``w_max`` are left out (exact:
+    ``t_bound=within_tol(T*)`` (:mod:`planner.problem`): stage 2, ``T <= t_bound``, minimise ``sum r``.  Edges
+    and actions that no path longer than ``t_bound`` less its resolution can use even with every action at
+    ``w_max`` are left out (exact:
     such paths cannot exceed ``t_bound`` whatever the durations); their freeze ratios are 0.  The starting
     basis is the unfrozen earliest-start schedule (every ``r`` at 0), dual feasible for this objective.
     """
@@ -91,7 +93,7 @@ def build_lp(
     edges = _Edges(ar.k_src, ar.k_dst, ar.k_c, ar.sink_preds)
     frz, delta = np.flatnonzero(ar.delta > 0), ar.delta
     if t_bound is not None:
-        edges, frz, delta = _prune(ar, edges, frz, t_bound - time_tol)
+        edges, frz, delta = _prune(ar, edges, frz, t_bound * (1 - TIME_RTOL) - TIME_ATOL)
     crit = (not stage2) and basis_start == "critical"
     rows = _Rows(ar, frz, delta, dur0=ar.wmax - delta if not (stage2 or crit) else ar.wmax)
     rows.precedence(edges)

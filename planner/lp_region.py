@@ -34,6 +34,7 @@ import numpy as np
 from .budget import RMax, node_r_max
 from .lp_arrays import DagArrays, Paths, region_arrays, stage_budgets, stage_counts
 from .lp_solve import CONFIGS, DEFAULT_CONFIG, Config, LPResult, solve_lexicographic
+from .problem import within_tol
 
 _REGION_START = 1e-3
 """First region: actions on paths within this fraction of the longest one (budget spread evenly)."""
@@ -208,17 +209,17 @@ def _longest(ar: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndar
 
 
 def solve_region(
-    ar: DagArrays, r_max: RMax, time_tol: float, options: dict[str, object] | None = None, gap: float = 0.0,
+    ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None, gap: float = 0.0,
     fallback_gap: float = 0.0,
 ) -> LPResult | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
 
     Round: solve both stages on the relaxation to the kept actions (:func:`planner.lp_arrays.region_arrays`), giving a
-    lower bound ``T_R`` of ``T*`` and, at ``T <= T_R + time_tol``, freeze ratios whose sum bounds the least
-    freezing from below.  With every left-out action unfrozen, the longest path of the whole batch is computed:
-    if it is within ``time_tol`` of ``T_R``, these ratios reach the lower bound of both stages, so they are the
-    lexicographic optimum of the whole LP (exact, no heuristics in the result).  Otherwise the actions on the
-    paths longer than that are added and the round repeats.
+    lower bound ``T_R`` of ``T*`` and, at ``T <= within_tol(T_R)`` (:func:`planner.problem.within_tol`), freeze
+    ratios whose sum bounds the least freezing from below.  With every left-out action unfrozen, the longest
+    path of the whole batch is computed: if it is within ``within_tol(T_R)``, these ratios reach the lower
+    bound of both stages, so they are the lexicographic optimum of the whole LP (exact, no heuristics in the
+    result).  Otherwise the actions on the paths longer than that are added and the round repeats.
     The first set: actions within ``_REGION_START`` of the longest path when every freezable action is
     frozen by its stage's ``r_max`` (the budget spread evenly).
     ``options``: extra HiGHS options on top of the default configuration's.
@@ -254,17 +255,18 @@ def solve_region(
         # both stages also when bounded: the spread and rebalanced plans start from the region's least
         # freezing (from stage 1's vertex alone, simulate's Interleaved1F1B 32 x 2 x 512 fell back to the
         # whole LP, 138 s, where both stages certify in 3 rounds)
-        res = solve_lexicographic(sub, r_max, cfg, time_tol)
+        res = solve_lexicographic(sub, r_max, cfg)
         r = rounds.record(rnd, res, back, keep)
         if gap > 0:
-            done, out = rounds.bounded(r, res.batch_time, keep, time_tol)
+            done, out = rounds.bounded(r, res.batch_time, keep)
             if done:
                 return out
             continue
         t_full, through = _longest(ar, paths, r)
-        if t_full <= res.batch_time + time_tol:
+        bound = within_tol(res.batch_time)
+        if t_full <= bound:
             return rounds.result(res.batch_time, r)
-        add = (through > res.batch_time + time_tol) & ~keep
+        add = (through > bound) & ~keep
         if add.sum() > keep.sum():  # far off: add only the worst paths' actions
             add = (through >= t_full - _REGION_BAND * (t_full - res.batch_time)) & ~keep
         keep |= add
@@ -307,7 +309,7 @@ class _Rounds:
         self.stats["upper_bound"] = t_up
         return self.result(t_up, rb, self.lower, self.gap)
 
-    def bounded(self, r: np.ndarray, t_r: float, keep: np.ndarray, time_tol: float) -> tuple[bool, LPResult | None]:
+    def bounded(self, r: np.ndarray, t_r: float, keep: np.ndarray) -> tuple[bool, LPResult | None]:
         """One round of the bounded method on the region's ratios ``r``: ``(True, result)`` when the rounds end
         (``None``: the whole LP decides), else ``(False, None)`` with ``keep`` grown."""
         ar, paths, gap = self.ar, self.paths, self.gap
@@ -326,7 +328,7 @@ class _Rounds:
             self.best_t, self.best_r = t_up, rb
         self.stats["upper_bound"] = t_up
         if t_up <= lower * (1 + gap):
-            if _longest(ar, paths, r)[0] <= t_r + time_tol:  # the region is exact: the lexicographic optimum
+            if _longest(ar, paths, r)[0] <= within_tol(t_r):  # the region is exact: the lexicographic optimum
                 return True, self.result(t_r, r)
             rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
             return True, self.result(t_up, rb, lower)

@@ -1,21 +1,20 @@
 """The lexicographic two-stage HiGHS solve of the freeze LP built by :mod:`planner.lp_model`.
 
-Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T* + time_tol`` and minimises the total
-freezing ``sum r_v``.  No big-M weight.
+Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= within_tol(T*)`` (``T*`` plus its resolution,
+:mod:`planner.problem`) and minimises the total freezing ``sum r_v``.  No big-M weight.
 
 Invariants:
 
 * with ``use_basis`` (the default configuration), stage 1 starts dual simplex from the model's crafted
   basis (every start variable and ``T`` basic with one tight predecessor row, every freeze ratio
   nonbasic at a bound), which is dual feasible;
-* stage 2 bounds ``T`` by ``T* + time_tol``, the problem's batch-time resolution (:mod:`planner.problem`).
-  With ``on_face`` (the default configuration) it runs on the stage-1 optimal face (complementary
-  slackness, exact): columns with a stage-1 reduced cost above ``_FIX_TOL`` are fixed at their value and
-  rows with a dual above it become equalities, so every feasible point is stage-1 optimal (``T = T*``) and
-  presolve shrinks the model.  Without it, stage 2 is a fresh model pruned to the paths that can reach
-  ``T*``;
+* stage 2 bounds ``T`` by ``within_tol(T*) = T* (1 + 1e-9) + 1e-9``.  With ``on_face`` (the default
+  configuration) it runs on the stage-1 optimal face (complementary slackness, exact): columns with a
+  stage-1 reduced cost above ``_FIX_TOL`` are fixed at their value and rows with a dual above it become
+  equalities, so every feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.
+  Without it, stage 2 is a fresh model pruned to the paths that can reach ``T*``;
 * every configuration in :data:`CONFIGS` reaches the same lexicographic optimum (the face does not use
-  the slack ``time_tol``, a fresh model does: the problem's ``min_delta`` keeps that from moving any freeze
+  the slack, a fresh model does: the problem's ``min_delta`` keeps that from moving any freeze
   ratio by more than ``planner.problem.FREEZE_RESOLUTION``); they differ only in speed (measurements:
   ``docs/planner-solver-notes.md``);
 * the stage-1 row duals are read once: for the optimal face and for the budget rows' shadow prices
@@ -34,6 +33,7 @@ from .budget import RMax
 from .errors import PlannerError
 from .lp_arrays import DagArrays
 from .lp_model import LPModel, build_lp
+from .problem import within_tol
 
 
 @dataclass
@@ -185,9 +185,9 @@ def budget_duals(m: LPModel, rd: np.ndarray) -> dict[int, float]:
     return {s: max(0.0, -float(y)) for s, y in zip(m.budget_stages or (), rd[first:].tolist())}
 
 
-def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config, time_tol: float) -> LPResult:
+def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config) -> LPResult:
     """Both LP stages on ``ar`` with the configuration ``cfg`` (its ``basis_start`` "frozen" or "critical");
-    stage 2 keeps ``T <= T* + time_tol``."""
+    stage 2 keeps ``T <= within_tol(T*)``."""
     t0 = time.perf_counter()
     m1 = build_lp(ar, r_max, basis_start=cfg.basis_start)
     t1 = time.perf_counter()
@@ -198,7 +198,7 @@ def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config, time_tol: float
     r = np.zeros(len(ar.names))
     stage2: dict[str, Any] = dict(cols2=0, rows2=0, nnz2=0, build2_s=0.0, iters2=0, fixed_cols2=0, fixed_rows2=0)
     if m1.r_actions:
-        _least_freezing(ar, r_max, cfg, m1, sol1, rd, t_star + time_tol, time_tol, r, stage2)
+        _least_freezing(ar, r_max, cfg, m1, sol1, rd, within_tol(t_star), r, stage2)
     t3 = time.perf_counter()
     stats = dict(
         cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz, build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
@@ -209,7 +209,7 @@ def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config, time_tol: float
 
 def _least_freezing(
     ar: DagArrays, r_max: RMax, cfg: Config, m1: LPModel, sol1, rd: np.ndarray,  # noqa: ANN001 - highspy
-    t_bound: float, time_tol: float, r: np.ndarray, stats: dict[str, Any],
+    t_bound: float, r: np.ndarray, stats: dict[str, Any],
 ) -> None:
     """Stage 2 (``T <= t_bound``, min ``sum r``) into ``r``, with its sizes and timings into ``stats``: on the
     stage-1 optimal face with ``cfg.on_face`` (falling back to a fresh model on numerical trouble), else on a
@@ -226,7 +226,7 @@ def _least_freezing(
             return
         except PlannerError:  # pragma: no cover - numerical trouble on the face: solve stage 2 in full
             pass
-    m2 = build_lp(ar, r_max, t_bound=t_bound, time_tol=time_tol)
+    m2 = build_lp(ar, r_max, t_bound=t_bound)
     stats.update(cols2=m2.num_col, rows2=m2.num_row, nnz2=m2.nnz, build2_s=stats["build2_s"] + m2.build_seconds)
     if m2.r_actions:
         col2, it2, _ = _run(m2, cfg.options, cfg.use_basis, "least-freezing")
@@ -236,8 +236,7 @@ def _least_freezing(
 
 
 def solve_whole(
-    ar: DagArrays, r_max: RMax, time_tol: float, config: str = DEFAULT_CONFIG,
-    options: dict[str, object] | None = None,
+    ar: DagArrays, r_max: RMax, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
 ) -> LPResult:
     """Both stages on the whole LP with the configuration ``config`` (a key of :data:`CONFIGS`) plus the
     extra HiGHS ``options``.  ``basis_start="auto"``: the critical-path start for full-backward schedules,
@@ -247,4 +246,4 @@ def solve_whole(
     if basis_start == "auto":
         basis_start = "frozen" if ar.split else "critical"
     return solve_lexicographic(ar, r_max, cfg._replace(options={**cfg.options, **(options or {})},
-                                                       basis_start=basis_start), time_tol)
+                                                       basis_start=basis_start))

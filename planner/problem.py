@@ -8,12 +8,14 @@ tolerances.
 
 Tolerances (properties of the problem, not of a solver configuration):
 
-* ``time_tol = TIME_RTOL * no_freeze + TIME_ATOL`` (ms), with ``no_freeze`` the batch time with every action
-  at ``w_max``: the batch-time resolution.  The LP's second stage (least total freezing) keeps
-  ``T <= T* + time_tol``, and the region method accepts a region whose whole batch is within it.
-* ``min_delta = time_tol / FREEZE_RESOLUTION``: a freezable action whose ``w_max - w_min`` is at most this
-  gets no freeze ratio (its planned ratio is 0; it still counts in its stage's budget base).  Why: stage 2
-  may spend up to ``time_tol`` of batch time to freeze less, and the configurations of
+* the batch-time resolution at a batch time ``t`` is ``time_tol(t) = TIME_RTOL * t + TIME_ATOL`` (ms).  The
+  LP's second stage (least total freezing) keeps ``T <= within_tol(T*) = T* + time_tol(T*)``, and the region
+  method accepts a region whose whole batch is within the resolution of the region's batch time.
+  ``Problem.time_tol`` is the resolution at the problem's time scale ``no_freeze`` (the batch time with
+  every action at ``w_max``), the largest of them (``T* <= no_freeze``).
+* ``min_delta = Problem.time_tol / FREEZE_RESOLUTION``: a freezable action whose ``w_max - w_min`` is at most
+  this gets no freeze ratio (its planned ratio is 0; it still counts in its stage's budget base).  Why: stage 2
+  may spend up to ``time_tol(T*)`` of batch time to freeze less, and the configurations of
   :mod:`planner.lp_solve` spend different amounts of it (on the stage-1 optimal face none, a fresh stage-2
   model all of it, HiGHS's feasibility tolerance a little more).  An action whose whole saving is below the
   resolution can be fully frozen or not within that slack, so its ratio would be arbitrary (measured on a
@@ -74,7 +76,7 @@ class Problem:
 
     @property
     def time_tol(self) -> float:
-        """Batch-time resolution (ms): the stage-2 slack on ``T*`` (module docstring)."""
+        """Batch-time resolution (ms) at the time scale ``no_freeze``: the largest stage-2 slack (module docstring)."""
         return time_tol(self.no_freeze)
 
     def longest_path(self, durations: Mapping[str, float]) -> tuple[float, dict[str, float], list[str]]:
@@ -86,9 +88,15 @@ class Problem:
         return dataclasses.replace(self, r_max=check_r_max(r_max, self.num_stages))
 
 
-def time_tol(scale: float) -> float:
-    """Batch-time resolution (ms) of a problem whose time scale is ``scale`` ms."""
-    return TIME_RTOL * scale + TIME_ATOL
+def time_tol(batch_ms: float) -> float:
+    """Batch-time resolution (ms) at a batch time of ``batch_ms``."""
+    return TIME_RTOL * batch_ms + TIME_ATOL
+
+
+def within_tol(batch_ms: float) -> float:
+    """The longest batch time (ms) within the resolution of ``batch_ms``, ``batch_ms + time_tol(batch_ms)``: the
+    bound stage 2 keeps on ``T*``, and how long a region's whole batch may be for the region to be exact."""
+    return batch_ms * (1 + TIME_RTOL) + TIME_ATOL
 
 
 def build_problem(

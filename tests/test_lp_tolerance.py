@@ -13,7 +13,7 @@ from planner import schedules
 from planner.dag import SINK, SOURCE, build_dag
 from planner.lp import SOLVERS, solve_freeze_lp, solve_problem
 from planner.lp_solve import CONFIGS
-from planner.problem import FREEZE_RESOLUTION, Problem, build_problem
+from planner.problem import FREEZE_RESOLUTION, Problem, build_problem, within_tol
 from planner.trace import NodeWeights, TraceMeta
 
 
@@ -44,7 +44,7 @@ def total_freezing(durations: dict[str, float], w: NodeWeights) -> float:
 def reference_lp(problem: Problem, r_max: float) -> tuple[float, float]:
     """An independent LP of the same problem (scipy): a start and a freeze ratio per node, every DAG edge a
     row; actions saving at most the problem's ``min_delta`` get no ratio but count in their stage's budget.
-    Returns ``T*`` and the least total freezing at ``T <= T* + time_tol``."""
+    Returns ``T*`` and the least total freezing at ``T <= within_tol(T*)``."""
     g, w = problem.dag, problem.weights
     nodes = list(g.nodes)
     idx = {a: i for i, a in enumerate(nodes)}
@@ -76,7 +76,7 @@ def reference_lp(problem: Problem, r_max: float) -> tuple[float, float]:
     a_ub, b_ub = np.array(rows), np.array(rhs)
     s1 = linprog(c1, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     assert s1.status == 0
-    bounds[idx[SINK]] = (0.0, s1.fun + problem.time_tol)
+    bounds[idx[SINK]] = (0.0, within_tol(s1.fun))
     c2 = np.concatenate([np.zeros(n), np.ones(n)])
     s2 = linprog(c2, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     assert s2.status == 0
