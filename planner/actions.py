@@ -11,7 +11,6 @@ towards that stage's budget. ``Action.forward`` holds the forward part's (stage,
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -61,15 +60,9 @@ def _bad(name: object) -> ValueError:
 
 def parse_action(name: str) -> Action:
     """Parse ``"2B5"`` or ``"(0F3;3B1)OVERLAP_F_B"``; raises ``ValueError`` (message names the bad string)
-    for anything else.  Results are cached (an :class:`Action` is immutable; a batch's names recur in every
-    record, plan and DAG pass)."""
+    for anything else."""
     if not isinstance(name, str):
         raise _bad(name)
-    return _parse_cached(name)
-
-
-@functools.lru_cache(maxsize=1 << 18)
-def _parse_cached(name: str) -> Action:
     m = _ACTION_RE.match(name)
     if m is not None:
         return Action(int(m.group(1)), m.group(2), int(m.group(3)))

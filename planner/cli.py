@@ -157,18 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    from .budget import check_r_max
-    from .comm import estimate_edge_delays, summary_line
+    from .comm import summary_line
     from .plan import plan_from_trace, plan_summary, write_plan
     from .trace import load_trace
 
     trace = load_trace(args.trace)
-    check_r_max(args.r_max, trace.meta.num_stages)  # a per-stage list must match the trace's stages
-    edge_ms = None if args.no_comm else estimate_edge_delays(trace)
+    # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
     plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm,
-                           edge_ms=edge_ms, gap=args.gap)
+                           gap=args.gap)
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
-    print(plan_summary(plan, trace.meta, edge_ms))
+    print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
     if "comm" in plan.extra:
         print(summary_line(plan.extra["comm"]))

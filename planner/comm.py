@@ -36,11 +36,10 @@ import statistics
 
 import networkx as nx
 
-from .dag import SINK, SOURCE, build_dag
+from .dag import SINK, SOURCE, EdgeDelays, build_dag
 from .trace import Trace
 
-EdgeDelays = dict[tuple[str, str], float]
-"""Delay (ms) per DAG edge ``(u, v)``: ``v`` starts no earlier than ``u``'s end plus the delay; absent = 0."""
+__all__ = ["SAMPLE_PHASES", "EdgeDelays", "cross_rank_edges", "estimate_edge_delays", "summarize", "summary_line"]
 
 SAMPLE_PHASES = ("upper", "lower")
 """Phases whose records give delay samples (the same records the node weights come from)."""
@@ -67,13 +66,14 @@ def _batches(trace: Trace) -> dict[tuple[int, int], dict[str, tuple[float, float
     return out
 
 
-def estimate_edge_delays(trace: Trace) -> EdgeDelays:
+def estimate_edge_delays(trace: Trace, dag: nx.DiGraph | None = None) -> EdgeDelays:
     """Delay (ms) of every cross-rank edge of the batch DAG by the rule of the module docstring; ``{}``
-    when no record has ``start_ms``."""
+    when no record has ``start_ms``.  ``dag``: ``build_dag(trace.meta)``, when the caller has it."""
     if all(rec.start_ms is None for rec in trace.records):
         return {}
     meta = trace.meta
-    dag = build_dag(meta)
+    if dag is None:
+        dag = build_dag(meta)
     hosts = meta.hosts
     rank_of = {a: r for r, order in meta.rank_orders.items() for a in order}
     prev = {a: (order[i - 1] if i else None) for order in meta.rank_orders.values() for i, a in enumerate(order)}

@@ -7,54 +7,88 @@ An ``OVERLAP_F_B`` pair (DualPipeV) is one node with the edges of both its parts
 inputs of its forward and of its backward are there and both parts' outputs are due at its end (torch
 sends them after the whole pair); its attributes ``stage``/``microbatch`` are its backward part's.
 Placement is taken from ``stage_to_rank``, so looped/interleaved and V-shaped placements need no
-special cases.  :func:`build_dag` returns a frozen graph (``nx.freeze``): its structure cannot change,
-which is what lets :func:`dag_index` cache its integer index.
+special cases.  :func:`build_dag` returns a :class:`BatchDag`: a frozen graph (``nx.freeze``, its structure
+cannot change) that carries its integer index (:class:`DagIndex`), built with it once.
 """
 
 from __future__ import annotations
 
 import math
-import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import networkx as nx
 import numpy as np
 
 from .actions import parse_action
 from .errors import PlannerError
-from .trace import TraceMeta
-
-if TYPE_CHECKING:
-    from .comm import EdgeDelays
+from .meta import TraceMeta
 
 SOURCE = "source"
 SINK = "sink"
 
+EdgeDelays = dict[tuple[str, str], float]
+"""Delay (ms) per DAG edge ``(u, v)``: ``v`` starts no earlier than ``u``'s end plus the delay; absent = 0
+(estimated by :func:`planner.comm.estimate_edge_delays`)."""
 
-_LAST_DAG: list = []  # [(schedule, stage_to_rank, num_microbatches, rank_orders copy), graph] of the last build
+
+@dataclass
+class DagIndex:
+    """Integer view of a DAG for linear-time passes: node ``i`` is ``names[i]``, ``order`` is topological,
+    predecessors of ``i`` are ``pred_idx[pred_ptr[i]:pred_ptr[i+1]]``."""
+
+    names: list[str]
+    index: dict[str, int]
+    order: np.ndarray
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
+    edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
 
 
-def build_dag(meta: TraceMeta) -> nx.DiGraph:
+class BatchDag(nx.DiGraph):
+    """The batch DAG of :func:`build_dag`: a frozen networkx graph with the ``meta`` it was built from and its
+    integer ``index``, computed once when it is built (indexing a 98k-action DAG takes ~0.4 s)."""
+
+    meta: TraceMeta
+    index: DagIndex
+
+
+def build_dag(meta: TraceMeta) -> BatchDag:
     """Build the batch DAG from validated trace metadata; the graph is frozen (read-only structure).
 
     Raises :class:`PlannerError` naming the actions of one cycle when ``rank_orders`` contradict the
-    data dependencies (the schedule could never run).  The last graph built is reused when the next call's
-    schedule, placement and orders are equal (a plan and its summary need the same 100k-action graph;
-    comparing the orders costs milliseconds, building them seconds).
+    data dependencies (the schedule could never run).
     """
-    key = (meta.schedule, list(meta.stage_to_rank), meta.num_microbatches)
-    if _LAST_DAG and _LAST_DAG[0][:3] == key and _LAST_DAG[0][3] == meta.rank_orders:
-        return _LAST_DAG[1]
-    g = _build_dag(meta)
-    _LAST_DAG[:] = [(*key, {r: list(o) for r, o in meta.rank_orders.items()}), g]
-    return g
-
-
-def _build_dag(meta: TraceMeta) -> nx.DiGraph:
-    g = nx.DiGraph()
+    g = BatchDag()
     g.add_node(SOURCE)
     g.add_node(SINK)
+    actions = _add_actions(g, meta)
+    pred, succ = g.pred, g.succ
+    heads = [a for a in actions if not pred[a]]
+    tails = [a for a in actions if not succ[a]]
+    g.add_edges_from((SOURCE, a) for a in heads)
+    g.add_edges_from((a, SINK) for a in tails)
+    if not actions:
+        g.add_edge(SOURCE, SINK)
+    nx.freeze(g)
+    g.meta = meta
+    try:
+        g.index = index_graph(g)  # Kahn's algorithm on arrays: linear, and raises on a cycle
+        return g
+    except PlannerError:
+        pass
+    names = [u for u, _ in nx.find_cycle(g)]
+    raise PlannerError(
+        "rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")"
+    )
+
+
+def _add_actions(g: nx.DiGraph, meta: TraceMeta) -> list[str]:
+    """Add every action of ``meta`` with its attributes, the rank-order edges and the data dependencies;
+    returns the actions in order."""
     by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes = []
     for r in sorted(meta.rank_orders):
@@ -92,61 +126,18 @@ def _build_dag(meta: TraceMeta) -> nx.DiGraph:
             if i is not None and w is not None:
                 edges.append((i, w))
     g.add_edges_from((u, v) for u, v in edges if u != v)  # (a pair's parts never depend on each other)
-
-    actions = [a for a, _ in nodes]
-    pred, succ = g.pred, g.succ
-    heads = [a for a in actions if not pred[a]]
-    tails = [a for a in actions if not succ[a]]
-    g.add_edges_from((SOURCE, a) for a in heads)
-    g.add_edges_from((a, SINK) for a in tails)
-    if not actions:
-        g.add_edge(SOURCE, SINK)
-
-    nx.freeze(g)
-    try:
-        dag_index(g)  # Kahn's algorithm on arrays: linear, and raises on a cycle; caches the index
-        return g
-    except PlannerError:
-        pass
-    names = [u for u, _ in nx.find_cycle(g)]
-    raise PlannerError(
-        "rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")"
-    )
-
-
-@dataclass
-class DagIndex:
-    """Integer view of a DAG for linear-time passes: node ``i`` is ``names[i]``, ``order`` is topological,
-    predecessors of ``i`` are ``pred_idx[pred_ptr[i]:pred_ptr[i+1]]``."""
-
-    names: list[str]
-    index: dict[str, int]
-    order: np.ndarray
-    pred_ptr: np.ndarray
-    pred_idx: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
-    edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
-
-
-_INDEX_CACHE: weakref.WeakKeyDictionary[nx.DiGraph, DagIndex] = weakref.WeakKeyDictionary()
-"""Index of each live frozen graph, keyed on the graph object (identity)."""
+    return [a for a, _ in nodes]
 
 
 def dag_index(dag: nx.DiGraph) -> DagIndex:
-    """Integer index of ``dag``.
+    """Integer index of ``dag``: the one a :class:`BatchDag` carries, else computed afresh (:func:`index_graph`)."""
+    if isinstance(dag, BatchDag) and hasattr(dag, "index"):
+        return dag.index
+    return index_graph(dag)
 
-    Cached only for frozen graphs (``nx.freeze``, as :func:`build_dag` returns them), whose nodes and
-    edges cannot change; any other graph, views included (a frozen view follows its mutable parent), is
-    indexed afresh on every call.  (Indexing a 98k-action DAG takes ~0.4 s; one plan needs the index
-    about five times.)
-    """
-    frozen = nx.is_frozen(dag) and not hasattr(dag, "_graph")
-    if frozen:
-        cached = _INDEX_CACHE.get(dag)
-        if cached is not None:
-            return cached
+
+def index_graph(dag: nx.DiGraph) -> DagIndex:
+    """Index ``dag`` (topological order by Kahn's algorithm on arrays); a cycle is a :class:`PlannerError`."""
     names = list(dag.nodes)
     index = {n: i for i, n in enumerate(names)}
     n = len(names)
@@ -178,13 +169,10 @@ def dag_index(dag: nx.DiGraph) -> DagIndex:
     if len(order) != n:
         raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
     order_arr = np.asarray(order, dtype=np.int64)
-    di = DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
-    if frozen:
-        _INDEX_CACHE[dag] = di
-    return di
+    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
 
 
-def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays) -> np.ndarray:
+def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays | None) -> np.ndarray:
     """``edge_ms`` (ms per edge ``(u, v)``, ``planner.comm``) as one delay per edge of ``dag_index(dag)``,
     aligned with its ``src``/``dst`` arrays; edges not in ``edge_ms`` get 0.
 
@@ -222,7 +210,7 @@ def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays) -> np.ndarray:
 
 
 def longest_path(
-    dag: nx.DiGraph, durations: dict[str, float], edge_ms: EdgeDelays | None = None,
+    dag: nx.DiGraph, durations: Mapping[str, float], edge_ms: EdgeDelays | None = None,
 ) -> tuple[float, dict[str, float], list[str]]:
     """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0) and
     each edge ``(u, v)`` adds the delay ``edge_ms.get((u, v), 0)`` (``planner.comm``): ``v`` starts at the
@@ -234,6 +222,13 @@ def longest_path(
     delays are given).
     """
     di = dag_index(dag)
+    return indexed_longest_path(di, durations, edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None)
+
+
+def indexed_longest_path(
+    di: DagIndex, durations: Mapping[str, float], pred_delay: np.ndarray | None,
+) -> tuple[float, dict[str, float], list[str]]:
+    """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none)."""
     n = len(di.names)
     dur = [0.0] * n
     for name, i in di.index.items():
@@ -247,7 +242,7 @@ def longest_path(
     ptr = di.pred_ptr.tolist()
     preds = di.pred_idx.tolist()
     # Delays per entry of preds, or None (then the inner loop is exactly the delay-free one).
-    delay = edge_delay_array(dag, edge_ms)[di.pred_perm].tolist() if edge_ms else None
+    delay = None if pred_delay is None else pred_delay.tolist()
     for v in di.order.tolist():
         lo, hi = ptr[v], ptr[v + 1]
         if lo == hi:

@@ -28,8 +28,7 @@ from typing import Iterable, Mapping
 import networkx as nx
 
 from .actions import parse_action
-from .comm import EdgeDelays
-from .dag import longest_path
+from .dag import EdgeDelays, longest_path
 from .trace import NodeWeights
 
 

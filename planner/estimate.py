@@ -98,8 +98,9 @@ def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
     ``upper`` for every action, ``lower`` for the freezable kinds (B, W, OVERLAP_F_B)."""
     groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
+    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
     for rec in trace.records:
-        act = parse_action(rec.action)
+        act = acts[rec.action]
         if rec.phase == "upper" or (rec.phase == "lower" and act.kind in FREEZABLE_KINDS):
             group = groups.setdefault((rec.replica, act.stage, act.kind, rec.phase), {})
             group.setdefault(rec.action, []).append(rec.ms)

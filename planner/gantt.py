@@ -93,8 +93,6 @@ def plot_timeline(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch, Rectangle
-    from matplotlib.textpath import TextPath
 
     pp = meta.pp_degree
     n_panels = len(solved)
@@ -105,77 +103,83 @@ def plot_timeline(
     fig, axes = plt.subplots(
         n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False
     )
-    axes = [a[0] for a in axes]
     # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
-    px_per_ms = width_in * 0.88 * fig.dpi / (xmax * 1.02)
-    widths: dict[tuple[str, int], float] = {}
-
-    def char_pt(c: str, size: int) -> float:
-        """Advance width of one character in points (cached; label widths are sums of these)."""
-        if (c, size) not in widths:
-            widths[c, size] = TextPath((0, 0), c + c, size=size).get_extents().width / 2
-        return widths[c, size]
-
-    kinds_seen: set[str] = set()
-    any_frozen = False
-
-    for ax, (panel_title, durations, makespan, starts, critical), panel_ratios in zip(axes, solved, per_panel):
+    boxes = _Boxes(fig.dpi, width_in * 0.88 * fig.dpi / (xmax * 1.02), 7 if pp <= 8 else 6)
+    for ax, (panel_title, durations, makespan, starts, critical), panel_ratios in zip(
+            (a[0] for a in axes), solved, per_panel):
         for r in range(pp):
             for a in meta.rank_orders.get(r, []):
-                kind = parse_action(a).kind
-                kinds_seen.add(kind)
-                x, w = starts[a], float(durations[a])
                 ratio = min(max(float(panel_ratios.get(a, 0.0)), 0.0), 1.0) if panel_ratios else 0.0
-                frozen = ratio >= 0.005
-                any_frozen |= frozen
-                on_path = a in critical
-                ax.add_patch(
-                    Rectangle(
-                        (x, r - 0.4), w, 0.8,
-                        facecolor=KIND_COLORS[kind], alpha=1.0 - 0.6 * ratio if frozen else 1.0,
-                        edgecolor="none", linewidth=0,
-                    )
-                )
-                if frozen:  # a dark bar along the bottom, as long as the frozen fraction of the box
-                    ax.add_patch(Rectangle((x, r + 0.24), w * ratio, 0.16, facecolor=FROZEN_COLOR, linewidth=0))
-                ax.add_patch(
-                    Rectangle(
-                        (x, r - 0.4), w, 0.8, fill=False,
-                        edgecolor="black" if on_path else "white", linewidth=1.3 if on_path else 0.5,
-                    )
-                )
-                box_px = w * px_per_ms
-                fs = 7 if pp <= 8 else 6
-                short = a[1:a.index(")")] if kind == PAIR else a  # "(0F3;3B1)OVERLAP_F_B" -> "0F3;3B1"
-                label = short if not frozen else f"{short}\n{ratio:.2f}"
-                text_pt = max(sum(char_pt(c, fs) for c in part) for part in label.split("\n"))
-                if box_px >= text_pt * fig.dpi / 72 + 4:
-                    ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
-                            fontsize=fs if not frozen else fs - 1, linespacing=0.95,
-                            color="white" if not frozen else "black", clip_on=True)
+                boxes.draw(ax, a, r, starts[a], float(durations[a]), ratio, a in critical)
         ax.axvline(makespan, color="crimson", linestyle="--", linewidth=1)
         ax.set_title(f"{panel_title}: batch {makespan:.2f} ms", loc="left", fontsize=10)
         ax.set_ylim(pp - 0.5, -0.5)
         ax.set_yticks(range(pp))
         ax.set_yticklabels([f"rank {r}" for r in range(pp)])
         ax.grid(True, axis="x", alpha=0.25)
-    axes[-1].set_xlim(0, xmax * 1.02)
-    axes[-1].set_xlabel("time (ms), earliest start on the schedule DAG")
-
-    handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS if k in kinds_seen]
-    if any_frozen:
-        handles.append(Patch(facecolor=FROZEN_COLOR, label="frozen fraction (faded box, bar, label)"))
-    handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.3, label="critical path"))
-    handles.append(plt.Line2D([], [], color="crimson", linestyle="--", label="batch end"))
+    axes[-1][0].set_xlim(0, xmax * 1.02)
+    axes[-1][0].set_xlabel("time (ms), earliest start on the schedule DAG")
     head = title or f"{meta.schedule}, pp={pp}, {meta.num_stages} stages, {meta.num_microbatches} microbatches"
     fig.suptitle(head, fontsize=11, x=0.01, ha="left")
-    # Title row on top, legend row at the bottom (fixed heights in inches, whatever the figure size).
-    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=8,
-               frameon=False)
-    fig.tight_layout(rect=(0, 0.35 / height_in, 1, 1 - 0.3 / height_in))
-
+    boxes.legend(fig, height_in)
     try:
         replace_atomically(out_path, lambda tmp: fig.savefig(tmp, format="png"))
     finally:
         plt.close(fig)
     return [m for _, _, m, _, _ in solved]
+
+
+class _Boxes:
+    """Draws the action boxes of a figure (``px_per_ms`` horizontal pixels per ms, labels at font size ``fs``)
+    and remembers what its legend must show."""
+
+    def __init__(self, dpi: float, px_per_ms: float, fs: int) -> None:
+        self.dpi, self.px_per_ms, self.fs = dpi, px_per_ms, fs
+        self.widths: dict[tuple[str, int], float] = {}
+        self.kinds_seen: set[str] = set()
+        self.any_frozen = False
+
+    def char_pt(self, c: str, size: int) -> float:
+        """Advance width of one character in points (cached; label widths are sums of these)."""
+        from matplotlib.textpath import TextPath
+
+        if (c, size) not in self.widths:
+            self.widths[c, size] = TextPath((0, 0), c + c, size=size).get_extents().width / 2
+        return self.widths[c, size]
+
+    def draw(self, ax, a: str, r: int, x: float, w: float, ratio: float, on_path: bool) -> None:  # noqa: ANN001
+        """Action ``a`` on rank ``r`` from ``x`` for ``w`` ms, frozen by ``ratio``, outlined if ``on_path``."""
+        from matplotlib.patches import Rectangle
+
+        kind = parse_action(a).kind
+        self.kinds_seen.add(kind)
+        frozen = ratio >= 0.005
+        self.any_frozen |= frozen
+        ax.add_patch(Rectangle((x, r - 0.4), w, 0.8, facecolor=KIND_COLORS[kind],
+                               alpha=1.0 - 0.6 * ratio if frozen else 1.0, edgecolor="none", linewidth=0))
+        if frozen:  # a dark bar along the bottom, as long as the frozen fraction of the box
+            ax.add_patch(Rectangle((x, r + 0.24), w * ratio, 0.16, facecolor=FROZEN_COLOR, linewidth=0))
+        ax.add_patch(Rectangle((x, r - 0.4), w, 0.8, fill=False, edgecolor="black" if on_path else "white",
+                               linewidth=1.3 if on_path else 0.5))
+        fs = self.fs
+        short = a[1:a.index(")")] if kind == PAIR else a  # "(0F3;3B1)OVERLAP_F_B" -> "0F3;3B1"
+        label = short if not frozen else f"{short}\n{ratio:.2f}"
+        text_pt = max(sum(self.char_pt(c, fs) for c in part) for part in label.split("\n"))
+        if w * self.px_per_ms >= text_pt * self.dpi / 72 + 4:
+            ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
+                    fontsize=fs if not frozen else fs - 1, linespacing=0.95,
+                    color="white" if not frozen else "black", clip_on=True)
+
+    def legend(self, fig, height_in: float) -> None:  # noqa: ANN001 - a matplotlib Figure
+        """The one-row legend at the bottom and the layout (title row on top, fixed heights in inches)."""
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+
+        handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS if k in self.kinds_seen]
+        if self.any_frozen:
+            handles.append(Patch(facecolor=FROZEN_COLOR, label="frozen fraction (faded box, bar, label)"))
+        handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.3, label="critical path"))
+        handles.append(plt.Line2D([], [], color="crimson", linestyle="--", label="batch end"))
+        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=8,
+                   frameon=False)
+        fig.tight_layout(rect=(0, 0.35 / height_in, 1, 1 - 0.3 / height_in))

@@ -1,10 +1,12 @@
-"""The TimelyFreeze LP (seeds digest 1.6): the public entry :func:`solve_freeze_lp` and its solver names.
+"""The TimelyFreeze LP (seeds digest 1.6): the entries :func:`solve_problem` (a built
+:class:`planner.problem.Problem`) and :func:`solve_freeze_lp` (a single solve), and the solver names.
 
 The LP chooses a freeze ratio per freezable action; stage 1 minimises the batch time ``T``, stage 2
-keeps ``T <= T*`` and minimises the total freezing.  The work lives in three modules:
+keeps ``T <= T*`` (to its resolution, :func:`planner.problem.within_tol`) and minimises the total freezing.
+The work lives in these modules:
 
-* :mod:`planner.lp_model`: the per-node arrays of the DAG and one stage of the reduced LP as sparse
-  arrays, with a crafted starting basis;
+* :mod:`planner.lp_arrays`: the per-node arrays of the DAG (the problem's ``arrays``) and of a region;
+* :mod:`planner.lp_model`: one stage of the reduced LP as sparse arrays, with a crafted starting basis;
 * :mod:`planner.lp_solve`: the lexicographic two-stage HiGHS solve of the whole LP;
 * :mod:`planner.lp_region`: the region method, the same optimum from a growing set of near-critical
   actions (exact), for large batches.
@@ -20,17 +22,17 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-import networkx as nx
 import numpy as np
 
-from .budget import RMax, check_r_max, per_stage, sensitivity
-from .comm import EdgeDelays
-from .dag import SINK, SOURCE, longest_path
+from .budget import sensitivity
+from .dag import SINK, SOURCE, BatchDag, EdgeDelays
 from .errors import PlannerError
-from .lp_model import dag_arrays, stage_counts
+from .lp_arrays import stage_counts
 from .lp_region import solve_region
-from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_whole
+from .lp_solve import CONFIGS, DEFAULT_CONFIG, LPResult, solve_whole
+from .problem import Problem, build_problem
 from .trace import NodeWeights
 
 SOLVERS: tuple[str, ...] = ("auto", "whole", "region")
@@ -65,6 +67,7 @@ class LPSolution:
     budget_sensitivity: dict[int, float] = field(default_factory=dict)
     lower_bound: float | None = None  # certified lower bound of the optimal batch time (= makespan when exact)
     gap_target: float | None = None  # the gap asked for, where the plan returned misses it (fallback_gap)
+    critical_path: list[str] = field(default_factory=list)  # the actions of one longest path of the durations
 
     @property
     def gap(self) -> float:
@@ -75,25 +78,41 @@ class LPSolution:
 
 
 def solve_freeze_lp(
-    dag: nx.DiGraph,
-    weights: NodeWeights,
-    r_max: float | Sequence[float],
+    dag: BatchDag, weights: NodeWeights, r_max: float | Sequence[float], *, edge_ms: EdgeDelays | None = None,
+    **kw: Any,
+) -> LPSolution:
+    """:func:`solve_problem` on ``build_problem(dag, weights, r_max, edge_ms)`` (:mod:`planner.problem`): for a
+    single solve; a caller with several builds the problem once.  ``edge_ms``: delays (ms) on DAG edges
+    between actions, ``start(v) >= end(u) + edge_ms[(u, v)]``; ``None`` or ``{}``: none (the delay-free
+    solve, bit for bit).  ``solution.seconds`` and ``stats["total_s"]`` include building the problem
+    (``stats["problem_s"]``)."""
+    t0 = time.perf_counter()
+    problem = build_problem(dag, weights, r_max, edge_ms)
+    built = time.perf_counter() - t0
+    sol = solve_problem(problem, **kw)
+    sol.seconds += built
+    stats = kw.get("stats")
+    if stats is not None:
+        stats.update(problem_s=built, total_s=stats["total_s"] + built)
+    return sol
+
+
+def solve_problem(
+    problem: Problem,
     *,
     solver: str = "auto",
     options: dict[str, object] | None = None,
     stats: dict[str, float] | None = None,
-    edge_ms: EdgeDelays | None = None,
     gap: float | None = None,
     fallback_gap: float | None = None,
     _config: str = DEFAULT_CONFIG,
 ) -> LPSolution:
     """Solve the freeze LP lexicographically (min batch time, then min total freezing).
 
-    ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options; ``stats`` (if given)
-    receives model sizes and timings.  ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges
-    between actions, ``start(v) >= end(u) + edge_ms[(u, v)]``; ``None`` or ``{}``: none (the delay-free
-    solve, bit for bit).  ``_config`` (tests and benchmarks only) names the HiGHS configuration of the
-    whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
+    ``problem`` (:mod:`planner.problem`): the DAG, weights, budget and delays; stage 2 keeps
+    ``T <= planner.problem.within_tol(T*)``.  ``solver``: one of :data:`SOLVERS`.  ``options`` are extra HiGHS options;
+    ``stats`` (if given) receives model sizes and timings.  ``_config`` (tests and benchmarks only) names
+    the HiGHS configuration of the whole-LP solve, a key of :data:`planner.lp_solve.CONFIGS`.
     ``solution.solver`` says what ran: ``highs-region``, ``highs-region-bounded``, or ``highs-<config>`` for
     the whole LP (``highs-fast`` with the default configuration).
 
@@ -110,9 +129,8 @@ def solve_freeze_lp(
     :data:`DEFAULT_FALLBACK_GAP` where ``gap`` is ``None`` and ``solver="auto"`` picks the region method, else
     0 (no fallback: an explicit ``gap`` is kept, at the whole LP's cost).
 
-    ``r_max``: one budget for every stage (a number in ``[0, 1]``), or one per stage (a sequence of
-    ``num_stages`` numbers in ``[0, 1]``, ``num_stages`` = the DAG's largest stage + 1): stage ``s``'s freeze
-    ratios sum to at most ``r_max_s`` times its number of freezable actions.
+    ``problem.r_max``: one budget for every stage, or one per stage: stage ``s``'s freeze ratios sum to at most
+    ``r_max_s`` times its number of freezable actions.
 
     ``solution.budget_sensitivity[s]`` (every stage): ms of batch time one more 0.01 of ``r_max_s`` saves,
     ``dual_s * n_s * 0.01`` (:func:`planner.budget.sensitivity`; 0 where ``r_max_s = 1``), with ``dual_s``
@@ -127,53 +145,57 @@ def solve_freeze_lp(
     of ``T*`` in that stage's budget, and equals the derivative wherever ``T*`` has no kink there (a stage
     whose budget row is not in the region LP gets 0, a valid component of the same subgradient).
     """
-    if not per_stage(r_max):
-        r_max = check_r_max(r_max)  # one budget: checked before anything else, as always
-    if solver not in SOLVERS:
-        raise PlannerError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
-    for name, g in (("gap", gap), ("fallback_gap", fallback_gap)):
-        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < 1):
-            raise PlannerError(f"{name} must be a number in [0, 1), got {g!r}")
-    if _config not in CONFIGS:
-        raise PlannerError(f"unknown HiGHS configuration {_config!r} (choose {', '.join(CONFIGS)})")
+    _check_options(solver, gap, fallback_gap, _config)
     t0 = time.perf_counter()
-    ar = dag_arrays(dag, weights, edge_ms)
-    num_stages = int(ar.stage.max()) + 1
-    budget: RMax = check_r_max(r_max, num_stages)
+    ar = problem.arrays
     if solver == "auto":
         solver = "region" if len(ar.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
         if gap is None and solver == "region":
             gap = DEFAULT_GAP
             fallback_gap = DEFAULT_FALLBACK_GAP if fallback_gap is None else fallback_gap
-    gap = float(gap or 0.0)
-    result = None
-    method = "region"
+    result, method = None, "region"
     if solver == "region" and (ar.delta > 0).any():
-        result = solve_region(ar, budget, options, gap=gap, fallback_gap=float(fallback_gap or 0.0))
+        result = solve_region(ar, problem.r_max, options, gap=float(gap or 0.0),
+                              fallback_gap=float(fallback_gap or 0.0))
+        if result is not None and result.lower_bound is not None:
+            method = "region-bounded"
     if result is None:
         method = _config
-        result = solve_whole(ar, budget, _config, options)
-    t_star, r, info = result
-    lower = info.pop("lower_bound", None)  # only a bounded region result has one
-    gap_target = info.pop("gap_target", None)  # only a bounded result that missed its gap (fallback_gap)
-    if lower is not None:
-        method = "region-bounded"
-    sens = sensitivity(info.pop("budget_duals"), stage_counts(ar), budget, num_stages)  # type: ignore[arg-type]
-    t3 = time.perf_counter()
+        result = solve_whole(ar, problem.r_max, _config, options)
+    sol = _solution(problem, result, f"highs-{method}")
+    sol.seconds = time.perf_counter() - t0
+    if stats is not None:
+        stats.update(result.stats, actions=len(sol.durations), total_s=sol.seconds)
+    return sol
 
+
+def _check_options(solver: str, gap: float | None, fallback_gap: float | None, config: str) -> None:
+    if solver not in SOLVERS:
+        raise PlannerError(f"unknown solver {solver!r} (choose {', '.join(SOLVERS)})")
+    for name, g in (("gap", gap), ("fallback_gap", fallback_gap)):
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 <= g < 1):
+            raise PlannerError(f"{name} must be a number in [0, 1), got {g!r}")
+    if config not in CONFIGS:
+        raise PlannerError(f"unknown HiGHS configuration {config!r} (choose {', '.join(CONFIGS)})")
+
+
+def _solution(problem: Problem, result: LPResult, solver: str) -> LPSolution:
+    """The durations of ``result``'s ratios and their longest path, checked against its batch time."""
+    ar, weights = problem.arrays, problem.weights
+    t3 = time.perf_counter()
     durations = {a: float(weights.w_max[a]) for a in ar.names if a != SOURCE and a != SINK}
+    r = result.ratios
     for i in np.flatnonzero(r > 0).tolist():
         a = ar.names[i]
         hi, lo = durations[a], float(weights.w_min[a])
         durations[a] = min(hi, max(lo, hi - (hi - lo) * float(r[i])))
-    makespan, starts, _ = longest_path(dag, durations, edge_ms)
-    if not math.isclose(makespan, t_star, rel_tol=1e-6, abs_tol=1e-6):
+    makespan, starts, path = problem.longest_path(durations)
+    if not math.isclose(makespan, result.batch_time, rel_tol=1e-6, abs_tol=1e-6):
         raise PlannerError(
-            f"LP batch time {t_star:.9g} does not match the longest path {makespan:.9g} of its durations"
+            f"LP batch time {result.batch_time:.9g} does not match the longest path {makespan:.9g} of its durations"
         )
-    seconds = time.perf_counter() - t0
-    if stats is not None:
-        stats.update(info, actions=len(durations), total_s=seconds, check_s=time.perf_counter() - t3)
-    return LPSolution(durations, starts, makespan, "optimal", seconds, f"highs-{method}", sens,
-                      lower_bound=makespan if lower is None else min(float(lower), makespan),  # type: ignore[arg-type]
-                      gap_target=gap_target)  # type: ignore[arg-type]
+    sens = sensitivity(result.budget_duals, stage_counts(ar), problem.r_max, problem.num_stages)
+    lower = makespan if result.lower_bound is None else min(result.lower_bound, makespan)
+    result.stats["check_s"] = time.perf_counter() - t3
+    return LPSolution(durations, starts, makespan, "optimal", 0.0, solver, sens, lower_bound=lower,
+                      gap_target=result.gap_target, critical_path=path)

@@ -1,8 +1,8 @@
 """The region method: the freeze LP solved on a growing set of near-critical actions, exactly.
 
 The LP on a region, with every path through the left-out actions replaced by its all-frozen length
-(:func:`region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound of ``T*`` and,
-at that batch time, its least freezing a lower bound of the least freezing.  When its freeze ratios, with
+(:func:`planner.lp_arrays.region_arrays`), is a relaxation of the whole LP: its batch time is a lower bound
+of ``T*`` and, at that batch time, its least freezing a lower bound of the least freezing.  When its freeze ratios, with
 everything outside unfrozen, give the whole batch that same batch time, they are the whole LP's
 lexicographic optimum (no heuristic enters the result).  Otherwise the actions of the paths that are
 too long join the region and the round repeats.
@@ -27,12 +27,14 @@ Growth adds the actions of that plan's too-long paths, the longest first and at 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .budget import RMax, node_r_max
-from .dag import SINK, SOURCE
-from .lp_model import DagArrays, Paths, stage_budgets, stage_counts
-from .lp_solve import CONFIGS, DEFAULT_CONFIG, solve_lexicographic
+from .lp_arrays import DagArrays, Paths, region_arrays, stage_budgets, stage_counts
+from .lp_solve import CONFIGS, DEFAULT_CONFIG, Config, LPResult, solve_lexicographic
+from .problem import within_tol
 
 _REGION_START = 1e-3
 """First region: actions on paths within this fraction of the longest one (budget spread evenly)."""
@@ -60,64 +62,6 @@ started at 0.38 %)."""
 _REBALANCE_PROGRESS = 0.3
 """A :func:`rebalance` pass that closes less than this share of the distance from the batch time to the
 target ends the passes of the round."""
-
-
-def region_arrays(
-    ar: DagArrays, keep: np.ndarray, head_min: np.ndarray, tail_min: np.ndarray, counts: dict[int, int],
-) -> tuple[DagArrays, np.ndarray]:
-    """The relaxation of the LP to the actions ``keep`` (a mask over ``ar``'s nodes).
-
-    Kept actions keep their edges among themselves.  Every path through left-out actions is replaced by
-    what it is at least whatever the freezing: a kept action with a left-out predecessor cannot start
-    before the longest all-frozen (``w_min``) path to it, and one with a left-out successor leaves at least
-    the longest all-frozen path after it (delays of the edges crossing the region's border included).
-    These bounds become fixed-duration dummy actions before/after it, joined to it by edges without
-    delay; edges among kept actions keep their delays.  The per-stage budgets stay those of the whole
-    batch (``counts``).  Every schedule of the whole batch restricted to the kept actions is feasible
-    here, so this LP's batch time is a lower bound of ``T*`` and, at ``T <= T*``, its least freezing a
-    lower bound of the least freezing.
-    Returns the arrays and, per node of them, the index of the node of ``ar`` (-1 for dummies).
-    """
-    n = len(ar.names)
-    keep = keep.copy()
-    keep[[ar.src_i, ar.snk_i]] = False
-    nodes = np.flatnonzero(keep)
-    idx = np.full(n, -1, dtype=np.int64)
-    idx[nodes] = np.arange(2, 2 + nodes.size)  # 0: source, 1: sink
-    ks, kd = ar.k_src, ar.k_dst
-    inner = keep[ks] & keep[kd]
-    into = ~keep[ks] & keep[kd]
-    kc = ar.k_c
-    hb = np.zeros(n)
-    arrive = head_min[ks[into]] + ar.wmax[ks[into]] - ar.delta[ks[into]]
-    np.maximum.at(hb, kd[into], arrive if kc is None else arrive + kc[into])
-    out = keep[ks] & ~keep[kd]
-    tb = np.zeros(n)
-    leave = ar.wmax[kd[out]] - ar.delta[kd[out]] + tail_min[kd[out]]
-    np.maximum.at(tb, ks[out], leave if kc is None else leave + kc[out])
-    hv, tv = nodes[hb[nodes] > 0], nodes[tb[nodes] > 0]
-    m = 2 + nodes.size
-    hd = np.arange(m, m + hv.size)
-    td = np.arange(m + hv.size, m + hv.size + tv.size)
-    src = np.concatenate([idx[ks[inner]], hd, idx[tv]])
-    dst = np.concatenate([idx[kd[inner]], idx[hv], td])
-    sink_preds = np.concatenate([idx[ar.sink_preds[keep[ar.sink_preds]]], td])
-    dummies = hv.size + tv.size
-    pos = np.empty(n, dtype=np.int64)
-    pos[np.asarray(ar.order)] = np.arange(n)
-    order = [0, *hd.tolist(), *idx[nodes[np.argsort(pos[nodes])]].tolist(), *td.tolist(), 1]
-    names = [SOURCE, SINK, *(ar.names[i] for i in nodes.tolist()), *(f"<before {i}>" for i in hv.tolist()),
-             *(f"<after {i}>" for i in tv.tolist())]
-    sub = DagArrays(
-        names, order, 0, 1,
-        np.concatenate([[-1, -1], ar.stage[nodes], np.full(dummies, -1)]),
-        np.concatenate([[0.0, 0.0], ar.wmax[nodes], hb[hv], tb[tv]]),
-        np.concatenate([[0.0, 0.0], ar.delta[nodes], np.zeros(dummies)]),
-        src, dst, sink_preds, ar.split, counts,
-        None if kc is None else np.concatenate([kc[inner], np.zeros(hv.size + tv.size)]),
-    )
-    back = np.concatenate([[ar.src_i, ar.snk_i], nodes, np.full(dummies, -1)])
-    return sub, back
 
 
 def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax) -> np.ndarray:
@@ -267,113 +211,145 @@ def _longest(ar: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndar
 def solve_region(
     ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None, gap: float = 0.0,
     fallback_gap: float = 0.0,
-) -> tuple[float, np.ndarray, dict[str, object]] | None:
+) -> LPResult | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
 
-    Round: solve both stages on the relaxation to the kept actions (:func:`region_arrays`), giving a
-    lower bound ``T_R`` of ``T*`` and, at ``T <= T_R``, freeze ratios whose sum bounds the least freezing
-    from below.  With every left-out action unfrozen, the longest path of the whole batch is computed: if
-    it is ``T_R``, these ratios reach the lower bound of both stages, so they are the lexicographic optimum
-    of the whole LP (exact, no heuristics in the result).  Otherwise the actions on the paths longer than
-    ``T_R`` are added and the round repeats.
+    Round: solve both stages on the relaxation to the kept actions (:func:`planner.lp_arrays.region_arrays`), giving a
+    lower bound ``T_R`` of ``T*`` and, at ``T <= within_tol(T_R)`` (:func:`planner.problem.within_tol`), freeze
+    ratios whose sum bounds the least freezing from below.  With every left-out action unfrozen, the longest
+    path of the whole batch is computed: if it is within ``within_tol(T_R)``, these ratios reach the lower
+    bound of both stages, so they are the lexicographic optimum of the whole LP (exact, no heuristics in the
+    result).  Otherwise the actions on the paths longer than that are added and the round repeats.
     The first set: actions within ``_REGION_START`` of the longest path when every freezable action is
     frozen by its stage's ``r_max`` (the budget spread evenly).
     ``options``: extra HiGHS options on top of the default configuration's.
-    ``info["budget_duals"]``: the last round's stage-1 shadow prices of the budget rows; they are a
+    ``result.budget_duals``: the last round's stage-1 shadow prices of the budget rows; they are a
     subgradient of the whole LP's batch time in the budgets (the region LP is a relaxation for every
     budget and tight at this one; :func:`planner.lp.solve_freeze_lp` has the argument), so no whole-LP
     solve is needed for them.
 
     ``gap > 0``: the bounded method (module docstring); returns the feasible plan's batch time ``T_U``
-    and ratios once ``T_U <= T_R (1 + gap)``, with ``info["lower_bound"] = T_R`` (an exact result has no such
-    key); its duals are then a subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``.
+    and ratios once ``T_U <= T_R (1 + gap)``, with ``result.lower_bound = T_R`` (an exact result has none);
+    its duals are then a subgradient up to the gap: ``T*(b) >= T*(b0) - (T_U - T_R) + y . (b - b0)``.
     A round whose plans miss the gap and whose next region would pass ``_SETTLE_FRACTION`` of the actions (or the
     limit) also tries :func:`freeze_and_give_back`.
 
     ``fallback_gap > gap``: where no plan is within ``gap`` and the next region would pass ``_SETTLE_FRACTION`` of
     the actions (or the limit), the best plan of all rounds
-    is returned when it is within ``fallback_gap`` of the lower bound (``info["gap_target"] = gap`` says the
+    is returned when it is within ``fallback_gap`` of the lower bound (``result.gap_target = gap`` says the
     target was missed); otherwise the rounds go on as without it.  ``0``: ``None`` where the region outgrows its
     limit (the caller solves the whole LP).
     """
-    opts = {**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}
-    paths = Paths(ar)
-    n = len(ar.names)
-    wmin = ar.wmax - ar.delta
-    head_min, tail_min = paths.head_tail(wmin)
-    counts = stage_counts(ar)
+    cfg = Config({**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}, True, "critical", True)
+    rounds = _Rounds(ar, r_max, gap, fallback_gap)
+    paths, n = rounds.paths, len(ar.names)
+    head_min, tail_min = paths.head_tail(ar.wmax - ar.delta)
     ref = ar.wmax - node_r_max(r_max, ar.stage) * ar.delta
     h, t = paths.head_tail(ref)
     through = h + ref + t
     keep = through >= through.max() * (1 - _REGION_START)
-    info: dict[str, object] = {"rounds": 0}
-    totals = {"iters1": 0, "iters2": 0, "solve1_s": 0.0, "stage2_s": 0.0, "build1_s": 0.0, "build2_s": 0.0}
-    lower = 0.0
-    best_t, best_r = np.inf, None  # bounded: the best feasible plan of any round (its batch time, its ratios)
-
-    def settle() -> tuple[float, np.ndarray, dict[str, object]] | None:
-        """The bounded method could not reach ``gap``: the best plan when it is within ``fallback_gap``."""
-        if best_r is None or not fallback_gap > gap or best_t > lower * (1 + fallback_gap):
-            return None
-        rb, t_up = unfreeze_slack(ar, paths, best_r, best_t)
-        return t_up, rb, info | {"lower_bound": lower, "gap_target": gap, "upper_bound": t_up}
-
     for rnd in range(1, _REGION_MAX_ROUNDS + 1):
         if keep.sum() > _REGION_MAX_FRACTION * (n - 2):
-            return settle()
-        sub, back = region_arrays(ar, keep, head_min, tail_min, counts)
+            return rounds.settle()
+        sub, back = region_arrays(ar, keep, head_min, tail_min, stage_counts(ar))
         # both stages also when bounded: the spread and rebalanced plans start from the region's least
         # freezing (from stage 1's vertex alone, simulate's Interleaved1F1B 32 x 2 x 512 fell back to the
         # whole LP, 138 s, where both stages certify in 3 rounds)
-        t_r, r_sub, sinfo = solve_lexicographic(sub, r_max, opts, True, "critical", True)
-        for k in totals:
-            totals[k] += sinfo[k]  # type: ignore[operator]
-        r = np.zeros(n)
-        real = back >= 0
-        r[back[real]] = r_sub[real]
-        info.update(sinfo, **totals, rounds=rnd, region_actions=int(keep.sum()))
-        bound = t_r * (1 + 1e-9) + 1e-9
+        res = solve_lexicographic(sub, r_max, cfg)
+        r = rounds.record(rnd, res, back, keep)
         if gap > 0:
-            lower = max(lower, t_r)
-            rb = spread_leftover(ar, r, keep, r_max)
-            t_up, through = _longest(ar, paths, rb)
-            add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
-            cap = int(_BOUNDED_GROWTH * keep.sum())
-            grown = keep.sum() + min(add.size, cap)
-            last = add.size == 0 or grown > _REGION_MAX_FRACTION * (n - 2)
-            settle_next = last or (fallback_gap > gap and grown > _SETTLE_FRACTION * (n - 2))
-            if t_up > lower * (1 + gap):
-                candidates = [rebalance(ar, paths, rb, r_max, lower, gap)]
-                if candidates[0][1] > lower * (1 + gap) and settle_next:
-                    # before the region gets large: a plan from the other end (co-critical ranks)
-                    rg = freeze_and_give_back(ar, paths, r_max, lower * (1 + gap / 2))
-                    candidates.append(rebalance(ar, paths, rg, r_max, lower, gap))
-                    info["give_back_plans"] = int(info.get("give_back_plans", 0)) + 1  # type: ignore[call-overload]
-                info["rebalance_passes"] = int(info.get("rebalance_passes", 0)) + sum(c[2] for c in candidates)  # type: ignore[call-overload]
-                rb2, t2, _ = min(candidates, key=lambda c: c[1])
-                if t2 < t_up:
-                    rb, t_up = rb2, t2
-            if t_up < best_t:
-                best_t, best_r = t_up, rb
-            info.update(upper_bound=t_up)
-            if t_up <= lower * (1 + gap):
-                if _longest(ar, paths, r)[0] <= bound:  # the region is exact: the lexicographic optimum
-                    return t_r, r, info
-                rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
-                return t_up, rb, info | {"lower_bound": lower}
-            if settle_next:
-                settled = settle()
-                if settled is not None or add.size == 0:
-                    return settled  # None: the too-long paths lie in the region already, the whole LP decides
-            if add.size > cap:  # the worst paths first: the region grows at most geometrically
-                add = add[np.argsort(-through[add], kind="stable")[:cap]]
-            keep[add] = True
+            done, out = rounds.bounded(r, res.batch_time, keep)
+            if done:
+                return out
             continue
         t_full, through = _longest(ar, paths, r)
+        bound = within_tol(res.batch_time)
         if t_full <= bound:
-            return t_r, r, info
+            return rounds.result(res.batch_time, r)
         add = (through > bound) & ~keep
         if add.sum() > keep.sum():  # far off: add only the worst paths' actions
-            add = (through >= t_full - _REGION_BAND * (t_full - t_r)) & ~keep
+            add = (through >= t_full - _REGION_BAND * (t_full - res.batch_time)) & ~keep
         keep |= add
     return None  # pragma: no cover - the set grows every round, so this needs > _REGION_MAX_ROUNDS rounds
+
+
+class _Rounds:
+    """What the rounds of :func:`solve_region` carry: the stats, the last duals and, for the bounded method,
+    the lower bound and the best feasible plan so far."""
+
+    def __init__(self, ar: DagArrays, r_max: RMax, gap: float, fallback_gap: float) -> None:
+        self.ar, self.paths, self.r_max, self.gap, self.fallback_gap = ar, Paths(ar), r_max, gap, fallback_gap
+        self.stats: dict[str, Any] = {"rounds": 0}
+        self.totals = {"iters1": 0, "iters2": 0, "solve1_s": 0.0, "stage2_s": 0.0, "build1_s": 0.0, "build2_s": 0.0}
+        self.duals: dict[int, float] = {}
+        self.lower = 0.0
+        self.best_t, self.best_r = np.inf, None  # the best feasible plan of any round (its batch time, its ratios)
+
+    def record(self, rnd: int, res: LPResult, back: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """Take one round's region solve: its stats and duals; returns its ratios on the whole batch."""
+        for k in self.totals:
+            self.totals[k] += res.stats[k]
+        self.stats.update(res.stats, **self.totals, rounds=rnd, region_actions=int(keep.sum()))
+        self.duals = res.budget_duals
+        r = np.zeros(len(self.ar.names))
+        real = back >= 0
+        r[back[real]] = res.ratios[real]
+        return r
+
+    def result(self, t: float, r: np.ndarray, lower: float | None = None, gap_target: float | None = None) -> LPResult:
+        return LPResult(t, r, self.duals, self.stats, lower, gap_target)
+
+    def settle(self) -> LPResult | None:
+        """The bounded method could not reach ``gap``: the best plan when it is within ``fallback_gap``."""
+        if self.best_r is None or not self.fallback_gap > self.gap:
+            return None
+        if self.best_t > self.lower * (1 + self.fallback_gap):
+            return None
+        rb, t_up = unfreeze_slack(self.ar, self.paths, self.best_r, self.best_t)
+        self.stats["upper_bound"] = t_up
+        return self.result(t_up, rb, self.lower, self.gap)
+
+    def bounded(self, r: np.ndarray, t_r: float, keep: np.ndarray) -> tuple[bool, LPResult | None]:
+        """One round of the bounded method on the region's ratios ``r``: ``(True, result)`` when the rounds end
+        (``None``: the whole LP decides), else ``(False, None)`` with ``keep`` grown."""
+        ar, paths, gap = self.ar, self.paths, self.gap
+        self.lower = lower = max(self.lower, t_r)
+        rb = spread_leftover(ar, r, keep, self.r_max)
+        t_up, through = _longest(ar, paths, rb)
+        add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
+        cap = int(_BOUNDED_GROWTH * keep.sum())
+        grown = keep.sum() + min(add.size, cap)
+        n_act = len(ar.names) - 2
+        last = add.size == 0 or grown > _REGION_MAX_FRACTION * n_act
+        settle_next = last or (self.fallback_gap > gap and grown > _SETTLE_FRACTION * n_act)
+        if t_up > lower * (1 + gap):
+            rb, t_up = self._improve(rb, t_up, settle_next)
+        if t_up < self.best_t:
+            self.best_t, self.best_r = t_up, rb
+        self.stats["upper_bound"] = t_up
+        if t_up <= lower * (1 + gap):
+            if _longest(ar, paths, r)[0] <= within_tol(t_r):  # the region is exact: the lexicographic optimum
+                return True, self.result(t_r, r)
+            rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
+            return True, self.result(t_up, rb, lower)
+        if settle_next:
+            settled = self.settle()
+            if settled is not None or add.size == 0:
+                return True, settled  # None: the too-long paths lie in the region already, the whole LP decides
+        if add.size > cap:  # the worst paths first: the region grows at most geometrically
+            add = add[np.argsort(-through[add], kind="stable")[:cap]]
+        keep[add] = True
+        return False, None
+
+    def _improve(self, rb: np.ndarray, t_up: float, settle_next: bool) -> tuple[np.ndarray, float]:
+        """The bounded round's plan ``rb`` rebalanced, and before the region gets large also a plan from the other
+        end (co-critical ranks, :func:`freeze_and_give_back`): the better one and its batch time."""
+        ar, paths, lower, gap = self.ar, self.paths, self.lower, self.gap
+        candidates = [rebalance(ar, paths, rb, self.r_max, lower, gap)]
+        if candidates[0][1] > lower * (1 + gap) and settle_next:
+            rg = freeze_and_give_back(ar, paths, self.r_max, lower * (1 + gap / 2))
+            candidates.append(rebalance(ar, paths, rg, self.r_max, lower, gap))
+            self.stats["give_back_plans"] = self.stats.get("give_back_plans", 0) + 1
+        self.stats["rebalance_passes"] = self.stats.get("rebalance_passes", 0) + sum(c[2] for c in candidates)
+        rb2, t2, _ = min(candidates, key=lambda c: c[1])
+        return (rb2, t2) if t2 < t_up else (rb, t_up)

@@ -1,20 +1,22 @@
 """The lexicographic two-stage HiGHS solve of the freeze LP built by :mod:`planner.lp_model`.
 
-Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= T*`` and minimises the total freezing
-``sum r_v``.  No big-M weight.
+Stage 1 minimises the batch time ``T``; stage 2 keeps ``T <= within_tol(T*)`` (``T*`` plus its resolution,
+:mod:`planner.problem`) and minimises the total freezing ``sum r_v``.  No big-M weight.
 
 Invariants:
 
 * with ``use_basis`` (the default configuration), stage 1 starts dual simplex from the model's crafted
   basis (every start variable and ``T`` basic with one tight predecessor row, every freeze ratio
   nonbasic at a bound), which is dual feasible;
-* stage 2 bounds ``T`` by ``T* (1 + 1e-9) + 1e-9``.  With ``on_face`` (the default configuration) it
-  runs on the stage-1 optimal face (complementary slackness, exact): columns with a stage-1 reduced cost
-  above ``_FIX_TOL`` are fixed at their value and rows with a dual above it become equalities, so every
-  feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.  Without it, stage 2 is
-  a fresh model pruned to the paths that can reach ``T*``;
-* every configuration in :data:`CONFIGS` reaches the same lexicographic optimum; they differ only in
-  speed (measurements: ``docs/planner-solver-notes.md``);
+* stage 2 bounds ``T`` by ``within_tol(T*) = T* (1 + 1e-9) + 1e-9``.  With ``on_face`` (the default
+  configuration) it runs on the stage-1 optimal face (complementary slackness, exact): columns with a
+  stage-1 reduced cost above ``_FIX_TOL`` are fixed at their value and rows with a dual above it become
+  equalities, so every feasible point is stage-1 optimal (``T = T*``) and presolve shrinks the model.
+  Without it, stage 2 is a fresh model pruned to the paths that can reach ``T*``;
+* every configuration in :data:`CONFIGS` reaches the same lexicographic optimum (the face does not use
+  the slack, a fresh model does: the problem's ``min_delta`` keeps that from moving any freeze
+  ratio by more than ``planner.problem.FREEZE_RESOLUTION``); they differ only in speed (measurements:
+  ``docs/planner-solver-notes.md``);
 * the stage-1 row duals are read once: for the optimal face and for the budget rows' shadow prices
   (:func:`budget_duals`, the budget sensitivity of :mod:`planner.budget`).
 """
@@ -22,13 +24,34 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .budget import RMax
 from .errors import PlannerError
-from .lp_model import DagArrays, LPModel, build_lp
+from .lp_arrays import DagArrays
+from .lp_model import LPModel, build_lp
+from .problem import within_tol
+
+
+@dataclass
+class LPResult:
+    """One solve of the freeze LP on a :class:`planner.lp_arrays.DagArrays`."""
+
+    batch_time: float
+    """The batch time reached (ms): ``T*``, or for a bounded region result its feasible plan's."""
+    ratios: np.ndarray
+    """The freeze ratio of every node of the arrays (0 for fixed actions, source and sink)."""
+    budget_duals: dict[int, float]
+    """Stage-1 shadow price of each stage's budget row (:func:`budget_duals`)."""
+    stats: dict[str, Any] = field(default_factory=dict)
+    """Model sizes and timings (what ``stats`` of :func:`planner.lp.solve_freeze_lp` receives)."""
+    lower_bound: float | None = None
+    """Bounded region result only: the certified lower bound of ``T*`` (an exact result has none)."""
+    gap_target: float | None = None
+    """Bounded region result only: the gap asked for, where the plan returned misses it (``fallback_gap``)."""
 
 
 class Config(NamedTuple):
@@ -162,58 +185,59 @@ def budget_duals(m: LPModel, rd: np.ndarray) -> dict[int, float]:
     return {s: max(0.0, -float(y)) for s, y in zip(m.budget_stages or (), rd[first:].tolist())}
 
 
-def solve_lexicographic(
-    ar: DagArrays, r_max: RMax, opts: dict[str, object], use_basis: bool, basis_start: str, on_face: bool,
-) -> tuple[float, np.ndarray, dict[str, object]]:
-    """Both LP stages on ``ar``: returns ``T*``, the freeze ratio of every node of ``ar`` (0 for fixed
-    actions) and sizes/timings; ``info["budget_duals"]`` holds the stage-1 shadow prices of the budget
-    rows (:func:`budget_duals`)."""
+def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config) -> LPResult:
+    """Both LP stages on ``ar`` with the configuration ``cfg`` (its ``basis_start`` "frozen" or "critical");
+    stage 2 keeps ``T <= within_tol(T*)``."""
     t0 = time.perf_counter()
-    m1 = build_lp(None, None, r_max, arrays=ar, basis_start=basis_start)  # type: ignore[arg-type]
+    m1 = build_lp(ar, r_max, basis_start=cfg.basis_start)
     t1 = time.perf_counter()
-    col, it1, sol1 = _run(m1, opts, use_basis, "batch-time")
+    col, it1, sol1 = _run(m1, cfg.options, cfg.use_basis, "batch-time")
     t_star = float(col[m1.t_col])
     t2 = time.perf_counter()
     rd = np.asarray(sol1.row_dual)
     r = np.zeros(len(ar.names))
-    m2 = None
-    it2 = 0
-    fixed = (0, 0)
-    t_bound = t_star * (1 + 1e-9) + 1e-9
-    build2 = 0.0
-    frz = np.flatnonzero(ar.delta > 0)
-    if m1.r_actions and on_face:
+    stage2: dict[str, Any] = dict(cols2=0, rows2=0, nnz2=0, build2_s=0.0, iters2=0, fixed_cols2=0, fixed_rows2=0)
+    if m1.r_actions:
+        _least_freezing(ar, r_max, cfg, m1, sol1, rd, within_tol(t_star), r, stage2)
+    t3 = time.perf_counter()
+    stats = dict(
+        cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz, build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
+        iters1=it1, stage1_start=cfg.basis_start, **stage2,
+    )
+    return LPResult(t_star, r, budget_duals(m1, rd), stats)
+
+
+def _least_freezing(
+    ar: DagArrays, r_max: RMax, cfg: Config, m1: LPModel, sol1, rd: np.ndarray,  # noqa: ANN001 - highspy
+    t_bound: float, r: np.ndarray, stats: dict[str, Any],
+) -> None:
+    """Stage 2 (``T <= t_bound``, min ``sum r``) into ``r``, with its sizes and timings into ``stats``: on the
+    stage-1 optimal face with ``cfg.on_face`` (falling back to a fresh model on numerical trouble), else on a
+    fresh model pruned to the paths that can reach ``t_bound``."""
+    if cfg.on_face:
         tb = time.perf_counter()
         lp2, fc, fr = _face_lp(m1, sol1, rd, t_bound)
-        fixed = (fc, fr)
-        build2 = time.perf_counter() - tb
+        stats.update(fixed_cols2=fc, fixed_rows2=fr, build2_s=time.perf_counter() - tb)
         try:
-            col2, it2, _ = _run(m1, {**opts, "presolve": "on"}, False, "least-freezing", lp=lp2)
+            col2, it2, _ = _run(m1, {**cfg.options, "presolve": "on"}, False, "least-freezing", lp=lp2)
+            frz = np.flatnonzero(ar.delta > 0)
             r[frz] = np.clip(col2[: frz.size], 0.0, 1.0)  # stage 1 keeps every freezable action (same order)
-            m2 = m1
+            stats.update(cols2=m1.num_col, rows2=m1.num_row, nnz2=m1.nnz, iters2=it2)
+            return
         except PlannerError:  # pragma: no cover - numerical trouble on the face: solve stage 2 in full
-            on_face = False
-    if m1.r_actions and not on_face:
-        m2 = build_lp(None, None, r_max, t_bound=t_bound, arrays=ar)  # type: ignore[arg-type]
-        build2 += m2.build_seconds
-        if m2.r_actions:
-            col2, it2, _ = _run(m2, opts, use_basis, "least-freezing")
-            idx = {a: i for i, a in enumerate(ar.names)}
-            r[[idx[a] for a in m2.r_actions]] = np.clip(col2[: len(m2.r_actions)], 0.0, 1.0)
-    t3 = time.perf_counter()
-    info = dict(
-        cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz,
-        cols2=m2.num_col if m2 else 0, rows2=m2.num_row if m2 else 0, nnz2=m2.nnz if m2 else 0,
-        build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
-        build2_s=build2, iters1=it1, iters2=it2, fixed_cols2=fixed[0], fixed_rows2=fixed[1],
-        stage1_start=basis_start, budget_duals=budget_duals(m1, rd),
-    )
-    return t_star, r, info
+            pass
+    m2 = build_lp(ar, r_max, t_bound=t_bound)
+    stats.update(cols2=m2.num_col, rows2=m2.num_row, nnz2=m2.nnz, build2_s=stats["build2_s"] + m2.build_seconds)
+    if m2.r_actions:
+        col2, it2, _ = _run(m2, cfg.options, cfg.use_basis, "least-freezing")
+        idx = {a: i for i, a in enumerate(ar.names)}
+        r[[idx[a] for a in m2.r_actions]] = np.clip(col2[: len(m2.r_actions)], 0.0, 1.0)
+        stats["iters2"] = it2
 
 
 def solve_whole(
     ar: DagArrays, r_max: RMax, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
-) -> tuple[float, np.ndarray, dict[str, object]]:
+) -> LPResult:
     """Both stages on the whole LP with the configuration ``config`` (a key of :data:`CONFIGS`) plus the
     extra HiGHS ``options``.  ``basis_start="auto"``: the critical-path start for full-backward schedules,
     the all-frozen start for split (I/W) ones, whichever measured faster."""
@@ -221,5 +245,5 @@ def solve_whole(
     basis_start = cfg.basis_start
     if basis_start == "auto":
         basis_start = "frozen" if ar.split else "critical"
-    return solve_lexicographic(ar, r_max, {**cfg.options, **(options or {})}, cfg.use_basis, basis_start,
-                               cfg.on_face)
+    return solve_lexicographic(ar, r_max, cfg._replace(options={**cfg.options, **(options or {})},
+                                                       basis_start=basis_start))

@@ -11,12 +11,13 @@ from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
-from .comm import EdgeDelays, estimate_edge_delays, summarize
-from .dag import build_dag, longest_path
+from .comm import estimate_edge_delays, summarize
+from .dag import BatchDag, EdgeDelays, build_dag, longest_path
 from .errors import PlannerError
 from .estimate import estimate_weights
 from .fileio import read_json, write_json_atomically
-from .lp import solve_freeze_lp
+from .lp import solve_problem
+from .problem import Problem, build_problem
 from .trace import NodeWeights, Trace, TraceMeta
 
 PLAN_FORMAT = "timelyfreeze-plan/1"
@@ -47,7 +48,9 @@ class Plan:
 
     ``r_max``: one number (every stage's budget) or a list of ``num_stages`` numbers (each stage's own).
     ``budget_sensitivity``: per stage, ms of batch time one more 0.01 of its ``r_max`` would save
-    (:func:`planner.lp.solve_freeze_lp`); ``None`` for a plan file written without it."""
+    (:func:`planner.lp.solve_freeze_lp`); ``None`` for a plan file written without it.
+    ``critical_path``: the actions of one longest path of the planned durations, as the planner found it
+    (not part of the file; ``None`` for a loaded plan)."""
 
     schedule: str
     num_stages: int
@@ -58,6 +61,7 @@ class Plan:
     solver: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
     budget_sensitivity: dict[int, float] | None = None
+    critical_path: list[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.extra)
@@ -84,7 +88,8 @@ def make_plan(
     meta: TraceMeta, weights: NodeWeights, r_max: float | Sequence[float], *, solver: str = "auto",
     edge_ms: EdgeDelays | None = None, gap: float | None = None,
 ) -> Plan:
-    """Build the DAG, compute the no-freeze/all-frozen batch times, solve the LP, and assemble the plan.
+    """Build the problem (DAG, checked budget and delays, :func:`planner.problem.build_problem`), solve the LP,
+    and assemble the plan with the no-freeze/all-frozen batch times (:func:`plan_problem`).
 
     ``r_max``: one budget for every stage, or a sequence of ``meta.num_stages`` budgets, one per stage
     (:func:`planner.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
@@ -93,45 +98,53 @@ def make_plan(
     non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``).
     ``gap``: certified relative gap accepted (:func:`planner.lp.solve_freeze_lp`); the plan's ``solver`` records
     the lower bound and the gap reached (``lower_bound_ms``, ``gap``)."""
-    budget = check_r_max(r_max, meta.num_stages)
-    dag = build_dag(meta)
-    no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
-    all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
-    sol = solve_freeze_lp(dag, weights, budget, solver=solver, edge_ms=edge_ms, gap=gap)
+    return plan_problem(build_problem(build_dag(meta), weights, r_max, edge_ms), solver=solver, gap=gap)
+
+
+def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = None) -> Plan:
+    """The plan of one built problem (:func:`make_plan` has the arguments)."""
+    weights, budget = problem.weights, problem.r_max
+    sol = solve_problem(problem, solver=solver, gap=gap)
     freezable = weights.freezable
     actions: dict[str, ActionPlan] = {}
-    for a in meta.all_actions():
+    for a in problem.meta.all_actions():
         hi, lo, d = weights.w_max[a], weights.w_min[a], sol.durations[a]
         ratio = (hi - d) / (hi - lo) if a in freezable else 0.0
         actions[a] = ActionPlan(float(lo), float(hi), float(sol.starts[a]), float(d), min(1.0, max(0.0, ratio)))
     return Plan(
-        schedule=meta.schedule,
-        num_stages=meta.num_stages,
-        num_microbatches=meta.num_microbatches,
+        schedule=problem.meta.schedule,
+        num_stages=problem.num_stages,
+        num_microbatches=problem.meta.num_microbatches,
         r_max=budget if isinstance(budget, float) else list(budget),
-        batch_time_ms={"no_freeze": no_freeze, "all_frozen": all_frozen, "planned": sol.makespan},
+        batch_time_ms={"no_freeze": problem.no_freeze, "all_frozen": problem.longest_path(weights.w_min)[0],
+                       "planned": sol.makespan},
         actions=actions,
         solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver,
                 "lower_bound_ms": sol.lower_bound, "gap": sol.gap,
                 **({} if sol.gap_target is None else {"gap_target": sol.gap_target})},
-        extra={"comm": summarize(edge_ms)} if edge_ms else {},
+        extra={"comm": summarize(problem.edge_ms)} if problem.edge_ms else {},
         budget_sensitivity=sol.budget_sensitivity,
+        critical_path=sol.critical_path,
     )
 
 
 def plan_from_trace(
     trace: Trace, r_max: float | Sequence[float], *, estimator: str = "median", comm: bool = True,
-    edge_ms: EdgeDelays | None = None, **kw: Any,
+    edge_ms: EdgeDelays | None = None, solver: str = "auto", gap: float | None = None, dag: BatchDag | None = None,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
     recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
     measured in the trace (``planner.comm.estimate_edge_delays``; none for a trace without ``start_ms``),
-    or ``edge_ms`` when given (the caller estimated them already); False ignores them."""
+    or ``edge_ms`` when given (the caller estimated them already); False ignores them.  ``dag``:
+    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan."""
+    weights = estimate_weights(trace, estimator)
+    if dag is None:
+        dag = build_dag(trace.meta)
     if not comm:
         edge_ms = None
     elif edge_ms is None:
-        edge_ms = estimate_edge_delays(trace)
-    plan = make_plan(trace.meta, estimate_weights(trace, estimator), r_max, edge_ms=edge_ms, **kw)
+        edge_ms = estimate_edge_delays(trace, dag)
+    plan = plan_problem(build_problem(dag, weights, r_max, edge_ms), solver=solver, gap=gap)
     plan.extra["estimator"] = estimator
     return plan
 
@@ -282,8 +295,9 @@ def _abbrev(path: list[str], keep: int = 6) -> str:
 
 
 def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None) -> str:
-    """Human-readable multi-line summary of a plan; ``edge_ms``: the delays it was made with (for its
-    critical path)."""
+    """Human-readable multi-line summary of a plan; its critical path is the planner's
+    (``plan.critical_path``), or for a loaded plan the longest path of its durations on ``meta``'s DAG with
+    ``edge_ms``, the delays it was made with."""
     bt = plan.batch_time_ms
     speedup = bt["no_freeze"] / bt["planned"] if bt["planned"] > 0 else float("nan")
     lines = [
@@ -300,9 +314,10 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
         lines.append("mean freeze ratio per stage: no freezable actions")
     if plan.budget_sensitivity is not None:
         lines.append(sensitivity_line(plan))
-    durations = {a: p.duration for a, p in plan.actions.items()}
     try:
-        _, _, path = longest_path(build_dag(meta), durations, edge_ms)
+        path = plan.critical_path
+        if path is None:
+            path = longest_path(build_dag(meta), {a: p.duration for a, p in plan.actions.items()}, edge_ms)[2]
         lines.append(f"critical path ({len(path)} actions): {_abbrev(path)}")
     except PlannerError as e:
         lines.append(f"critical path: unavailable ({e})")

@@ -29,8 +29,7 @@ import random
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .fileio import replace_atomically
-from .comm import EdgeDelays
-from .dag import build_dag, longest_path
+from .dag import EdgeDelays, build_dag, longest_path
 from .errors import PlannerError
 from .schedules import schedule_meta
 from .trace import META_FILE, TraceMeta, Trace, rank_file_name, trace_from_records

@@ -1,8 +1,9 @@
 """Sweep the freeze budget ``r_max``: predicted batch time and throughput gain for each value.
 
-One DAG is built and reused for every LP solve. ``speedup`` is ``no_freeze / batch_ms`` (the
-predicted throughput relative to training without freezing), ``throughput_gain = speedup - 1``,
-and ``mean_ratio`` is the mean planned freeze ratio over all freezable actions.  A value is one budget
+One problem (DAG, delays, LP arrays: :mod:`planner.problem`) is built and reused for every LP solve.
+``speedup`` is ``no_freeze / batch_ms`` (the predicted throughput relative to training without freezing),
+``throughput_gain = speedup - 1``, and ``mean_ratio`` is the mean planned freeze ratio over all freezable
+actions.  A value is one budget
 for every stage (a number; what ``python -m planner sweep`` takes) or one per stage (a sequence of
 ``num_stages`` numbers, :mod:`planner.budget`): the table and CSV write it as ``0.5,0.8,...`` and the plot
 puts it at the mean of its values.
@@ -16,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 from .budget import RMax, check_r_max
-from .comm import EdgeDelays
-from .fileio import replace_atomically
-from .dag import build_dag, longest_path
+from .dag import EdgeDelays, build_dag
 from .errors import PlannerError
-from .lp import solve_freeze_lp
+from .fileio import replace_atomically
+from .lp import solve_problem
+from .problem import build_problem
 from .trace import NodeWeights, TraceMeta
 
 
@@ -64,12 +65,12 @@ def sweep(
     per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given; ``gap``: as
     :func:`planner.lp.solve_freeze_lp`."""
     r_values = check_r_values(list(r_values), meta.num_stages)
-    dag = build_dag(meta)
-    no_freeze = longest_path(dag, weights.w_max, edge_ms)[0]
-    all_frozen = longest_path(dag, weights.w_min, edge_ms)[0]
+    problem = build_problem(build_dag(meta), weights, r_values[0], edge_ms)
+    no_freeze = problem.no_freeze
+    all_frozen = problem.longest_path(weights.w_min)[0]
     rows: list[SweepRow] = []
     for r in r_values:
-        sol = solve_freeze_lp(dag, weights, r, solver=solver, edge_ms=edge_ms, gap=gap)
+        sol = solve_problem(problem.with_r_max(r), solver=solver, gap=gap)
         speedup = no_freeze / sol.makespan if sol.makespan > 0 else 1.0
         rows.append(
             SweepRow(

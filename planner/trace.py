@@ -4,7 +4,8 @@ A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` p
 one ``actions_rank<r>_replica<d>.jsonl`` per rank for each further data-parallel pipeline replica ``d >= 1``
 (see ``docs/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
 that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extra fields are kept
-(meta) or ignored (records) for forward compatibility.
+(meta) or ignored (records) for forward compatibility.  The metadata and its checks live in
+:mod:`planner.meta` (``TraceMeta``, ``validate_meta``, imported here for the loaders).
 """
 
 from __future__ import annotations
@@ -14,19 +15,18 @@ import json.scanner
 import math
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .actions import FREEZABLE_KINDS, action_kind, parse_action
 from .errors import PlannerError
 from .fileio import read_json
+from .meta import TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 
-TRACE_FORMAT = "timelyfreeze-trace/1"
+__all__ = ["META_FILE", "TRACE_FORMAT", "NodeWeights", "Record", "Trace", "TraceMeta", "combine_replicas",
+           "load_trace", "node_weights", "rank_file_name", "trace_from_records", "validate_meta"]
+
 META_FILE = "meta.json"
-
-_META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
-_OPTIONAL_META_FIELDS = ("replicas", "hosts")  # checked when present
-_EXTRA_META_FIELDS = ("hosts",)  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
 _RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
 _OPTIONAL_RECORD_FIELDS = ("start_ms",)  # checked when present
 
@@ -34,62 +34,6 @@ _OPTIONAL_RECORD_FIELDS = ("start_ms",)  # checked when present
 def rank_file_name(rank: int, replica: int = 0) -> str:
     """File name of one rank's records: ``actions_rank<r>.jsonl``, ``actions_rank<r>_replica<d>.jsonl`` for d >= 1."""
     return f"actions_rank{rank}.jsonl" if replica == 0 else f"actions_rank{rank}_replica{replica}.jsonl"
-
-
-@dataclass
-class TraceMeta:
-    """The validated contents of ``meta.json``.
-
-    ``replicas`` is the number of data-parallel pipeline replicas (default 1). A ``"replicas"`` key passed
-    in ``extra`` (e.g. ``build_meta(..., replicas=n)``) is moved into the attribute, so ``extra`` never holds it.
-    The optional ``hosts`` field stays in ``extra`` (read it as :attr:`hosts`).
-    """
-
-    schedule: str
-    pp_degree: int
-    num_stages: int
-    num_microbatches: int
-    stage_to_rank: list[int]
-    rank_orders: dict[int, list[str]]
-    extra: dict[str, Any] = field(default_factory=dict)
-    replicas: int = 1
-
-    def __post_init__(self) -> None:
-        if "replicas" in self.extra:
-            self.extra = dict(self.extra)
-            n = self.extra.pop("replicas")
-            if self.replicas not in (1, n):
-                raise ValueError(f"replicas={self.replicas!r} conflicts with extra['replicas']={n!r}")
-            self.replicas = n
-        if not _is_int(self.replicas) or self.replicas < 1:
-            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``meta.json`` dict (rank keys as strings, unknown extra fields preserved, ``replicas`` only if > 1)."""
-        d: dict[str, Any] = dict(self.extra)
-        d.update(
-            {
-                "format": TRACE_FORMAT,
-                "schedule": self.schedule,
-                "pp_degree": self.pp_degree,
-                "num_stages": self.num_stages,
-                "num_microbatches": self.num_microbatches,
-                "stage_to_rank": list(self.stage_to_rank),
-                "rank_orders": {str(r): list(o) for r, o in sorted(self.rank_orders.items())},
-            }
-        )
-        if self.replicas > 1:
-            d["replicas"] = self.replicas
-        return d
-
-    @property
-    def hosts(self) -> list[str] | None:
-        """Host name of each pipeline rank (of replica 0), index = rank; ``None`` when the trace does not say."""
-        return self.extra.get("hosts")
-
-    def all_actions(self) -> list[str]:
-        """Every action of one batch, rank by rank in execution order."""
-        return [a for r in sorted(self.rank_orders) for a in self.rank_orders[r]]
 
 
 @dataclass
@@ -115,118 +59,6 @@ class Trace:
     source: str
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def validate_meta(d: Any, source: str) -> TraceMeta:
-    """Check a ``meta.json`` dict against the spec and return it as a :class:`TraceMeta`.
-
-    Raises :class:`PlannerError` (one line: ``<source>: <field>: <problem>``) on the first problem.
-    """
-
-    def err(msg: str) -> PlannerError:
-        return PlannerError(f"{source}: {msg}")
-
-    if not isinstance(d, dict):
-        raise err(f"expected a JSON object, got {type(d).__name__}")
-    fmt = d.get("format")
-    if fmt != TRACE_FORMAT:
-        what = "missing" if "format" not in d else f"is {fmt!r}"
-        raise err(f"field 'format' {what}, expected {TRACE_FORMAT!r}")
-    for name in _META_FIELDS:
-        if name not in d:
-            raise err(f"missing field '{name}'")
-    schedule = d["schedule"]
-    if not isinstance(schedule, str) or not schedule:
-        raise err(f"field 'schedule' must be a non-empty string, got {schedule!r}")
-    for name in ("pp_degree", "num_stages", "num_microbatches"):
-        v = d[name]
-        if not _is_int(v) or v < 1:
-            raise err(f"field '{name}' must be a positive integer, got {v!r}")
-    pp, n_stages, n_mb = d["pp_degree"], d["num_stages"], d["num_microbatches"]
-    replicas = d.get("replicas", 1)
-    if not _is_int(replicas) or replicas < 1:
-        raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
-
-    hosts = d.get("hosts")
-    if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp
-                         or not all(isinstance(h, str) for h in hosts)):
-        raise err(f"field 'hosts' must be a list of pp_degree={pp} host-name strings, got {hosts!r}")
-
-    s2r = d["stage_to_rank"]
-    if not isinstance(s2r, list) or not all(_is_int(x) for x in s2r):
-        raise err("field 'stage_to_rank' must be a list of integers")
-    if len(s2r) != n_stages:
-        raise err(f"field 'stage_to_rank' has {len(s2r)} entries, expected num_stages={n_stages}")
-    for s, r in enumerate(s2r):
-        if not 0 <= r < pp:
-            raise err(f"field 'stage_to_rank'[{s}] = {r} is not a rank in 0..{pp - 1}")
-
-    ro = d["rank_orders"]
-    if not isinstance(ro, dict):
-        raise err("field 'rank_orders' must be an object mapping rank -> list of action names")
-    rank_orders: dict[int, list[str]] = {}
-    for key, order in ro.items():
-        try:
-            r = int(key)
-        except (TypeError, ValueError):
-            raise err(f"field 'rank_orders' has key {key!r}, expected a rank number") from None
-        if str(r) != str(key) or not 0 <= r < pp:
-            raise err(f"field 'rank_orders' has key {key!r}, expected a rank in 0..{pp - 1}")
-        if r in rank_orders:
-            raise err(f"field 'rank_orders' lists rank {r} twice")
-        if not isinstance(order, list) or not all(isinstance(a, str) for a in order):
-            raise err(f"field 'rank_orders'[{key!r}] must be a list of action-name strings")
-        rank_orders[r] = list(order)
-    for r in range(pp):
-        rank_orders.setdefault(r, [])
-
-    # Every action: well-formed, in range, on the rank that owns its stage, listed once.
-    seen: dict[str, int] = {}
-    kinds: dict[tuple[int, int], list[str]] = {}
-    for r in sorted(rank_orders):
-        for a in rank_orders[r]:
-            try:
-                act = parse_action(a)
-            except ValueError as e:
-                raise err(f"field 'rank_orders'[{str(r)!r}]: {e}") from None
-            if str(act) != a:
-                raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is not in canonical form ({str(act)!r})")
-            for part in act.parts:  # a pair: both parts' stages and microbatches, on this rank
-                if part.stage >= n_stages:
-                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has stage {part.stage}, "
-                              f"but num_stages={n_stages}")
-                if part.microbatch >= n_mb:
-                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} has microbatch {part.microbatch}, "
-                              f"but num_microbatches={n_mb}")
-                if s2r[part.stage] != r:
-                    raise err(f"field 'rank_orders'[{str(r)!r}]: action {a!r} is on rank {r}, "
-                              f"but stage_to_rank[{part.stage}] = {s2r[part.stage]}")
-                kinds.setdefault((part.stage, part.microbatch), []).append(part.kind)
-            if a in seen:
-                raise err(f"field 'rank_orders': action {a!r} is listed more than once")
-            seen[a] = r
-
-    # Coverage: each (stage, microbatch) has exactly one F and either one B or one I plus one W (a pair's
-    # parts count as the F and the B they run).
-    for s in range(n_stages):
-        for m in range(n_mb):
-            ks = sorted(kinds.get((s, m), []))
-            if ks not in (["B", "F"], ["F", "I", "W"]):
-                have = ", ".join(f"{s}{k}{m}" for k in ks) or "nothing"
-                raise err(f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
-                          f"exactly once, has {have}")
-
-    known = (set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}) - set(_EXTRA_META_FIELDS)
-    extra = {k: v for k, v in d.items() if k not in known}
-    return TraceMeta(schedule, pp, n_stages, n_mb, list(s2r), rank_orders, extra, replicas)
-
-
 def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], replica: int = 0) -> Record:
     """Check one JSONL record; ``where`` is ``<file>:<line>``."""
     if not isinstance(obj, dict):
@@ -235,7 +67,7 @@ def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], re
         if name not in obj:
             raise PlannerError(f"{where}: missing field '{name}'")
     step, action, ms, phase, fr = (obj[k] for k in _RECORD_FIELDS)
-    if not _is_int(step):
+    if not is_int(step):
         raise PlannerError(f"{where}: field 'step' must be an integer, got {step!r}")
     if not isinstance(action, str):
         raise PlannerError(f"{where}: field 'action' must be a string, got {action!r}")
@@ -245,15 +77,15 @@ def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], re
         except ValueError as e:
             raise PlannerError(f"{where}: field 'action': {e}") from None
         raise PlannerError(f"{where}: action {action!r} is not in rank_orders[{str(rank)!r}] of meta.json")
-    if not _is_num(ms) or not math.isfinite(ms) or ms < 0:
+    if not is_num(ms) or not math.isfinite(ms) or ms < 0:
         raise PlannerError(f"{where}: field 'ms' must be a finite number >= 0, got {ms!r}")
     if not isinstance(phase, str) or not phase:
         raise PlannerError(f"{where}: field 'phase' must be a non-empty string, got {phase!r}")
-    if not _is_num(fr) or not math.isfinite(fr) or not 0.0 <= fr <= 1.0:
+    if not is_num(fr) or not math.isfinite(fr) or not 0.0 <= fr <= 1.0:
         raise PlannerError(f"{where}: field 'freeze_ratio' must be a number in [0, 1], got {fr!r}")
     start = obj.get("start_ms")
     if "start_ms" in obj:
-        if not _is_num(start) or not math.isfinite(start):
+        if not is_num(start) or not math.isfinite(start):
             raise PlannerError(f"{where}: field 'start_ms' must be a finite number, got {start!r}")
         start = float(start)
     return Record(step, action, float(ms), phase, float(fr), rank, replica, start)
@@ -270,9 +102,9 @@ def trace_from_records(
     m = validate_meta(meta, f"{source}/{META_FILE}")
     by_pair: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for key, recs in records_by_rank.items():
-        if _is_int(key):
+        if is_int(key):
             pair = (0, key)
-        elif isinstance(key, tuple) and len(key) == 2 and all(_is_int(x) for x in key):
+        elif isinstance(key, tuple) and len(key) == 2 and all(is_int(x) for x in key):
             pair = key
         else:
             raise PlannerError(f"{source}: records given for key {key!r}, expected a rank or a (replica, rank) pair")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from planner import meta as meta_mod
 from planner import plan as plan_mod
 from planner import trace as trace_mod
 from planner.simulate import synthetic_trace, write_trace
@@ -48,7 +49,7 @@ def test_versions_and_backticked_fields(doc: str) -> None:
     for version in (trace_mod.TRACE_FORMAT, plan_mod.PLAN_FORMAT):
         assert version in doc
     fields = (
-        trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS
+        meta_mod._META_FIELDS + meta_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS
         + trace_mod._OPTIONAL_RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
         + plan_mod._BATCH_TIME_FIELDS + plan_mod._SOLVER_FIELDS + ("format",)
     )
@@ -59,7 +60,7 @@ def test_versions_and_backticked_fields(doc: str) -> None:
 @pytest.mark.parametrize(
     "heading,fields",
     [
-        ("### `meta.json`", checked(trace_mod._META_FIELDS + trace_mod._OPTIONAL_META_FIELDS, with_format=True)),
+        ("### `meta.json`", checked(meta_mod._META_FIELDS + meta_mod._OPTIONAL_META_FIELDS, with_format=True)),
         ("### `actions_rank<r>.jsonl`", checked(trace_mod._RECORD_FIELDS + trace_mod._OPTIONAL_RECORD_FIELDS)),
         ("### `plan.json`", checked(plan_mod._PLAN_FIELDS, with_format=True)),
         ("### `plan.json`: `batch_time_ms`", checked(plan_mod._BATCH_TIME_FIELDS)),

@@ -465,7 +465,7 @@ def test_rebalance_certifies_a_nearly_balanced_pipeline(monkeypatch) -> None:
     in a small region.  Deterministic (seeded timings, HiGHS single-threaded); checked against the exact LP."""
     import planner.lp_region as lp_region
     from planner import schedules
-    from planner.lp_model import Paths, dag_arrays, stage_counts
+    from planner.lp_arrays import Paths, dag_arrays, stage_counts
     from planner.synthetic import real_like_weights
 
     meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
@@ -558,7 +558,7 @@ def test_fallback_gap_returns_the_best_certified_plan_where_the_gap_is_not_reach
 def test_freeze_and_give_back_holds_every_budget_and_meets_its_target_where_no_stage_is_scaled() -> None:
     import planner.lp_region as lp_region
     from planner import schedules
-    from planner.lp_model import Paths, dag_arrays, stage_counts
+    from planner.lp_arrays import Paths, dag_arrays, stage_counts
     from planner.synthetic import real_like_weights
 
     meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),

@@ -23,14 +23,16 @@ def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solv
     as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
     try:
         from planner.comm import estimate_edge_delays
+        from planner.dag import build_dag
         from planner.plan import plan_from_trace, plan_summary, write_plan
         from planner.trace import trace_from_records
 
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
-        edge_ms = estimate_edge_delays(trace)
-        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms)
+        dag = build_dag(trace.meta)
+        edge_ms = estimate_edge_delays(trace, dag)
+        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag)
         write_plan(plan, plan_path)
-        return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta, edge_ms)}
+        return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta)}
     except Exception as e:  # noqa: BLE001 -- reported in the summary, training goes on
         return {"failure": f"planning failed: {one_line(e)}"}
 
