@@ -19,7 +19,8 @@ from torchtitan.train import Trainer
 
 from timelyfreeze import corpus, cpu_shims
 from timelyfreeze.config import check_compile, check_microbatches, check_parallelism, check_stop_rule, validate
-from timelyfreeze.runtime import FreezeRuntime, RunInfo
+from timelyfreeze.run_info import PipelinePart, RunInfo, TrainerHandles
+from timelyfreeze.runtime import FreezeRuntime
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import patch_v_schedule_eval, release_mesh_process_groups
@@ -80,11 +81,9 @@ class TimelyFreezeTrainer(Trainer):
             dp_degree=dp_degree,
         )
         schedulers = self.lr_schedulers.schedulers
-        return FreezeRuntime(
-            job_config.freeze, phases, info, self._pp_stages(), pd.get_mesh("pp").get_group(),
-            get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log,
-            pairs=overlap_pairs(self.pp_schedule),
-        )
+        pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), overlap_pairs(self.pp_schedule))
+        handles = TrainerHandles(lambda: schedulers[0].get_last_lr()[0], logger.info, self.metrics_processor.logger.log)
+        return FreezeRuntime(job_config.freeze, phases, info, pipeline, handles)
 
     def _hold_lr_after_schedule(self) -> None:
         """Past ``lr_scheduler.total_steps`` (a run trained longer than its LR schedule, e.g. a time-to-accuracy
@@ -105,8 +104,9 @@ class TimelyFreezeTrainer(Trainer):
         if rt is None or rt.cfg.stop_at_val_loss <= 0:
             return True
         floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
-        if target_reached(rt.val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
-            logger.info(f"[freeze] validation loss {rt.val_curve[-1][1]:.4f} <= stop_at_val_loss "
+        val_curve = rt.state.val_curve
+        if target_reached(val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
+            logger.info(f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
                         f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping")
             return False
         return True

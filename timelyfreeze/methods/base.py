@@ -17,10 +17,13 @@ same step, so a method may use ``ctx.all_gather`` inside them):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from timelyfreeze.config import Phases
 
 
 @dataclass
@@ -67,7 +70,12 @@ class MethodContext:
     pp_rank: int = 0
     pp_size: int = 1
     lr_warmup_steps: int = 0
-    extras: dict[str, Any] = field(default_factory=dict)
+    phases: Phases | None = None
+    """The phases the runtime derived from ``[freeze]`` (warm-up, monitoring, ramp, stable); None where
+    none were derived (a method built outside a run)."""
+    last_loss: float | None = None
+    """The job's training loss of the last step whose metrics row is made (the runtime sets it at the
+    end of every step, after ``after_optimizer_step``); None before the first and where no rank has one."""
 
 
 class FreezeMethod:

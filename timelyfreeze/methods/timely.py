@@ -24,7 +24,9 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
-        self.phases: Phases = ctx.extras["phases"]
+        if ctx.phases is None:
+            raise ValueError(f"method {self.name!r} needs the phases the runtime derives (MethodContext.phases)")
+        self.phases: Phases = ctx.phases
         self._names = {v.stage: freezable_names(v) for v in ctx.stages}
         self._numels = {v.stage: [v.params[n].numel() for n in self._names[v.stage]] for v in ctx.stages}
         self.planned_ratio: dict[tuple[int, int], float] | None = None
