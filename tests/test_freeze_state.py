@@ -169,7 +169,8 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
                             log=logged.append)
     plans.make_plan(6)
     assert plans.method.plan_failed and plans.method.phase(12) == "noplan"
-    assert len(state.failures) == 1 and state.failures[0].startswith("planning failed") and "step 6" in state.failures[0]
+    failures = state.failures
+    assert len(failures) == 1 and failures[0].startswith("planning failed") and "step 6" in failures[0]
     assert any("ERROR planning failed" in m for m in logged)
     summary = {"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2,
                "num_microbatches": 8, "steps": 12, "phases": {}, "mean_batch_ms": {}, "tokens_per_s": {

@@ -16,7 +16,6 @@ implies depend only on (seed, step, stage, microbatch, accumulation batch), so t
 from __future__ import annotations
 
 import socket
-import time
 from typing import Any
 
 from planner.fileio import write_json_atomically

@@ -81,8 +81,9 @@ class TimelyFreezeTrainer(Trainer):
             dp_degree=dp_degree,
         )
         schedulers = self.lr_schedulers.schedulers
-        pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), overlap_pairs(self.pp_schedule))
-        handles = TrainerHandles(lambda: schedulers[0].get_last_lr()[0], logger.info, self.metrics_processor.logger.log)
+        pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), pairs=overlap_pairs(self.pp_schedule))
+        handles = TrainerHandles(get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info,
+                                 tb_log=self.metrics_processor.logger.log)
         return FreezeRuntime(job_config.freeze, phases, info, pipeline, handles)
 
     def _hold_lr_after_schedule(self) -> None:
