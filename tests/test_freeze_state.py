@@ -148,28 +148,31 @@ def test_no_pickle_in_the_runtime():
                 assert "import pickle" not in text and "pickle.loads" not in text, f
 
 
-def test_a_failed_plan_is_reported_in_the_summary(monkeypatch):
+def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
     """The runtime survives a planning failure, trains on without freezing, and says so in
     ``summary.json`` (``failures``) and the printed summary."""
     import types
 
-    import timelyfreeze.runtime as rt_mod
     from tests.test_timely_method import make
     from timelyfreeze.config import Freeze
+    from timelyfreeze.freeze_state import FreezeState
+    from timelyfreeze.plan_coordinator import PlanCoordinator
+    from timelyfreeze.run_info import RunInfo
     from timelyfreeze.summary import format_summary
 
-    rt = rt_mod.FreezeRuntime.__new__(rt_mod.FreezeRuntime)
-    rt.cfg, rt.step, rt.failures, rt.r_max = Freeze(enable=True), 6, [], 0.8
-    rt.method, rt.meta, rt.monitor_records = make(), {"schedule": "1F1B"}, []  # meta the planner rejects
-    rt.trace_dir = rt.plan_path = None
-    rt.job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
+    info = RunInfo(schedule="1F1B", num_microbatches=4, total_steps=20, tokens_per_step=1, lr_warmup_steps=0,
+                   dump_folder=str(tmp_path), n_layers=2, use_cuda=False)
+    job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
+    state = FreezeState(meta={"schedule": "1F1B"})  # meta the planner rejects
     logged = []
-    rt._log = logged.append
-    rt._make_plan()
-    assert rt.method.plan_failed and rt.method.phase(12) == "noplan"
-    assert len(rt.failures) == 1 and rt.failures[0].startswith("planning failed") and "step 6" in rt.failures[0]
+    plans = PlanCoordinator(Freeze(enable=True, r_max=0.8), info, 2, job=job, method=make(), state=state,
+                            log=logged.append)
+    plans.make_plan(6)
+    assert plans.method.plan_failed and plans.method.phase(12) == "noplan"
+    failures = state.failures
+    assert len(failures) == 1 and failures[0].startswith("planning failed") and "step 6" in failures[0]
     assert any("ERROR planning failed" in m for m in logged)
     summary = {"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2,
                "num_microbatches": 8, "steps": 12, "phases": {}, "mean_batch_ms": {}, "tokens_per_s": {
-                   "all": None, "stable": None}, "avg_freeze_ratio": 0.0, "loss_curve": [], "failures": rt.failures}
+                   "all": None, "stable": None}, "avg_freeze_ratio": 0.0, "loss_curve": [], "failures": state.failures}
     assert "  FAILED: planning failed" in format_summary(summary)

@@ -94,10 +94,10 @@ def same_set_for_every_microbatch(m, stages, steps=range(1, 41), n_mb: int = 4) 
 
 
 def make_ctx(stages: list[StageView], all_gather=None, lr=lambda: 1.0, total_steps: int = 100,
-             num_stages: int | None = None, **extras) -> MethodContext:
+             num_stages: int | None = None, **fields) -> MethodContext:
     return MethodContext(
         stages=stages, num_stages=num_stages or len(stages), num_microbatches=2, schedule="GPipe",
-        total_steps=total_steps, all_gather=all_gather or (lambda o: [o]), get_lr=lr, extras=dict(extras),
+        total_steps=total_steps, all_gather=all_gather or (lambda o: [o]), get_lr=lr, **fields,
     )
 
 

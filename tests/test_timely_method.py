@@ -17,7 +17,7 @@ def make(resample_every: int = 1) -> TimelyFreezeMethod:
     view = StageView(stage=0, module=torch.nn.Module(), params=params, layer_of={n: 1 for n in params},
                      layer_modules={}, is_first=True, is_last=False, anchor="t0")
     ctx = MethodContext(stages=[view], num_stages=2, num_microbatches=4, schedule="1F1B", total_steps=20,
-                        all_gather=lambda x: [x], get_lr=lambda: 1e-3, extras={"phases": PH})
+                        all_gather=lambda x: [x], get_lr=lambda: 1e-3, phases=PH)
     return TimelyFreezeMethod(Freeze(resample_every=resample_every), ctx)
 
 

@@ -1,10 +1,13 @@
 """The runtime's freezing state in a TorchTitan checkpoint: what is saved, and the checks on load.
 
-``pack`` turns one rank's state into JSON text (``timelyfreeze.state_codec``, format
-``timelyfreeze-state/1``); ``unpack`` decodes it and refuses, with a ``FreezeStateError`` naming what
+``FreezeState`` holds one rank's state besides the method's own, shared by the runtime (history,
+validation curve, meta) and its plan coordinator (measurements, plan, re-planner, failures). ``pack``
+turns one rank's state into JSON text (``timelyfreeze.state_codec``, format ``timelyfreeze-state/1``);
+``unpack`` decodes it and refuses, with a ``FreezeStateError`` naming what
 is wrong, a state that is not this run's (method, schedule, stages, microbatches, pipeline rank), not
 of the step the checkpoint restores, or whose measurements do not belong to the phases this run's
-``[freeze]`` settings give those steps. Fields:
+``[freeze]`` settings give those steps; ``load`` also has the method load its part and rebuilds the
+re-planner. Fields:
 
 - ``step``: the step at which it was saved; ``run``: the identity above;
 - ``method``: the method's own ``state_dict()`` (plain data and tensors);
@@ -18,14 +21,55 @@ of the step the checkpoint restores, or whose measurements do not belong to the 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
+from planner.errors import PlannerError
+
 from timelyfreeze import state_codec
+from timelyfreeze.config import Freeze
+from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.phases import Phases
+from timelyfreeze.planning import one_line
+from timelyfreeze.replan import Replanner
 from timelyfreeze.state_codec import FreezeStateError
 
 FIELDS = ("step", "run", "method", "monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures",
           "replan")
+
+
+@dataclass
+class FreezeState:
+    """One rank's freezing state besides the method's own: what a checkpoint carries with ``step``, the
+    run's identity and the method's ``state_dict`` (``FIELDS``)."""
+
+    monitor_records: list[dict] = field(default_factory=list)
+    """This rank's trace records of the phases the method's plan is made from."""
+    plan_batch_ms: dict[str, float] | None = None
+    """The first plan's predicted batch times (``plan.json``: from monitoring, or the given plan)."""
+    history: list[dict] = field(default_factory=list)
+    """Per-step metrics rows (identical on every rank)."""
+    val_curve: list[list[float]] = field(default_factory=list)
+    """``[step, validation loss]`` pairs."""
+    meta: dict | None = None
+    """The trace's ``meta.json`` dict, known from the end of step 1."""
+    failures: list[str] = field(default_factory=list)
+    """Problems the run survived (e.g. no plan): reported in the summary; a sweep marks the job failed."""
+    replanner: Replanner | None = None
+    """Online re-planning (``[freeze] replan``): the plan in force and its drift; None before a plan."""
+
+    def pack(self, *, step: int, run: dict, method: dict) -> str:
+        """JSON text of this state saved at ``step`` by a run with identity ``run``."""
+        return pack(step=step, run=run, method=method, monitor_records=self.monitor_records,
+                    plan_batch_ms=self.plan_batch_ms, history=self.history, val_curve=self.val_curve,
+                    meta=self.meta, failures=self.failures,
+                    replan=self.replanner.state_dict() if self.replanner is not None else None)
+
+    def restore(self, st: dict, replanner: Replanner | None) -> None:
+        """Take the fields of ``unpack``'s checked state ``st``, and ``restore_replanner``'s re-planner."""
+        for name in ("monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures"):
+            setattr(self, name, st[name])
+        self.replanner = replanner
 
 
 def pack(**state: Any) -> str:
@@ -46,11 +90,41 @@ def unpack(text: Any, identity: dict, step: int, phases: Phases) -> dict:
     return st
 
 
+def load(text: Any, identity: dict, step: int, phases: Phases, cfg: Freeze,
+         method: FreezeMethod) -> tuple[dict, Replanner | None]:
+    """``unpack``'s checked state, after ``method`` loaded its part, and the saved re-planner
+    (``restore_replanner``). Whatever does not load, a method state included, raises ``FreezeStateError``
+    naming what is wrong (one line, not a traceback)."""
+    try:
+        st = unpack(text, identity, step, phases)
+        method.load_state_dict(st["method"])
+        return st, restore_replanner(st, cfg)
+    except FreezeStateError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- a tampered method state: one error line, not a traceback
+        raise FreezeStateError(f"the {cfg.method} method state does not load: {one_line(e)}") from None
+
+
+def restore_replanner(st: dict, cfg: Freeze) -> Replanner | None:
+    """The re-planner saved in ``unpack``'s state ``st``, on this run's schedule with this run's ``[freeze]``
+    settings ``cfg`` (None where none was saved, or re-planning is off now); ``FreezeStateError`` naming
+    what does not fit."""
+    if st["replan"] is None or st["meta"] is None:
+        return None
+    try:
+        replanner = Replanner.for_run(cfg, st["meta"])
+        if replanner is not None:
+            replanner.load_state_dict(st["replan"])
+    except (PlannerError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise FreezeStateError(f"saved freezing state: replan: {one_line(e)}") from None
+    return replanner
+
+
 _RECORD_TYPES = {"step": int, "action": str, "ms": (int, float), "phase": str, "freeze_ratio": (int, float)}
 
 
 def check(st: Any, identity: dict, step: int) -> None:
-    """Structure and consistency of a decoded freezing state (see ``FreezeRuntime.state_dict``)."""
+    """Structure and consistency of a decoded freezing state (see ``FreezeState.pack``)."""
     def fail(msg: str):
         raise FreezeStateError(f"saved freezing state: {msg}")
 

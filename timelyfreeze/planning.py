@@ -1,11 +1,12 @@
-"""The plan step of the runtime: measurements of every pipeline rank in, one plan out.
+"""One plan solve of the runtime: measurements of every rank in, one plan out.
 
-``solve`` runs on pipeline rank 0 with every rank's monitoring records (trace records of the upper- and
+``solve`` runs on global rank 0 (``timelyfreeze.plan_coordinator`` gathers the records there and
+broadcasts the result) with every rank's monitoring records (trace records of the upper- and
 lower-bound phases): it builds the trace the offline planner would load, solves the LP, writes
 ``plan.json`` atomically and returns what every rank needs. It never raises: the LP must not take
 training down, so a failure comes back as ``{"failure": "planning failed: ..."}`` and the run reports it.
 ``replan`` solves again from rescaled node weights (online re-planning, ``timelyfreeze.replan``).
-``load_given`` installs a plan file given with ``[freeze] plan``.
+``load_given`` reads a plan file given with ``[freeze] plan`` (the coordinator installs it).
 """
 
 from __future__ import annotations

@@ -20,10 +20,11 @@ from planner.schedules import v_shaped
 
 from timelyfreeze import corpus, cpu_shims, titan_spec
 from timelyfreeze.config import (
-    FreezeConfigError, check_compile_schedule, check_job_types, check_microbatches, check_parallelism, check_stop_rule, compiles_model,
-    resolve_unit, validate,
+    FreezeConfigError, check_compile_schedule, check_job_types, check_microbatches, check_parallelism,
+    check_stop_rule, compiles_model, resolve_unit, validate,
 )
-from timelyfreeze.runtime import FreezeRuntime, RunInfo
+from timelyfreeze.run_info import PipelinePart, RunInfo, TrainerHandles
+from timelyfreeze.runtime import FreezeRuntime
 from timelyfreeze.stage_hooks import overlap_pairs
 from timelyfreeze.summary import format_summary
 from timelyfreeze.torch_fixes import parallel_meshes, patch_v_schedule_eval, release_mesh_process_groups
@@ -108,11 +109,10 @@ class TimelyFreezeTrainer(Trainer):
             compiled=compiles_model(job_config.compile),
         )
         schedulers = self.lr_schedulers.schedulers
-        return FreezeRuntime(
-            job_config.freeze, phases, info, self._pp_stages(), pd.get_mesh("pp").get_group(),
-            get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log,
-            pairs=overlap_pairs(self.pp_schedule),
-        )
+        pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), pairs=overlap_pairs(self.pp_schedule))
+        handles = TrainerHandles(get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info,
+                                 tb_log=self.metrics_processor.logger.log)
+        return FreezeRuntime(job_config.freeze, phases, info, pipeline, handles)
 
     def _hold_lr_after_schedule(self) -> None:
         """Past ``lr_scheduler.total_steps`` (a run trained longer than its LR schedule, e.g. a time-to-accuracy
@@ -133,8 +133,9 @@ class TimelyFreezeTrainer(Trainer):
         if rt is None or rt.cfg.stop_at_val_loss <= 0:
             return True
         floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
-        if target_reached(rt.val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
-            logger.info(f"[freeze] validation loss {rt.val_curve[-1][1]:.4f} <= stop_at_val_loss "
+        val_curve = rt.state.val_curve
+        if target_reached(val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
+            logger.info(f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
                         f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping")
             return False
         return True

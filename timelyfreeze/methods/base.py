@@ -22,6 +22,8 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
+from timelyfreeze.phases import Phases
+
 
 @dataclass
 class StageView:
@@ -73,7 +75,12 @@ class MethodContext:
     lr_warmup_steps: int = 0
     compiled: bool = False
     """The stages' transformer blocks run under ``torch.compile`` (``[compile] enable`` with ``model``)."""
-    extras: dict[str, Any] = field(default_factory=dict)
+    phases: Phases | None = None
+    """The phases the runtime derived from ``[freeze]`` (warm-up, monitoring, ramp, stable); None where
+    none were derived (a method built outside a run)."""
+    last_loss: float | None = None
+    """The job's training loss of the last step whose metrics row is made (the runtime sets it at the
+    end of every step, after ``after_optimizer_step``); None before the first and where no rank has one."""
 
 
 class FreezeMethod:

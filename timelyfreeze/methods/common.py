@@ -40,13 +40,12 @@ class Units:
 
 def warmup_of(cfg: Any, ctx: MethodContext) -> int:
     """Steps before any freezing: ``[freeze] warmup_steps``; where it is -1 (derived), the warm-up end the
-    runtime derived for TimelyFreeze (``ctx.extras["phases"].warmup_end``), else the LR warm-up."""
+    runtime derived for TimelyFreeze (``ctx.phases.warmup_end``), else the LR warm-up."""
     w = int(cfg.warmup_steps)
     if w >= 0:
         return w
-    phases = ctx.extras.get("phases")
-    if phases is not None:
-        return int(phases.warmup_end)
+    if ctx.phases is not None:
+        return int(ctx.phases.warmup_end)
     return max(0, int(ctx.lr_warmup_steps))
 
 

@@ -213,7 +213,7 @@ class Egeria(FreezeMethod):
             self.skipped_busy += 1
 
     def after_optimizer_step(self, step: int) -> None:
-        loss = self.ctx.extras.get("last_loss")
+        loss = self.ctx.last_loss
         if loss is not None:
             self._loss_sum += float(loss)
             self._loss_count += 1

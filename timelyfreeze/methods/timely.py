@@ -24,7 +24,9 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
-        self.phases: Phases = ctx.extras["phases"]
+        if ctx.phases is None:
+            raise ValueError(f"method {self.name!r} needs the phases the runtime derives (MethodContext.phases)")
+        self.phases: Phases = ctx.phases
         self._units = {v.stage: Units(v) for v in ctx.stages}
         """Per stage, what a draw picks from (tensors, or whole blocks with ``[freeze] unit = "block"``)."""
         self.compile_step = self.phases.warmup_end if ctx.compiled else None

@@ -1,0 +1,163 @@
+"""The plan and the re-plans of a run, made together by every rank of the job.
+
+Every rank of every data-parallel replica of the pipeline contributes its measurements, global rank 0
+solves the LP once on their combination (per action, the maximum over replicas:
+``planner.trace.node_weights``; ``timelyfreeze.planning`` solves and never raises), and the result is
+broadcast, so every rank of every replica freezes by the same plan. A failure is broadcast the same
+way: every rank goes on (without freezing, or with the plan in force) and keeps it in ``failures`` for
+the summary. In the stable phase every rank feeds the same job-wide drift scales to its ``Replanner``
+(``timelyfreeze.replan``), so every rank decides alike when a re-plan is due, with no further collective.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from planner.budget import check_r_max
+from planner.drift import max_scales
+from planner.errors import PlannerError
+
+from timelyfreeze import planning
+from timelyfreeze.config import Freeze, FreezeConfigError
+from timelyfreeze.freeze_state import FreezeState
+from timelyfreeze.methods.base import FreezeMethod
+from timelyfreeze.pipeline_group import JobGroup
+from timelyfreeze.profiler import ActionRecord
+from timelyfreeze.replan import Replanner
+from timelyfreeze.run_info import RunInfo
+
+
+class PlanCoordinator:
+    def __init__(self, cfg: Freeze, info: RunInfo, num_stages: int, *, job: JobGroup, method: FreezeMethod,
+                 state: FreezeState, log: Callable[[str], None]):
+        """``log``: global rank 0's log. A plan given with ``[freeze] plan`` is installed here;
+        ``FreezeConfigError`` where it, or ``r_max_per_stage``, does not fit the run."""
+        self.cfg, self.job, self.method, self.state, self.log = cfg, job, method, state, log
+        self.paths = info.paths
+        self.r_max = _budgets(cfg, num_stages)
+        """``[freeze] r_max``, or the per-stage tuple of ``r_max_per_stage``, as the planner takes it."""
+        self._pending: dict | None = None
+        """A given plan waiting for ``meta`` (the end of step 1) before its re-planner can be made."""
+        if cfg.plan:
+            given = planning.load_given(cfg.plan, info.schedule, num_stages, info.num_microbatches)
+            state.plan_batch_ms = given["batch_time_ms"]
+            method.set_plan(given["ratios"])
+            self._pending = given
+
+    # -- every step ------------------------------------------------------------------------------
+    def record(self, phase: str, records: list[ActionRecord]) -> None:
+        """Keep this rank's records of a phase the method's plan is made from."""
+        if phase in self.method.monitor_phases:
+            self.state.monitor_records.extend(r.to_json() for r in records)
+
+    def watching(self, phase: str) -> bool:
+        """Whether this step's drift is checked (a stable step under a plan that re-planning watches)."""
+        return phase == "stable" and self.state.replanner is not None
+
+    def local_scales(self, records: list[ActionRecord]) -> dict[str, float] | None:
+        """This rank's per-group drift scales of a watched step (``Replanner.local_scales``)."""
+        return self.state.replanner.local_scales([(r.action, r.ms, r.freeze_ratio) for r in records])
+
+    def after_gather(self, step: int) -> None:
+        """After the step's gather (``meta`` is known from then on): watch a given plan, and make the plan
+        where the method asks for it (collective)."""
+        if self._pending is not None:
+            self._start_replanner(self._pending)
+        if self.method.needs_plan(step):
+            self.make_plan(step)
+
+    def predicted_ms(self) -> float | None:
+        """The plan in force's predicted batch time."""
+        replanner, first = self.state.replanner, self.state.plan_batch_ms
+        if replanner is not None and replanner.batch_ms:
+            return replanner.batch_ms["planned"]
+        return first["planned"] if first else None
+
+    def check_drift(self, step: int, row: dict, scales: list[dict | None] | None) -> None:
+        """Add the step's drift to its metrics ``row`` (``scales``: every rank's ``local_scales`` of a
+        watched step, else None), re-plan when one is due (collective), and count the re-plans."""
+        replanner = self.state.replanner
+        if scales is not None:
+            row["drift"] = replanner.observe(max_scales(scales))
+            if replanner.due():
+                self._replan(step, row)
+        if replanner is not None:
+            row["replans"] = len(replanner.events)
+
+    def resumed(self) -> None:
+        """A checkpoint's re-planner (``FreezeState.restore``) replaces a given plan's pending one."""
+        if self.state.replanner is not None:
+            self._pending = None
+
+    def close(self) -> None:
+        """Drop the job's process groups (see ``FreezeRuntime.close``)."""
+        self.job = None
+
+    # -- plan and re-plan (collective) -------------------------------------------------------------
+    def make_plan(self, step: int) -> None:
+        """The plan from every rank's monitoring records, made after ``step``."""
+        t0 = time.perf_counter()
+        gathered = self.job.gather_to_zero(self.state.monitor_records)
+        result = None
+        if self.job.rank == 0:
+            result = planning.solve(self.state.meta, gathered, self.r_max, self.cfg.solver,
+                                    self.paths.trace, self.paths.plan, self.cfg.estimator)
+        result = self.job.broadcast(result)
+        if "failure" in result:
+            self.method.set_plan(None, result["failure"])
+            self.state.failures.append(f"{result['failure']} (step {step}); the run trained on without freezing")
+            self.log(f"[freeze] ERROR {result['failure']}; training continues without freezing")
+            return
+        self.method.set_plan(result["ratios"])
+        self.state.plan_batch_ms = result["batch_time_ms"]
+        self._start_replanner(result)
+        self.log(f"[freeze] plan written to {self.paths.plan} ({time.perf_counter() - t0:.2f} s)\n"
+                 + result["summary"])
+
+    def _start_replanner(self, result: dict) -> None:
+        """Watch the plan ``result`` (``planning.plan_result``) for drift, where re-planning is on."""
+        self._pending = None
+        self.state.replanner = Replanner.for_run(self.cfg, self.state.meta)
+        if self.state.replanner is not None:
+            self.state.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"],
+                                         result["edge_ms"])
+
+    def _replan(self, step: int, row: dict) -> None:
+        """Re-plan after ``step``: from the current node weights rescaled by the drifting steps' median
+        scales; the new plan applies from the next step."""
+        replanner = self.state.replanner
+        weights, scales = replanner.proposed_weights()
+        old = replanner.batch_ms["planned"]
+        reason = (f"median drift {replanner.window_drift():+.1%} over the last {replanner.patience} stable step"
+                  f"{'s' if replanner.patience > 1 else ''} (beyond {replanner.threshold:.0%})")
+        path = self.paths.replan(step)
+        result = None
+        if self.job.rank == 0:
+            result = planning.replan(self.state.meta, weights, self.r_max, self.cfg.solver, path,
+                                     {"replanned_at_step": step, "reason": reason, "scales": scales,
+                                      "estimator": "rescaled"}, replanner.edge_ms)
+        result = self.job.broadcast(result)
+        if "failure" in result:
+            replanner.window = []
+            self.state.failures.append(f"{result['failure']} (step {step}); the run kept the plan in force")
+            self.log(f"[freeze] ERROR {result['failure']}; the plan in force stays")
+            return
+        self.method.set_plan(result["ratios"])
+        replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
+        new = result["batch_time_ms"]["planned"]
+        event = {"step": step, "reason": reason, "scales": scales, "old_planned_ms": old,
+                 "new_planned_ms": new, "plan": str(path)}
+        replanner.events.append(event)
+        row["replan"] = event
+        self.log(f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
+                 f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}); {path}")
+
+
+def _budgets(cfg: Freeze, num_stages: int) -> float | tuple[float, ...]:
+    if not cfg.r_max_per_stage:
+        return float(cfg.r_max)
+    try:
+        return check_r_max(list(cfg.r_max_per_stage), num_stages, "[freeze] r_max_per_stage")
+    except PlannerError as e:
+        raise FreezeConfigError(str(e)) from None
