@@ -32,7 +32,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 SIZES = [  # (pp, stages per rank, microbatches)
     (4, 1, 8), (4, 2, 8), (4, 1, 32), (8, 2, 16), (4, 2, 32), (8, 2, 64),

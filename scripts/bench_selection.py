@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from timelyfreeze.selection import action_generator, balanced_subset, uniform_subset  # noqa: E402
+from timelyfreeze.selection import action_generator, balanced_subset, uniform_subset
 
 
 def debug_model_stages() -> list[dict[str, int]]:

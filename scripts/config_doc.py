@@ -8,12 +8,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from timelyfreeze import config_doc  # noqa: E402
+from timelyfreeze import config_doc
 
 
 def main() -> int:

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 class _HostStagedRecv:
@@ -105,9 +104,7 @@ def launch(config: str, extra: list[str]) -> int:
         print("error: no CUDA device: this harness runs the ranks on one GPU (use `make run` on CPU)",
               file=sys.stderr)
         return 2
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from run_default import dump_folder_of, nproc_of
-
+    from timelyfreeze.launch import dump_folder_of, nproc_of
     from timelyfreeze.summary import format_summary
 
     os.chdir(ROOT)

@@ -14,60 +14,36 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from timelyfreeze.summary import format_summary  # noqa: E402
+from timelyfreeze import launch
+from timelyfreeze.summary import format_summary
 
 DEFAULT_CONFIG = "torchtitan_configs/llama3_debug_1f1b_cpu.toml"
+SHOWN = re.compile(r"\[freeze\] (step|plan|planning|restored|re-plan)|validate step|Error|error:")
 
 
-def dump_folder_of(config: str, extra: list[str]) -> str:
-    for i, a in enumerate(extra):
-        if a.startswith("--job.dump_folder"):
-            return a.split("=", 1)[1] if "=" in a else extra[i + 1]
-    text = Path(config).read_text()
-    m = re.search(r'^\s*dump_folder\s*=\s*"([^"]+)"', text, re.M)
-    return m.group(1) if m else "./outputs"
-
-
-def nproc_of(config: str, extra: list[str]) -> int:
-    for i, a in enumerate(extra):
-        if a.startswith("--parallelism.pipeline_parallel_degree"):
-            return int(a.split("=", 1)[1] if "=" in a else extra[i + 1])
-    m = re.search(r"^\s*pipeline_parallel_degree\s*=\s*(\d+)", Path(config).read_text(), re.M)
-    return int(m.group(1)) if m else 2
+def show(line: str) -> None:
+    """One progress line per step (and plans, validation, errors) of the training log."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", line.rstrip())
+    if SHOWN.search(clean) and "lspci" not in clean and "loss: -0.0005" not in clean:
+        print(re.sub(r"^\[titan\] \S+ \S+ - root - \w+ - ", "", clean), flush=True)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=DEFAULT_CONFIG)
     args, extra = ap.parse_known_args()
-    os.chdir(ROOT)
-    dump = Path(dump_folder_of(args.config, extra))
+    os.chdir(launch.REPO_ROOT)
+    dump = Path(launch.dump_folder_of(args.config, extra))
     dump.mkdir(parents=True, exist_ok=True)
     log_path = dump / "run.log"
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc_of(args.config, extra)}",
-           "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "-m", "timelyfreeze.train",
-           "--job.config_file", args.config, *extra]
+    cmd = launch.torchrun_command(args.config, *extra, nproc=launch.nproc_of(args.config, extra))
     print("$ " + " ".join(cmd), flush=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.time()
-    shown = re.compile(r"\[freeze\] (step|plan|planning|restored|re-plan)|validate step|Error|error:")
-    with open(log_path, "w") as log, subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as proc:
-        for line in proc.stdout:
-            log.write(line)
-            clean = re.sub(r"\x1b\[[0-9;]*m", "", line.rstrip())
-            if shown.search(clean) and "lspci" not in clean and "loss: -0.0005" not in clean:
-                print(re.sub(r"^\[titan\] \S+ \S+ - root - \w+ - ", "", clean), flush=True)
-        rc = proc.wait()
+    rc = launch.run(cmd, log_path, on_line=show)
     print(f"\nwall time {time.time() - t0:.1f} s, full log: {log_path}")
     summary_path = dump / "timelyfreeze" / "summary.json"
     if rc != 0 or not summary_path.exists():

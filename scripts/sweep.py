@@ -9,11 +9,8 @@ grid file); ``python -m timelyfreeze.experiments`` does the same.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs without `pip install -e .` too
-
-from timelyfreeze.experiments.cli import main  # noqa: E402
+from timelyfreeze.experiments.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,11 +7,8 @@ Thin entry point: the logic is ``timelyfreeze.experiments`` (``report`` says wha
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # runs without `pip install -e .` too
-
-from timelyfreeze.experiments.cli import report_main  # noqa: E402
+from timelyfreeze.experiments.cli import report_main
 
 if __name__ == "__main__":
     sys.exit(report_main())

@@ -21,13 +21,13 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 
 from planner.plan import load_plan, plan_from_trace
 from planner.trace import load_trace
 from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun
+from timelyfreeze.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
 
@@ -41,9 +41,7 @@ FSDP2 = ["--parallelism.data_parallel_shard_degree", "2"]
 @pytest.mark.parametrize("schedule,ac", [("1F1B", "ac"), ("ZBVZeroBubble", "noac")])
 def test_fsdp2_gradients_are_exact(tmp_path, schedule, ac):
     out = tmp_path / "result.json"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4",
-                        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-                        str(ROOT / "tests" / "fsdp_exact_job.py"), str(out), schedule, ac],
+    p = subprocess.run([*torchrun_prefix(4), str(ROOT / "tests" / "fsdp_exact_job.py"), str(out), schedule, ac],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert out.exists(), (p.stdout + p.stderr)[-6000:]
     result = json.loads(out.read_text())

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from timelyfreeze.experiments import runtime_bench as rb
+from timelyfreeze.experiments.runtime_analysis import decompose
 
 
 def opts(**kw):
@@ -56,7 +57,7 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
 
 
 def test_decompose_without_a_trace_is_empty(tmp_path):
-    assert rb.decompose(tmp_path) == {}
+    assert decompose(tmp_path) == {}
 
 
 @pytest.mark.parametrize("argv,needle", [(["--schedules", "Nope"], "error: --schedules: unknown schedule 'Nope'"),

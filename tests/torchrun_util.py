@@ -1,16 +1,14 @@
-"""Launch real ``torchrun`` training jobs from tests (CPU, gloo)."""
+"""Launch real ``torchrun`` training jobs from tests (CPU, gloo), through ``timelyfreeze.launch``."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "torchtitan_configs"
+from timelyfreeze.launch import CONFIGS, TRAIN, run, torchrun_command
+from timelyfreeze.launch import REPO_ROOT as ROOT
 
 
 @dataclass
@@ -36,41 +34,36 @@ class Run:
         return "\n".join(errors)[-8000:] + "\n...\n" + "\n".join(lines)[-3000:]
 
 
-TRAIN = ("-m", "timelyfreeze.train")
-
-
 def command(config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False,
             target: tuple[str, ...] = TRAIN) -> list[str]:
     """The ``torchrun ... -m timelyfreeze.train`` command line of a test run (``target``: another entry
     point, e.g. a test job script). The model's initial weights are seeded (``--debug.seed 0``), so
     everything before the plan is the same in every run."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-        *target,
-        "--job.config_file", str(CONFIGS / config),
-        "--job.dump_folder", str(dump),
+    return torchrun_command(
+        CONFIGS / config,
         "--metrics.enable-tensorboard" if tensorboard else "--metrics.no-enable-tensorboard",
         "--debug.seed", "0",
         "--comm.init_timeout_seconds", "120",
         "--comm.train_timeout_seconds", "120",
-        *args,
-    ]
+        *args, nproc=nproc, dump_folder=dump, target=target,
+    )
 
 
-ENV = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+TEST_ENV = {"OMP_NUM_THREADS": "1"}
+"""What every test job adds to the environment (``launch.run`` adds ``PYTHONUNBUFFERED=1`` too)."""
+ENV = dict(os.environ, PYTHONUNBUFFERED="1", **TEST_ENV)
+"""The whole environment, for the tests that start ``command`` with their own ``subprocess`` call."""
 
 
 def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420,
              tensorboard: bool = False, target: tuple[str, ...] = TRAIN, env: dict | None = None) -> Run:
     """Run ``timelyfreeze.train`` (or ``target``) on ``nproc`` CPU processes; returns exit code, log and
-    dump folder. ``env``: variables added to the job's environment."""
+    dump folder (the whole log is kept in ``<dump>/torchrun.log`` for a failure's post-mortem). ``env``:
+    variables added to the job's environment."""
     cmd = command(config, dump, *args, nproc=nproc, tensorboard=tensorboard, target=target)
-    p = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
-    log = p.stdout + p.stderr
-    Path(dump).mkdir(parents=True, exist_ok=True)
-    (Path(dump) / "torchrun.log").write_text(log)  # the whole log, for a failure's post-mortem
-    return Run(p.returncode, log, Path(dump))
+    log = Path(dump) / "torchrun.log"
+    rc = run(cmd, log, cwd=ROOT, env={**TEST_ENV, **(env or {})}, timeout=timeout)
+    return Run(rc, log.read_text(errors="replace"), Path(dump))
 
 
 def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 3) -> list[str]:

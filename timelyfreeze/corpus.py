@@ -168,16 +168,17 @@ PRETRAIN_CONFIG = "llama3_debug_pretrain_cpu.toml"
 
 
 def pretrained_dir() -> Path:
-    """Dump folder of a pre-training run built on this machine (``scripts/pretrain.py``)."""
+    """Dump folder of a pre-training run built on this machine (``timelyfreeze.experiments.pretrain``)."""
     v = sys.version_info
     return cache_dir() / f"pretrained-llama3-debugmodel-py{v.major}{v.minor}"
 
 
-COMMITTED_PRETRAINED = Path(__file__).resolve().parent / "pretrained" / "llama3-debugmodel-py311"
-"""The pre-trained checkpoint that ships with the repository (``checkpoint/step-*/``, model weights only), with
-the sha256 of the tokenizer it was trained with (``tokenizer.sha256``) and its ``pretrain.log``. Pre-training
-on another CPU gives another checkpoint (float sums in another order), so fine-tuning results are only
-comparable across machines when every machine starts from this one."""
+COMMITTED_PRETRAINED = Path(__file__).resolve().parents[1] / "checkpoints" / "llama3-debugmodel-py311"
+"""The pre-trained checkpoint that ships with the repository (``checkpoints/``, a data folder outside the import
+package; ``checkpoint/step-*/``, model weights only), with the sha256 of the tokenizer it was trained with
+(``tokenizer.sha256``) and its ``pretrain.log``. Pre-training on another CPU gives another checkpoint (float
+sums in another order), so fine-tuning results are only comparable across machines when every machine starts
+from this one."""
 
 
 def last_checkpoint(ckpt: Path) -> Path | None:

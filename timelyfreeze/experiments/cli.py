@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import shlex
 import sys
@@ -30,8 +29,10 @@ from timelyfreeze.experiments.extend import extension_overrides
 from timelyfreeze.experiments.grid import (KNOBS, GridError, Job, expand_grid, load_grid_file, parse_method_flag,
                                            parse_set_flag)
 from timelyfreeze.experiments.predictions import Planner
+from timelyfreeze.experiments.pretrain import ensure_pretrained
 from timelyfreeze.experiments.report import build_report
-from timelyfreeze.experiments.runner import REPO_ROOT, file_sha256, resume_plan, run_sweep, write_json
+from timelyfreeze.experiments.runner import file_sha256, resume_plan, run_sweep, write_json
+from timelyfreeze.launch import REPO_ROOT
 
 RUN_DESCRIPTION = "Run a grid of TimelyFreeze / baseline training jobs from one base TOML, one ``torchrun`` at a time."
 
@@ -53,14 +54,6 @@ def grid_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.extend_to_target is not None:
         grid["extend_to_target"] = args.extend_to_target
     return grid
-
-
-def _ensure_pretrained() -> None:
-    """Build the cached pre-trained checkpoint once (``scripts/pretrain.py``, a script, loaded by path)."""
-    spec = importlib.util.spec_from_file_location("_timelyfreeze_pretrain", REPO_ROOT / "scripts" / "pretrain.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.ensure_pretrained()
 
 
 def grid_record(path: Path, grid: dict, jobs: list[Job]) -> dict:
@@ -115,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.launcher is None and finetunes:
         # the fine-tuning setting starts every job from the cached pre-trained checkpoint: build it once, and
         # let every job's spec name it (a job that started from another machine's checkpoint runs again)
-        _ensure_pretrained()
+        ensure_pretrained()
         start = corpus.start_fingerprint()
         print(f"sweep: every job starts from the pre-trained checkpoint {start}")
     try:

@@ -1,5 +1,5 @@
-"""One job -> its command: ``torchrun -m timelyfreeze.train`` with the job's training arguments, or a
-launcher (e.g. ``python tests/fake_job.py``) given the same arguments."""
+"""One job -> its command: ``torchrun -m timelyfreeze.train`` (``timelyfreeze.launch``) with the job's training
+arguments, or a launcher (e.g. ``python tests/fake_job.py``) given the same arguments."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyfreeze.experiments.grid import KNOBS, Job, fmt_value
+from timelyfreeze.launch import torchrun_command
 
 
 def override_args(key: str, value: Any) -> list[str]:
@@ -52,11 +53,9 @@ def pp_degree(job: Job, base_toml: str | Path) -> int:
     return int(value) if value is not None else 1
 
 
-def train_args(job: Job, base_toml: str | Path, dump_folder: str | Path) -> list[str]:
-    """The ``timelyfreeze.train`` arguments of a job (what a fake launcher receives too)."""
+def job_args(job: Job) -> list[str]:
+    """The job's own ``timelyfreeze.train`` arguments: method, seed, schedule, knob and overrides."""
     args = [
-        "--job.config_file", str(base_toml),
-        "--job.dump_folder", str(dump_folder),
         "--freeze.method", job.method,
         "--freeze.seed", str(job.seed),
         "--parallelism.pipeline_parallel_schedule", job.schedule,
@@ -69,6 +68,11 @@ def train_args(job: Job, base_toml: str | Path, dump_folder: str | Path) -> list
     return args
 
 
+def train_args(job: Job, base_toml: str | Path, dump_folder: str | Path) -> list[str]:
+    """The ``timelyfreeze.train`` arguments of a job (what a fake launcher receives too)."""
+    return ["--job.config_file", str(base_toml), "--job.dump_folder", str(dump_folder), *job_args(job)]
+
+
 def build_command(
     job: Job,
     base_toml: str | Path,
@@ -77,16 +81,10 @@ def build_command(
     launcher: str | None = None,
     nproc_per_node: int | None = None,
 ) -> list[str]:
-    """The command of one job: ``torchrun`` (as ``python -m torch.distributed.run``, so the venv's
-    torch is used) with ``-m timelyfreeze.train``, or ``launcher`` (a shell-style command such as
-    ``"python tests/fake_job.py"``) followed by the same training arguments."""
+    """The command of one job: ``launch.torchrun_command`` of ``timelyfreeze.train``, or ``launcher`` (a
+    shell-style command such as ``"python tests/fake_job.py"``) followed by the same training arguments."""
     dump_folder = dump_folder if dump_folder is not None else Path("jobs") / job.job_id / "dump"
-    args = train_args(job, base_toml, dump_folder)
     if launcher:
-        return shlex.split(launcher) + args
+        return shlex.split(launcher) + train_args(job, base_toml, dump_folder)
     nproc = nproc_per_node or pp_degree(job, base_toml)
-    return [
-        python_exe, "-m", "torch.distributed.run",
-        f"--nproc_per_node={nproc}", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0",
-        "-m", "timelyfreeze.train", *args,
-    ]
+    return torchrun_command(base_toml, *job_args(job), nproc=nproc, dump_folder=dump_folder, python=python_exe)

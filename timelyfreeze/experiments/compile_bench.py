@@ -26,8 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from timelyfreeze.experiments.runner import REPO_ROOT
 from timelyfreeze.experiments.runtime_bench import BenchError, agg, torchrun, write_csv
+from timelyfreeze.launch import REPO_ROOT
 
 CONFIG = "llama3_debug_1f1b_cpu.toml"
 CELLS: dict[str, list[str]] = {

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from timelyfreeze import launch
 from timelyfreeze.experiments.grid import Job
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-"""Every job runs here (relative paths in grids and base TOMLs are the repository's)."""
+from timelyfreeze.launch import REPO_ROOT
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 LOG_TAIL_LINES = 40
 
@@ -119,20 +118,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGTERM the job's process group (torchrun forwards it to its workers), then SIGKILL."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
@@ -218,24 +203,16 @@ def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
     }
     write_json(job_dir / "job.json", rec)
     t0 = time.monotonic()
-    interrupted = False
-    with open(log, "wb") as logf:
-        logf.write(f"# {rec['start_time']} {rec['command_str']}\n".encode())
-        logf.flush()
-        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **(env or {})})
-        try:
-            proc.wait(timeout=timeout_s)
-            status = "ok" if proc.returncode == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            status = "timeout"
-        except KeyboardInterrupt:
-            _kill_group(proc)
-            status, interrupted = "interrupted", True
-    rec.update(end_time=_now(), duration_s=round(time.monotonic() - t0, 3), exit_code=proc.returncode,
-               status=status)
+    interrupted, exit_code = False, None  # a stopped job (timeout, Ctrl-C) has no exit code of its own
+    try:
+        exit_code = launch.run(command, log, env=env, timeout=timeout_s,
+                               header=f"# {rec['start_time']} {rec['command_str']}")
+        status = "ok" if exit_code == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        status = "timeout"
+    except KeyboardInterrupt:
+        status, interrupted = "interrupted", True
+    rec.update(end_time=_now(), duration_s=round(time.monotonic() - t0, 3), exit_code=exit_code, status=status)
     if status == "ok" and not summary.is_file():
         rec.update(status="failed", reason="exit 0 but no timelyfreeze/summary.json in the dump folder")
     elif status == "ok" and (failures := _summary_failures(summary)):

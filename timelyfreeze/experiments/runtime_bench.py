@@ -46,8 +46,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
-from timelyfreeze.experiments.runner import REPO_ROOT, fmt_duration
+from timelyfreeze import launch
+from timelyfreeze.experiments.runner import fmt_duration
+from timelyfreeze.experiments.runtime_analysis import after_replan, decompose, phase_median, share
+from timelyfreeze.launch import CONFIGS, REPO_ROOT
 
 CONFIG = {
     "GPipe": "llama3_debug_gpipe_cpu.toml",
@@ -67,30 +71,12 @@ class BenchError(Exception):
 
 # -- jobs ------------------------------------------------------------------------------------------
 def torchrun(target: list[str], config: str, dump: Path, nproc: int, layout: list[str], args: list[str],
-             on_row=None) -> None:  # noqa: ANN001 - on_row(row dict) is called for every new metrics row
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv-backend=c10d",
-           "--rdzv-endpoint=localhost:0", *target, "--job.config_file", str(REPO_ROOT / "torchtitan_configs" / config),
-           "--job.dump_folder", str(dump), "--metrics.no-enable-tensorboard", "--validation.no-enable",
-           *layout, *args]
-    dump.mkdir(parents=True, exist_ok=True)
-    metrics = dump / "timelyfreeze" / "metrics.jsonl"
-    if metrics.exists():
-        metrics.unlink()
-    with open(dump / "bench.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        seen = 0
-        while proc.poll() is None:
-            time.sleep(0.5)
-            if on_row is not None and metrics.exists():
-                lines = metrics.read_text().splitlines()
-                for line in lines[seen:]:
-                    try:
-                        on_row(json.loads(line))
-                    except ValueError:
-                        break
-                    seen += 1
-        rc = proc.wait()
+             on_row: Callable[[dict], None] | None = None) -> None:
+    """One bench job (``launch``): ``target`` on ``config`` with tensorboard and validation off, its log in
+    ``<dump>/bench.log``; ``on_row`` is called for every new metrics row. BenchError when it fails."""
+    cmd = launch.torchrun_command(CONFIGS / config, "--metrics.no-enable-tensorboard", "--validation.no-enable",
+                                  *layout, *args, nproc=nproc, dump_folder=dump, target=target)
+    rc = launch.run(cmd, dump / "bench.log", metrics=dump / "timelyfreeze" / "metrics.jsonl", on_row=on_row)
     if rc != 0:
         raise BenchError(f"job failed (exit {rc}), see {dump / 'bench.log'}")
 
@@ -112,11 +98,6 @@ def overhead_job(schedule: str, dump: Path, opts) -> dict:  # noqa: ANN001 - arg
     return {"pairs": len(diffs), "plain_ms": plain * 1e3,
             "hooks_ms": statistics.median(r["s"] for r in rows if r["kind"] == "hooks") * 1e3,
             "diff_ms": mean_d * 1e3, "overhead_pct": 100 * mean_d / plain}
-
-
-def _phase_median(metrics: list[dict], phase: str) -> float:
-    vals = [m["batch_ms"] for m in metrics if m.get("phase") == phase]
-    return statistics.median(vals) if vals else float("nan")
 
 
 def load_kind(opts) -> str:  # noqa: ANN001
@@ -149,7 +130,7 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
     s = json.loads((out / "summary.json").read_text())
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     pred = s["predicted_batch_ms"]
-    med = {p: _phase_median(metrics, p) for p in ("upper", "lower", "stable")}
+    med = {p: phase_median(metrics, p) for p in ("upper", "lower", "stable")}
     stable_rows = [m for m in metrics if m.get("phase") == "stable" and m.get("predicted_batch_ms")]
     res = {
         "upper_ms": med["upper"], "lower_ms": med["lower"], "stable_ms": med["stable"],
@@ -160,72 +141,11 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
         "avg_freeze_ratio": s["avg_freeze_ratio"], "replans": len(s.get("replans") or []),
         "load_started": bool(hog),
     }
-    res["share_pct"] = _share(res["speedup_measured"], res["speedup_predicted"])
+    res["share_pct"] = share(res["speedup_measured"], res["speedup_predicted"])
     res.update(decompose(dump))
     if load:
         res.update(after_replan(dump))
     return res
-
-
-def after_replan(dump: Path) -> dict:
-    """A load run after its first re-plan: per stable step ``k`` the plan in force (the latest re-plan
-    before ``k``) predicts ``P_k`` (planned) and ``N_k`` (no-freeze, under the load it was re-planned for);
-    medians over those steps of ``M_k / P_k - 1`` and of the share ``(N_k / M_k - 1) / (N_k / P_k - 1)``.
-    {} without a re-plan that has stable steps after it."""
-    out = Path(dump) / "timelyfreeze"
-    s = json.loads((out / "summary.json").read_text())
-    replans = s.get("replans") or []
-    if not replans:
-        return {}
-    plans = [(e["step"], json.loads(Path(e["plan"]).read_text())["batch_time_ms"]) for e in replans]
-    errors, shares, measured, planned = [], [], [], []
-    for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()):
-        if m.get("phase") != "stable" or m["step"] <= plans[0][0]:
-            continue
-        bt = [b for step, b in plans if step < m["step"]][-1]
-        errors.append(m["batch_ms"] / bt["planned"] - 1)
-        shares.append(_share(bt["no_freeze"] / m["batch_ms"], bt["no_freeze"] / bt["planned"]))
-        measured.append(m["batch_ms"])
-        planned.append(bt["planned"])
-    if not errors:
-        return {}
-    return {"replan_step": plans[0][0], "steps_after": len(errors), "stable_after_ms": statistics.median(measured),
-            "pred_after_planned_ms": statistics.median(planned), "error_after_pct": 100 * statistics.median(errors),
-            "share_after_pct": statistics.median(shares)}
-
-
-def decompose(dump: Path) -> dict:
-    """``{"model_gap_pct", "action_drift_pct"}`` of a phases run (module docstring); {} without a trace."""
-    from planner.comm import estimate_edge_delays
-    from planner.dag import build_dag, longest_path
-    from planner.trace import load_trace
-
-    out = Path(dump) / "timelyfreeze"
-    if not (out / "trace" / "meta.json").exists():
-        return {}
-    trace = load_trace(out / "trace")
-    edges = estimate_edge_delays(trace)
-    dag = build_dag(trace.meta)
-    rows = {m["step"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if m.get("phase") == "stable" and m.get("predicted_batch_ms")}
-    steps: dict[int, dict[str, float]] = {}
-    for rec in trace.records:
-        if rec.step in rows and rec.replica == 0:
-            steps.setdefault(rec.step, {})[rec.action] = rec.ms
-    gap, drift = [], []
-    for k, durations in steps.items():
-        if len(durations) != len(trace.meta.all_actions()):
-            continue
-        length = longest_path(dag, durations, edges)[0]
-        gap.append(rows[k]["batch_ms"] / length - 1)
-        drift.append(length / rows[k]["predicted_batch_ms"] - 1)
-    if not gap:
-        return {}
-    return {"model_gap_pct": 100 * statistics.median(gap), "action_drift_pct": 100 * statistics.median(drift)}
-
-
-def _share(measured: float, predicted: float) -> float:
-    return 100 * (measured - 1) / (predicted - 1) if predicted > 1 else float("nan")
 
 
 # -- the run ---------------------------------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""The runtime does not import the experiments: ``timelyfreeze.experiments`` is tooling built on the runtime
+(sweeps, benchmarks, their trainer ``overhead_trainer``, the pre-training), never the other way round. Read
+from the source with ``ast``: no torch needed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "timelyfreeze"
+EXPERIMENTS = "timelyfreeze.experiments"
+
+
+def runtime_files() -> list[Path]:
+    """Every module of the runtime: ``timelyfreeze/*.py`` and its subpackages but ``experiments/``."""
+    return sorted(p for p in PACKAGE.rglob("*.py") if "experiments" not in p.relative_to(PACKAGE).parts[:-1])
+
+
+def imported_modules(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """Every module an ``import``/``from ... import`` statement in ``path`` (a module under the folder
+    ``root``) names, relative ones resolved (``from timelyfreeze import experiments`` counts as
+    ``timelyfreeze.experiments``), lazy ones inside functions included."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, *([base] if base else [])])
+            names += [base, *(f"{base}.{a.name}" for a in node.names)]
+    return names
+
+
+def test_the_runtime_imports_nothing_from_the_experiments():
+    files = runtime_files()
+    assert PACKAGE / "trainer.py" in files and PACKAGE / "methods" / "registry.py" in files
+    assert not any("experiments" in p.parts for p in files)
+    offenders = [f"{p.relative_to(PACKAGE.parent)}: {name}" for p in files for name in imported_modules(p)
+                 if name == EXPERIMENTS or name.startswith(EXPERIMENTS + ".")]
+    assert offenders == []
+
+
+def test_the_check_sees_every_way_of_importing(tmp_path):
+    fake = tmp_path / "timelyfreeze" / "methods" / "x.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("import timelyfreeze.experiments.runner\nfrom timelyfreeze import experiments\n"
+                    "from ..experiments import grid\n\ndef f():\n    from timelyfreeze.experiments.cli import main\n")
+    names = imported_modules(fake, tmp_path)
+    assert "timelyfreeze.experiments.runner" in names and "timelyfreeze.experiments" in names
+    assert "timelyfreeze.experiments.grid" in names and "timelyfreeze.experiments.cli.main" in names

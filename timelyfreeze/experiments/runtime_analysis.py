@@ -1,0 +1,77 @@
+"""What a finished runtime-benchmark job's dump says (``runtime_bench``): phase medians, the plan in force
+after a re-plan, and where the stable error comes from (``decompose``; the module docstring of
+``runtime_bench`` defines the quantities)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+def phase_median(metrics: list[dict], phase: str) -> float:
+    """Median batch time (ms) of the metrics rows of ``phase``; NaN without any."""
+    vals = [m["batch_ms"] for m in metrics if m.get("phase") == phase]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def after_replan(dump: Path) -> dict:
+    """A load run after its first re-plan: per stable step ``k`` the plan in force (the latest re-plan
+    before ``k``) predicts ``P_k`` (planned) and ``N_k`` (no-freeze, under the load it was re-planned for);
+    medians over those steps of ``M_k / P_k - 1`` and of the share ``(N_k / M_k - 1) / (N_k / P_k - 1)``.
+    {} without a re-plan that has stable steps after it."""
+    out = Path(dump) / "timelyfreeze"
+    s = json.loads((out / "summary.json").read_text())
+    replans = s.get("replans") or []
+    if not replans:
+        return {}
+    plans = [(e["step"], json.loads(Path(e["plan"]).read_text())["batch_time_ms"]) for e in replans]
+    errors, shares, measured, planned = [], [], [], []
+    for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()):
+        if m.get("phase") != "stable" or m["step"] <= plans[0][0]:
+            continue
+        bt = [b for step, b in plans if step < m["step"]][-1]
+        errors.append(m["batch_ms"] / bt["planned"] - 1)
+        shares.append(share(bt["no_freeze"] / m["batch_ms"], bt["no_freeze"] / bt["planned"]))
+        measured.append(m["batch_ms"])
+        planned.append(bt["planned"])
+    if not errors:
+        return {}
+    return {"replan_step": plans[0][0], "steps_after": len(errors), "stable_after_ms": statistics.median(measured),
+            "pred_after_planned_ms": statistics.median(planned), "error_after_pct": 100 * statistics.median(errors),
+            "share_after_pct": statistics.median(shares)}
+
+
+def decompose(dump: Path) -> dict:
+    """``{"model_gap_pct", "action_drift_pct"}`` of a phases run (module docstring); {} without a trace."""
+    from planner.comm import estimate_edge_delays
+    from planner.dag import build_dag, longest_path
+    from planner.trace import load_trace
+
+    out = Path(dump) / "timelyfreeze"
+    if not (out / "trace" / "meta.json").exists():
+        return {}
+    trace = load_trace(out / "trace")
+    edges = estimate_edge_delays(trace)
+    dag = build_dag(trace.meta)
+    rows = {m["step"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+            if m.get("phase") == "stable" and m.get("predicted_batch_ms")}
+    steps: dict[int, dict[str, float]] = {}
+    for rec in trace.records:
+        if rec.step in rows and rec.replica == 0:
+            steps.setdefault(rec.step, {})[rec.action] = rec.ms
+    gap, drift = [], []
+    for k, durations in steps.items():
+        if len(durations) != len(trace.meta.all_actions()):
+            continue
+        length = longest_path(dag, durations, edges)[0]
+        gap.append(rows[k]["batch_ms"] / length - 1)
+        drift.append(length / rows[k]["predicted_batch_ms"] - 1)
+    if not gap:
+        return {}
+    return {"model_gap_pct": 100 * statistics.median(gap), "action_drift_pct": 100 * statistics.median(drift)}
+
+
+def share(measured: float, predicted: float) -> float:
+    """The achieved share (%) of a predicted speed-up; NaN when nothing was predicted."""
+    return 100 * (measured - 1) / (predicted - 1) if predicted > 1 else float("nan")
