@@ -54,8 +54,10 @@ def pair_action(fwd_stage: int, fwd_microbatch: int, bwd_stage: int, bwd_microba
 
 
 def _bad(name: object) -> ValueError:
-    return ValueError(f"not an action name: {name!r} (expected <stage><F|B|I|W><microbatch>, e.g. '2B5', "
-                      "or a pair (<stage>F<microbatch>;<stage>B<microbatch>)OVERLAP_F_B)")
+    return ValueError(
+        f"not an action name: {name!r} (expected <stage><F|B|I|W><microbatch>, e.g. '2B5', "
+        "or a pair (<stage>F<microbatch>;<stage>B<microbatch>)OVERLAP_F_B)"
+    )
 
 
 def parse_action(name: str) -> Action:

@@ -57,8 +57,10 @@ def check_r_max(r_max: object, num_stages: int | None = None, name: str = "r_max
         return float(r_max)  # type: ignore[arg-type]
     values = list(r_max)
     if num_stages is not None and len(values) != num_stages:
-        raise PlannerError(f"{name}: {len(values)} value{'s' if len(values) != 1 else ''} for {num_stages} "
-                           f"stage{'s' if num_stages != 1 else ''}")
+        raise PlannerError(
+            f"{name}: {len(values)} value{'s' if len(values) != 1 else ''} for {num_stages} "
+            f"stage{'s' if num_stages != 1 else ''}"
+        )
     if not values:
         raise PlannerError(f"{name}: no values")
     for s, x in enumerate(values):
@@ -107,7 +109,10 @@ def parse_r_max(text: str) -> float | tuple[float, ...]:
 
 
 def sensitivity(
-    duals: Mapping[int, float], counts: Mapping[int, int], r_max: RMax, num_stages: int,
+    duals: Mapping[int, float],
+    counts: Mapping[int, int],
+    r_max: RMax,
+    num_stages: int,
 ) -> dict[int, float]:
     """Per stage ``0 .. num_stages-1``: ms of batch time saved per +0.01 of ``r_max_s``,
     ``dual_s * n_s * 0.01``, from the nonnegative shadow prices ``duals`` (ms per unit of budget ``b_s``;

@@ -85,17 +85,25 @@ def _gap_arg(text: str) -> float:
     return v
 
 
-_SOLVER_HELP = (f"LP solver: {', '.join(SOLVERS)} (default auto: the whole LP below 20,000 actions, else the region "
-                "method; all give the same optimum when --gap is 0)")
-_GAP_HELP = ("largest certified relative gap in batch time accepted from the region method, in [0, 1) (default: "
-             "0.001 when auto picks the region method, else 0 = the exact optimum; with the default, where the "
-             "region method cannot certify 0.001 it keeps its best plan if within 0.01 and says so, where a given "
-             "G is kept at the whole LP's cost); the plan records the lower bound and the gap reached")
-_ESTIMATOR_HELP = (f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
-                   "pooled: one value per stage and kind, except microbatches whose data show an effect; "
-                   "see docs/formats.md)")
-_NO_COMM_HELP = ("ignore the delays on cross-rank edges measured in the trace (records with start_ms; "
-                 "see docs/formats.md) and plan on compute times alone")
+_SOLVER_HELP = (
+    f"LP solver: {', '.join(SOLVERS)} (default auto: the whole LP below 20,000 actions, else the region "
+    "method; all give the same optimum when --gap is 0)"
+)
+_GAP_HELP = (
+    "largest certified relative gap in batch time accepted from the region method, in [0, 1) (default: "
+    "0.001 when auto picks the region method, else 0 = the exact optimum; with the default, where the "
+    "region method cannot certify 0.001 it keeps its best plan if within 0.01 and says so, where a given "
+    "G is kept at the whole LP's cost); the plan records the lower bound and the gap reached"
+)
+_ESTIMATOR_HELP = (
+    f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
+    "pooled: one value per stage and kind, except microbatches whose data show an effect; "
+    "see docs/formats.md)"
+)
+_NO_COMM_HELP = (
+    "ignore the delays on cross-rank edges measured in the trace (records with start_ms; "
+    "see docs/formats.md) and plan on compute times alone"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,9 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("plan", help="solve the freeze LP for one r_max (or one per stage) and write PLAN.json")
     q.add_argument("trace", metavar="TRACE_DIR")
-    q.add_argument("--r-max", type=_r_max_arg, required=True, metavar="R or R0,R1,...",
-                   help="max mean freeze ratio per stage, in [0, 1]: one value for every stage, or one per stage "
-                        "(as many as the trace has stages)")
+    q.add_argument(
+        "--r-max",
+        type=_r_max_arg,
+        required=True,
+        metavar="R or R0,R1,...",
+        help="max mean freeze ratio per stage, in [0, 1]: one value for every stage, or one per stage "
+        "(as many as the trace has stages)",
+    )
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
@@ -143,8 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--f-ms", type=_finite_float, default=1.0, help="forward ms per stage (default 1.0)")
     q.add_argument("--b-ms", type=_finite_float, default=2.0, help="full backward ms per stage (default 2.0)")
     q.add_argument("--w-share", type=_finite_float, default=0.5, help="weight-grad share of the backward")
-    q.add_argument("--lower-share", type=_finite_float, default=0.3,
-                   help="weight-grad time left when everything is frozen, as a share")
+    q.add_argument(
+        "--lower-share",
+        type=_finite_float,
+        default=0.3,
+        help="weight-grad time left when everything is frozen, as a share",
+    )
     q.add_argument("--stage-scale", type=_float_list, metavar="S0,S1,...", help="per-stage time multipliers")
     q.add_argument("--jitter", type=_finite_float, default=0.0)
     q.add_argument("--seed", type=int, default=0)
@@ -163,8 +180,9 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
     trace = load_trace(args.trace)
     # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
-    plan = plan_from_trace(trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm,
-                           gap=args.gap)
+    plan = plan_from_trace(
+        trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm, gap=args.gap
+    )
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
@@ -181,10 +199,18 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
     trace = load_trace(args.trace)
     edge_ms = {} if args.no_comm else estimate_edge_delays(trace)
-    rows = sweep(trace.meta, estimate_weights(trace, args.estimator), args.r_max, solver=args.solver,
-                 edge_ms=edge_ms, gap=args.gap)
-    print(f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
-          f"estimator {args.estimator}")
+    rows = sweep(
+        trace.meta,
+        estimate_weights(trace, args.estimator),
+        args.r_max,
+        solver=args.solver,
+        edge_ms=edge_ms,
+        gap=args.gap,
+    )
+    print(
+        f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
+        f"estimator {args.estimator}"
+    )
     if edge_ms:
         print(summary_line(summarize(edge_ms)))
     print(format_table(rows))
@@ -214,8 +240,9 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
         missing = [a for a in meta.all_actions() if a not in plan.actions]
         if missing:
             raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
-        panels.append((f"planned, r_max={format_r_max(plan.r_max)}",
-                       {a: plan.actions[a].duration for a in meta.all_actions()}))
+        panels.append(
+            (f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in meta.all_actions()})
+        )
         ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
     stable = stable_panel(trace)
     if stable is not None and stable[2]:
@@ -244,18 +271,34 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     from .simulate import synthetic_trace, write_trace
 
     trace = synthetic_trace(
-        args.schedule, args.pp, args.microbatches, f_ms=args.f_ms, b_ms=args.b_ms, w_share=args.w_share,
-        lower_share=args.lower_share, stage_scale=args.stage_scale, jitter=args.jitter, seed=args.seed,
-        steps=args.steps, stable_ratio=args.stable_ratio,
+        args.schedule,
+        args.pp,
+        args.microbatches,
+        f_ms=args.f_ms,
+        b_ms=args.b_ms,
+        w_share=args.w_share,
+        lower_share=args.lower_share,
+        stage_scale=args.stage_scale,
+        jitter=args.jitter,
+        seed=args.seed,
+        steps=args.steps,
+        stable_ratio=args.stable_ratio,
     )
     write_trace(trace, args.out)
     m = trace.meta
-    print(f"wrote {args.out}: synthetic {m.schedule} trace, pp={m.pp_degree}, {m.num_stages} stages, "
-          f"{m.num_microbatches} microbatches, {len(trace.records)} records")
+    print(
+        f"wrote {args.out}: synthetic {m.schedule} trace, pp={m.pp_degree}, {m.num_stages} stages, "
+        f"{m.num_microbatches} microbatches, {len(trace.records)} records"
+    )
 
 
-_COMMANDS = {"plan": _cmd_plan, "sweep": _cmd_sweep, "gantt": _cmd_gantt, "orders": _cmd_orders,
-             "simulate": _cmd_simulate}
+_COMMANDS = {
+    "plan": _cmd_plan,
+    "sweep": _cmd_sweep,
+    "gantt": _cmd_gantt,
+    "orders": _cmd_orders,
+    "simulate": _cmd_simulate,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -48,8 +48,11 @@ SAMPLE_PHASES = ("upper", "lower")
 def cross_rank_edges(dag: nx.DiGraph) -> list[tuple[str, str]]:
     """The edges of ``dag`` between actions on different ranks, in the graph's edge order."""
     nodes = dag.nodes
-    return [(u, v) for u, v in dag.edges
-            if u not in (SOURCE, SINK) and v not in (SOURCE, SINK) and nodes[u]["rank"] != nodes[v]["rank"]]
+    return [
+        (u, v)
+        for u, v in dag.edges
+        if u not in (SOURCE, SINK) and v not in (SOURCE, SINK) and nodes[u]["rank"] != nodes[v]["rank"]
+    ]
 
 
 def _batches(trace: Trace) -> dict[tuple[int, int], dict[str, tuple[float, float]]]:
@@ -111,5 +114,7 @@ def summarize(delays: EdgeDelays) -> dict[str, float]:
 
 def summary_line(summary: dict[str, float]) -> str:
     """One line for the CLI, e.g. ``communication: 14 cross-rank edges, median 0.42 ms, max 1.3 ms``."""
-    return (f"communication: {summary['edges']} cross-rank edges, median {summary['median_ms']:.3g} ms, "
-            f"max {summary['max_ms']:.3g} ms")
+    return (
+        f"communication: {summary['edges']} cross-rank edges, median {summary['median_ms']:.3g} ms, "
+        f"max {summary['max_ms']:.3g} ms"
+    )

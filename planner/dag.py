@@ -81,9 +81,7 @@ def build_dag(meta: TraceMeta) -> BatchDag:
     except PlannerError:
         pass
     names = [u for u, _ in nx.find_cycle(g)]
-    raise PlannerError(
-        "rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")"
-    )
+    raise PlannerError("rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")")
 
 
 def _add_actions(g: nx.DiGraph, meta: TraceMeta) -> list[str]:
@@ -162,7 +160,7 @@ def index_graph(dag: nx.DiGraph) -> DagIndex:
     while stack:
         u = stack.pop()
         order.append(u)
-        for v in succ_idx[sp[u]:sp[u + 1]]:
+        for v in succ_idx[sp[u] : sp[u + 1]]:
             indeg[v] -= 1
             if indeg[v] == 0:
                 stack.append(v)
@@ -203,14 +201,17 @@ def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays | None) -> np.ndarray:
     missing = np.flatnonzero(sorted_keys[pos] != k) if sorted_keys.size else np.arange(k.size)
     if missing.size:
         i = int(k[missing[0]])
-        raise PlannerError(f"edge delay given for ({di.names[i // n]!r}, {di.names[i % n]!r}), "
-                           "which is not an edge of the DAG")
+        raise PlannerError(
+            f"edge delay given for ({di.names[i // n]!r}, {di.names[i % n]!r}), which is not an edge of the DAG"
+        )
     out[eorder[pos]] = values
     return out
 
 
 def longest_path(
-    dag: nx.DiGraph, durations: Mapping[str, float], edge_ms: EdgeDelays | None = None,
+    dag: nx.DiGraph,
+    durations: Mapping[str, float],
+    edge_ms: EdgeDelays | None = None,
 ) -> tuple[float, dict[str, float], list[str]]:
     """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0) and
     each edge ``(u, v)`` adds the delay ``edge_ms.get((u, v), 0)`` (``planner.comm``): ``v`` starts at the
@@ -226,7 +227,9 @@ def longest_path(
 
 
 def indexed_longest_path(
-    di: DagIndex, durations: Mapping[str, float], pred_delay: np.ndarray | None,
+    di: DagIndex,
+    durations: Mapping[str, float],
+    pred_delay: np.ndarray | None,
 ) -> tuple[float, dict[str, float], list[str]]:
     """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none)."""
     n = len(di.names)

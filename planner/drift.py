@@ -76,8 +76,9 @@ def window_scales(steps: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return {g: float(statistics.median(v)) for g, v in sorted(vals.items())}
 
 
-def planned_durations(weights: NodeWeights, ratios: Mapping[str, float],
-                      scales: Mapping[str, float] | None = None) -> dict[str, float]:
+def planned_durations(
+    weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float] | None = None
+) -> dict[str, float]:
     """Every action's expected duration at its planned ratio (0 where ``ratios`` has none), times its group's
     scale when ``scales`` are given (1 for a group without one)."""
     out = {}
@@ -87,14 +88,21 @@ def planned_durations(weights: NodeWeights, ratios: Mapping[str, float],
     return out
 
 
-def planned_batch(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float],
-                  edge_ms: EdgeDelays | None = None) -> float:
+def planned_batch(
+    dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], edge_ms: EdgeDelays | None = None
+) -> float:
     """The longest path of the planned durations (with the delays): what :func:`drift` compares with."""
     return longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
 
 
-def drift(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float],
-          edge_ms: EdgeDelays | None = None, base: float | None = None) -> float:
+def drift(
+    dag: nx.DiGraph,
+    weights: NodeWeights,
+    ratios: Mapping[str, float],
+    scales: Mapping[str, float],
+    edge_ms: EdgeDelays | None = None,
+    base: float | None = None,
+) -> float:
     """Relative drift of the batch time under ``scales``: ``longest path(planned durations x scale) /
     longest path(planned durations) - 1`` (0 for an empty plan); ``edge_ms``: the plan's delays on
     cross-rank edges (``planner.comm``), the same in both paths. ``base``: :func:`planned_batch` of the same
@@ -109,5 +117,4 @@ def drift(dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], sc
 def scaled_weights(weights: NodeWeights, scales: Mapping[str, float]) -> NodeWeights:
     """Both bounds of every action times its group's scale (1 where a group has none)."""
     s = {a: scales.get(group_of(a), 1.0) for a in weights.w_max}
-    return NodeWeights({a: v * s[a] for a, v in weights.w_min.items()},
-                       {a: v * s[a] for a, v in weights.w_max.items()})
+    return NodeWeights({a: v * s[a] for a, v in weights.w_min.items()}, {a: v * s[a] for a, v in weights.w_max.items()})

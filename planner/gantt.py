@@ -15,15 +15,20 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from .actions import KINDS, PAIR, parse_action
-from .fileio import replace_atomically
 from .dag import build_dag, longest_path
 from .errors import PlannerError
+from .fileio import replace_atomically
 from .trace import TraceMeta
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
 FROZEN_COLOR = "#222222"
-KIND_LABELS = {"F": "F forward", "B": "B backward", "I": "I input grad", "W": "W weight grad",
-               PAIR: "F+B overlapped pair"}
+KIND_LABELS = {
+    "F": "F forward",
+    "B": "B backward",
+    "I": "I input grad",
+    "W": "W weight grad",
+    PAIR: "F+B overlapped pair",
+}
 
 Ratios = Mapping[str, float] | Sequence[Mapping[str, float] | None] | None
 
@@ -36,7 +41,7 @@ def _legend_width_in(meta: TraceMeta) -> float:
     return sum(0.075 * len(label) + 0.45 for label in labels)
 
 
-def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:  # noqa: ANN001 - Trace
+def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] | None:
     """The measured stable-phase panel of a timeline: median ms and median freeze ratio per action over the
     trace's ``stable`` records (with several replicas, per replica, then the per-action maximum over
     replicas, as ``node_weights`` combines the bounds the plan is made from), and the actions that have
@@ -100,13 +105,12 @@ def plot_timeline(
     longest_order = max((len(o) for o in meta.rank_orders.values()), default=1)
     width_in = min(40.0, max(10.0, 0.3 * longest_order, _legend_width_in(meta)))
     height_in = 1.2 + n_panels * (0.55 * pp + 0.9)
-    fig, axes = plt.subplots(
-        n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False)
     # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
     boxes = _Boxes(fig.dpi, width_in * 0.88 * fig.dpi / (xmax * 1.02), 7 if pp <= 8 else 6)
     for ax, (panel_title, durations, makespan, starts, critical), panel_ratios in zip(
-            (a[0] for a in axes), solved, per_panel):
+        (a[0] for a in axes), solved, per_panel
+    ):
         for r in range(pp):
             for a in meta.rank_orders.get(r, []):
                 ratio = min(max(float(panel_ratios.get(a, 0.0)), 0.0), 1.0) if panel_ratios else 0.0
@@ -147,7 +151,7 @@ class _Boxes:
             self.widths[c, size] = TextPath((0, 0), c + c, size=size).get_extents().width / 2
         return self.widths[c, size]
 
-    def draw(self, ax, a: str, r: int, x: float, w: float, ratio: float, on_path: bool) -> None:  # noqa: ANN001
+    def draw(self, ax, a: str, r: int, x: float, w: float, ratio: float, on_path: bool) -> None:
         """Action ``a`` on rank ``r`` from ``x`` for ``w`` ms, frozen by ``ratio``, outlined if ``on_path``."""
         from matplotlib.patches import Rectangle
 
@@ -155,22 +159,47 @@ class _Boxes:
         self.kinds_seen.add(kind)
         frozen = ratio >= 0.005
         self.any_frozen |= frozen
-        ax.add_patch(Rectangle((x, r - 0.4), w, 0.8, facecolor=KIND_COLORS[kind],
-                               alpha=1.0 - 0.6 * ratio if frozen else 1.0, edgecolor="none", linewidth=0))
+        ax.add_patch(
+            Rectangle(
+                (x, r - 0.4),
+                w,
+                0.8,
+                facecolor=KIND_COLORS[kind],
+                alpha=1.0 - 0.6 * ratio if frozen else 1.0,
+                edgecolor="none",
+                linewidth=0,
+            )
+        )
         if frozen:  # a dark bar along the bottom, as long as the frozen fraction of the box
             ax.add_patch(Rectangle((x, r + 0.24), w * ratio, 0.16, facecolor=FROZEN_COLOR, linewidth=0))
-        ax.add_patch(Rectangle((x, r - 0.4), w, 0.8, fill=False, edgecolor="black" if on_path else "white",
-                               linewidth=1.3 if on_path else 0.5))
+        ax.add_patch(
+            Rectangle(
+                (x, r - 0.4),
+                w,
+                0.8,
+                fill=False,
+                edgecolor="black" if on_path else "white",
+                linewidth=1.3 if on_path else 0.5,
+            )
+        )
         fs = self.fs
-        short = a[1:a.index(")")] if kind == PAIR else a  # "(0F3;3B1)OVERLAP_F_B" -> "0F3;3B1"
+        short = a[1 : a.index(")")] if kind == PAIR else a  # "(0F3;3B1)OVERLAP_F_B" -> "0F3;3B1"
         label = short if not frozen else f"{short}\n{ratio:.2f}"
         text_pt = max(sum(self.char_pt(c, fs) for c in part) for part in label.split("\n"))
         if w * self.px_per_ms >= text_pt * self.dpi / 72 + 4:
-            ax.text(x + w / 2, r - (0.06 if frozen else 0.0), label, ha="center", va="center",
-                    fontsize=fs if not frozen else fs - 1, linespacing=0.95,
-                    color="white" if not frozen else "black", clip_on=True)
+            ax.text(
+                x + w / 2,
+                r - (0.06 if frozen else 0.0),
+                label,
+                ha="center",
+                va="center",
+                fontsize=fs if not frozen else fs - 1,
+                linespacing=0.95,
+                color="white" if not frozen else "black",
+                clip_on=True,
+            )
 
-    def legend(self, fig, height_in: float) -> None:  # noqa: ANN001 - a matplotlib Figure
+    def legend(self, fig, height_in: float) -> None:
         """The one-row legend at the bottom and the layout (title row on top, fixed heights in inches)."""
         import matplotlib.pyplot as plt
         from matplotlib.patches import Patch
@@ -180,6 +209,7 @@ class _Boxes:
             handles.append(Patch(facecolor=FROZEN_COLOR, label="frozen fraction (faded box, bar, label)"))
         handles.append(Patch(facecolor="white", edgecolor="black", linewidth=1.3, label="critical path"))
         handles.append(plt.Line2D([], [], color="crimson", linestyle="--", label="batch end"))
-        fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=8,
-                   frameon=False)
+        fig.legend(
+            handles=handles, loc="lower center", bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=8, frameon=False
+        )
         fig.tight_layout(rect=(0, 0.35 / height_in, 1, 1 - 0.3 / height_in))

@@ -78,7 +78,11 @@ class LPSolution:
 
 
 def solve_freeze_lp(
-    dag: BatchDag, weights: NodeWeights, r_max: float | Sequence[float], *, edge_ms: EdgeDelays | None = None,
+    dag: BatchDag,
+    weights: NodeWeights,
+    r_max: float | Sequence[float],
+    *,
+    edge_ms: EdgeDelays | None = None,
     **kw: Any,
 ) -> LPSolution:
     """:func:`solve_problem` on ``build_problem(dag, weights, r_max, edge_ms)`` (:mod:`planner.problem`): for a
@@ -147,21 +151,22 @@ def solve_problem(
     """
     _check_options(solver, gap, fallback_gap, _config)
     t0 = time.perf_counter()
-    ar = problem.arrays
+    arrays = problem.arrays
     if solver == "auto":
-        solver = "region" if len(ar.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
+        solver = "region" if len(arrays.names) - 2 >= _REGION_MIN_ACTIONS else "whole"
         if gap is None and solver == "region":
             gap = DEFAULT_GAP
             fallback_gap = DEFAULT_FALLBACK_GAP if fallback_gap is None else fallback_gap
     result, method = None, "region"
-    if solver == "region" and (ar.delta > 0).any():
-        result = solve_region(ar, problem.r_max, options, gap=float(gap or 0.0),
-                              fallback_gap=float(fallback_gap or 0.0))
+    if solver == "region" and (arrays.delta > 0).any():
+        result = solve_region(
+            arrays, problem.r_max, options, gap=float(gap or 0.0), fallback_gap=float(fallback_gap or 0.0)
+        )
         if result is not None and result.lower_bound is not None:
             method = "region-bounded"
     if result is None:
         method = _config
-        result = solve_whole(ar, problem.r_max, _config, options)
+        result = solve_whole(arrays, problem.r_max, _config, options)
     sol = _solution(problem, result, f"highs-{method}")
     sol.seconds = time.perf_counter() - t0
     if stats is not None:
@@ -181,12 +186,12 @@ def _check_options(solver: str, gap: float | None, fallback_gap: float | None, c
 
 def _solution(problem: Problem, result: LPResult, solver: str) -> LPSolution:
     """The durations of ``result``'s ratios and their longest path, checked against its batch time."""
-    ar, weights = problem.arrays, problem.weights
+    arrays, weights = problem.arrays, problem.weights
     t3 = time.perf_counter()
-    durations = {a: float(weights.w_max[a]) for a in ar.names if a != SOURCE and a != SINK}
+    durations = {a: float(weights.w_max[a]) for a in arrays.names if a != SOURCE and a != SINK}
     r = result.ratios
     for i in np.flatnonzero(r > 0).tolist():
-        a = ar.names[i]
+        a = arrays.names[i]
         hi, lo = durations[a], float(weights.w_min[a])
         durations[a] = min(hi, max(lo, hi - (hi - lo) * float(r[i])))
     makespan, starts, path = problem.longest_path(durations)
@@ -194,8 +199,18 @@ def _solution(problem: Problem, result: LPResult, solver: str) -> LPSolution:
         raise PlannerError(
             f"LP batch time {result.batch_time:.9g} does not match the longest path {makespan:.9g} of its durations"
         )
-    sens = sensitivity(result.budget_duals, stage_counts(ar), problem.r_max, problem.num_stages)
+    sens = sensitivity(result.budget_duals, stage_counts(arrays), problem.r_max, problem.num_stages)
     lower = makespan if result.lower_bound is None else min(result.lower_bound, makespan)
     result.stats["check_s"] = time.perf_counter() - t3
-    return LPSolution(durations, starts, makespan, "optimal", 0.0, solver, sens, lower_bound=lower,
-                      gap_target=result.gap_target, critical_path=path)
+    return LPSolution(
+        durations,
+        starts,
+        makespan,
+        "optimal",
+        0.0,
+        solver,
+        sens,
+        lower_bound=lower,
+        gap_target=result.gap_target,
+        critical_path=path,
+    )

@@ -83,9 +83,21 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     keep = real & ((rank[src] != rank[dst]) | (_rank_successor(di, rank)[src] == dst))
     if delay is not None:
         keep |= real & (delay > 0)  # a same-rank edge with a delay is not implied by the rank chain
-    return DagArrays(names, di.order.tolist(), src_i, snk_i, stage, wmax, delta,
-                     src[keep], dst[keep], src[(dst == snk_i) & (src != src_i)], split, counts,
-                     k_c=None if delay is None else delay[keep])
+    return DagArrays(
+        names,
+        di.order.tolist(),
+        src_i,
+        snk_i,
+        stage,
+        wmax,
+        delta,
+        src[keep],
+        dst[keep],
+        src[(dst == snk_i) & (src != src_i)],
+        split,
+        counts,
+        k_c=None if delay is None else delay[keep],
+    )
 
 
 def _rank_successor(di: DagIndex, rank: np.ndarray) -> np.ndarray:
@@ -109,19 +121,19 @@ def _rank_successor(di: DagIndex, rank: np.ndarray) -> np.ndarray:
 class Paths:
     """Predecessor/successor lists of the kept edges of a :class:`DagArrays`, for repeated longest paths."""
 
-    def __init__(self, ar: DagArrays) -> None:
-        n = len(ar.names)
-        perm = np.argsort(ar.k_dst, kind="stable")
+    def __init__(self, arrays: DagArrays) -> None:
+        n = len(arrays.names)
+        perm = np.argsort(arrays.k_dst, kind="stable")
         ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(ar.k_dst, minlength=n), out=ptr[1:])
-        self.preds, self.pptr = ar.k_src[perm].tolist(), ptr.tolist()
-        self.pdelay = None if ar.k_c is None else ar.k_c[perm].tolist()  # aligned with preds
-        perm = np.argsort(ar.k_src, kind="stable")
+        np.cumsum(np.bincount(arrays.k_dst, minlength=n), out=ptr[1:])
+        self.preds, self.pptr = arrays.k_src[perm].tolist(), ptr.tolist()
+        self.pdelay = None if arrays.k_c is None else arrays.k_c[perm].tolist()  # aligned with preds
+        perm = np.argsort(arrays.k_src, kind="stable")
         sptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(ar.k_src, minlength=n), out=sptr[1:])
-        self.succs, self.sptr = ar.k_dst[perm].tolist(), sptr.tolist()
-        self.sdelay = None if ar.k_c is None else ar.k_c[perm].tolist()  # aligned with succs
-        self.order = ar.order
+        np.cumsum(np.bincount(arrays.k_src, minlength=n), out=sptr[1:])
+        self.succs, self.sptr = arrays.k_dst[perm].tolist(), sptr.tolist()
+        self.sdelay = None if arrays.k_c is None else arrays.k_c[perm].tolist()  # aligned with succs
+        self.order = arrays.order
         self.n = n
 
     def head_tail(self, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +149,11 @@ class Paths:
 
 
 def _farthest(
-    order, nbrs: list[int], ptr: list[int], w: list[float], delay: list[float] | None,  # noqa: ANN001
+    order,
+    nbrs: list[int],
+    ptr: list[int],
+    w: list[float],
+    delay: list[float] | None,
 ) -> list[float]:
     """``val[x] = max(0, max over y in nbrs[ptr[x]:ptr[x+1]] of val[y] + w[y] + delay)``, for ``x`` in ``order``
     (every neighbour before ``x``): the longest path to a node's start (predecessors, topological order) or
@@ -146,7 +162,7 @@ def _farthest(
     for x in order:
         b = 0.0
         if delay is None:
-            for y in nbrs[ptr[x]:ptr[x + 1]]:
+            for y in nbrs[ptr[x] : ptr[x + 1]]:
                 t = val[y] + w[y]
                 if t > b:
                     b = t
@@ -157,28 +173,32 @@ def _farthest(
     return val
 
 
-def stage_counts(ar: DagArrays) -> dict[int, int]:
-    """Freezable actions per stage, the base of each stage's budget (``ar.stage_counts`` when given)."""
-    if ar.stage_counts is not None:
-        return ar.stage_counts
-    st, cn = np.unique(ar.stage[ar.delta > 0], return_counts=True)
+def stage_counts(arrays: DagArrays) -> dict[int, int]:
+    """Freezable actions per stage, the base of each stage's budget (``arrays.stage_counts`` when given)."""
+    if arrays.stage_counts is not None:
+        return arrays.stage_counts
+    st, cn = np.unique(arrays.stage[arrays.delta > 0], return_counts=True)
     return dict(zip(st.tolist(), cn.tolist()))
 
 
-def stage_budgets(ar: DagArrays, r_max: RMax) -> np.ndarray:
+def stage_budgets(arrays: DagArrays, r_max: RMax) -> np.ndarray:
     """Each stage's budget ``r_max_s * n_s`` (the most its freeze ratios may sum to), indexed by stage, with
     ``n_s`` from :func:`stage_counts` (for a region, the whole batch's counts)."""
-    counts = stage_counts(ar)
-    budget = np.zeros(max(int(ar.stage.max()), max(counts, default=-1)) + 1)
+    counts = stage_counts(arrays)
+    budget = np.zeros(max(int(arrays.stage.max()), max(counts, default=-1)) + 1)
     for s_, c in counts.items():
         budget[s_] = stage_r_max(r_max, s_) * c
     return budget
 
 
 def region_arrays(
-    ar: DagArrays, keep: np.ndarray, head_min: np.ndarray, tail_min: np.ndarray, counts: dict[int, int],
+    arrays: DagArrays,
+    keep: np.ndarray,
+    head_min: np.ndarray,
+    tail_min: np.ndarray,
+    counts: dict[int, int],
 ) -> tuple[DagArrays, np.ndarray]:
-    """The relaxation of the LP to the actions ``keep`` (a mask over ``ar``'s nodes).
+    """The relaxation of the LP to the actions ``keep`` (a mask over ``arrays``'s nodes).
 
     Kept actions keep their edges among themselves.  Every path through left-out actions is replaced by
     what it is at least whatever the freezing: a kept action with a left-out predecessor cannot start
@@ -189,24 +209,24 @@ def region_arrays(
     batch (``counts``).  Every schedule of the whole batch restricted to the kept actions is feasible
     here, so this LP's batch time is a lower bound of ``T*`` and, at ``T <= T*``, its least freezing a
     lower bound of the least freezing.
-    Returns the arrays and, per node of them, the index of the node of ``ar`` (-1 for dummies).
+    Returns the arrays and, per node of them, the index of the node of ``arrays`` (-1 for dummies).
     """
-    n = len(ar.names)
+    n = len(arrays.names)
     keep = keep.copy()
-    keep[[ar.src_i, ar.snk_i]] = False
+    keep[[arrays.src_i, arrays.snk_i]] = False
     nodes = np.flatnonzero(keep)
     idx = np.full(n, -1, dtype=np.int64)
     idx[nodes] = np.arange(2, 2 + nodes.size)  # 0: source, 1: sink
-    ks, kd = ar.k_src, ar.k_dst
+    ks, kd = arrays.k_src, arrays.k_dst
     inner = keep[ks] & keep[kd]
     into = ~keep[ks] & keep[kd]
-    kc = ar.k_c
+    kc = arrays.k_c
     hb = np.zeros(n)
-    arrive = head_min[ks[into]] + ar.wmax[ks[into]] - ar.delta[ks[into]]
+    arrive = head_min[ks[into]] + arrays.wmax[ks[into]] - arrays.delta[ks[into]]
     np.maximum.at(hb, kd[into], arrive if kc is None else arrive + kc[into])
     out = keep[ks] & ~keep[kd]
     tb = np.zeros(n)
-    leave = ar.wmax[kd[out]] - ar.delta[kd[out]] + tail_min[kd[out]]
+    leave = arrays.wmax[kd[out]] - arrays.delta[kd[out]] + tail_min[kd[out]]
     np.maximum.at(tb, ks[out], leave if kc is None else leave + kc[out])
     hv, tv = nodes[hb[nodes] > 0], nodes[tb[nodes] > 0]
     m = 2 + nodes.size
@@ -214,20 +234,32 @@ def region_arrays(
     td = np.arange(m + hv.size, m + hv.size + tv.size)
     src = np.concatenate([idx[ks[inner]], hd, idx[tv]])
     dst = np.concatenate([idx[kd[inner]], idx[hv], td])
-    sink_preds = np.concatenate([idx[ar.sink_preds[keep[ar.sink_preds]]], td])
+    sink_preds = np.concatenate([idx[arrays.sink_preds[keep[arrays.sink_preds]]], td])
     dummies = hv.size + tv.size
     pos = np.empty(n, dtype=np.int64)
-    pos[np.asarray(ar.order)] = np.arange(n)
+    pos[np.asarray(arrays.order)] = np.arange(n)
     order = [0, *hd.tolist(), *idx[nodes[np.argsort(pos[nodes])]].tolist(), *td.tolist(), 1]
-    names = [SOURCE, SINK, *(ar.names[i] for i in nodes.tolist()), *(f"<before {i}>" for i in hv.tolist()),
-             *(f"<after {i}>" for i in tv.tolist())]
+    names = [
+        SOURCE,
+        SINK,
+        *(arrays.names[i] for i in nodes.tolist()),
+        *(f"<before {i}>" for i in hv.tolist()),
+        *(f"<after {i}>" for i in tv.tolist()),
+    ]
     sub = DagArrays(
-        names, order, 0, 1,
-        np.concatenate([[-1, -1], ar.stage[nodes], np.full(dummies, -1)]),
-        np.concatenate([[0.0, 0.0], ar.wmax[nodes], hb[hv], tb[tv]]),
-        np.concatenate([[0.0, 0.0], ar.delta[nodes], np.zeros(dummies)]),
-        src, dst, sink_preds, ar.split, counts,
+        names,
+        order,
+        0,
+        1,
+        np.concatenate([[-1, -1], arrays.stage[nodes], np.full(dummies, -1)]),
+        np.concatenate([[0.0, 0.0], arrays.wmax[nodes], hb[hv], tb[tv]]),
+        np.concatenate([[0.0, 0.0], arrays.delta[nodes], np.zeros(dummies)]),
+        src,
+        dst,
+        sink_preds,
+        arrays.split,
+        counts,
         None if kc is None else np.concatenate([kc[inner], np.zeros(hv.size + tv.size)]),
     )
-    back = np.concatenate([[ar.src_i, ar.snk_i], nodes, np.full(dummies, -1)])
+    back = np.concatenate([[arrays.src_i, arrays.snk_i], nodes, np.full(dummies, -1)])
     return sub, back

@@ -72,9 +72,13 @@ class LPModel:
 
 
 def build_lp(
-    ar: DagArrays, r_max: RMax, *, t_bound: float | None = None, basis_start: str = "frozen",
+    arrays: DagArrays,
+    r_max: RMax,
+    *,
+    t_bound: float | None = None,
+    basis_start: str = "frozen",
 ) -> LPModel:
-    """Assemble one stage of the reduced LP on ``ar`` (no dense matrices, no per-row modelling API).
+    """Assemble one stage of the reduced LP on ``arrays`` (no dense matrices, no per-row modelling API).
 
     ``t_bound=None``: stage 1, minimise ``T``.  Starting basis (``basis_start``): ``"frozen"``, the
     all-frozen earliest-start schedule (every ``r`` at 1, one tight row per start variable), or
@@ -90,15 +94,15 @@ def build_lp(
     """
     t0 = time.perf_counter()
     stage2 = t_bound is not None
-    edges = _Edges(ar.k_src, ar.k_dst, ar.k_c, ar.sink_preds)
-    frz, delta = np.flatnonzero(ar.delta > 0), ar.delta
+    edges = _Edges(arrays.k_src, arrays.k_dst, arrays.k_c, arrays.sink_preds)
+    frz, delta = np.flatnonzero(arrays.delta > 0), arrays.delta
     if t_bound is not None:
-        edges, frz, delta = _prune(ar, edges, frz, t_bound * (1 - TIME_RTOL) - TIME_ATOL)
+        edges, frz, delta = _prune(arrays, edges, frz, t_bound * (1 - TIME_RTOL) - TIME_ATOL)
     crit = (not stage2) and basis_start == "critical"
-    rows = _Rows(ar, frz, delta, dur0=ar.wmax - delta if not (stage2 or crit) else ar.wmax)
+    rows = _Rows(arrays, frz, delta, dur0=arrays.wmax - delta if not (stage2 or crit) else arrays.wmax)
     rows.precedence(edges)
     r_upper = rows.critical_start(frz.size) if crit else None
-    m = _assemble(ar, rows, frz, r_max, t_bound)
+    m = _assemble(arrays, rows, frz, r_max, t_bound)
     m.r_at_upper, m.r_upper, m.build_seconds = not stage2, r_upper, time.perf_counter() - t0
     return m
 
@@ -113,17 +117,17 @@ class _Edges:
     sink_preds: np.ndarray
 
 
-def _prune(ar: DagArrays, e: _Edges, frz: np.ndarray, cut: float) -> tuple[_Edges, np.ndarray, np.ndarray]:
+def _prune(arrays: DagArrays, e: _Edges, frz: np.ndarray, cut: float) -> tuple[_Edges, np.ndarray, np.ndarray]:
     """Stage 2: the edges, sink predecessors and freezable actions on some path longer than ``cut`` with every
     action at ``w_max``, and ``delta`` with the others' set to 0."""
-    wmax = ar.wmax
-    head, tail = Paths(ar).head_tail(wmax)  # all durations at w_max
+    wmax = arrays.wmax
+    head, tail = Paths(arrays).head_tail(wmax)  # all durations at w_max
     live = head + wmax + tail > cut
     longest = head[e.src] + wmax[e.src] + wmax[e.dst] + tail[e.dst]  # through the edge
     keep = (longest if e.c is None else longest + e.c) > cut
     sink_preds = e.sink_preds[head[e.sink_preds] + wmax[e.sink_preds] > cut]
     kept = _Edges(e.src[keep], e.dst[keep], None if e.c is None else e.c[keep], sink_preds)
-    return kept, frz[live[frz]], np.where(live, ar.delta, 0.0)
+    return kept, frz[live[frz]], np.where(live, arrays.delta, 0.0)
 
 
 class _Rows:
@@ -133,14 +137,19 @@ class _Rows:
     ``val[v]``: ``v``'s start in the starting-basis schedule (durations ``dur0``); ``tree``: one tight row per
     start variable and for ``T``, the starting basis."""
 
-    def __init__(self, ar: DagArrays, frz: np.ndarray, delta: np.ndarray, dur0: np.ndarray) -> None:
-        n = len(ar.names)
-        self.ar = ar
+    def __init__(self, arrays: DagArrays, frz: np.ndarray, delta: np.ndarray, dur0: np.ndarray) -> None:
+        n = len(arrays.names)
+        self.ar = arrays
         rcol = np.full(n, -1, dtype=np.int64)
         rcol[frz] = np.arange(frz.size)
         self.rcol = rcol
         self.ncol = int(frz.size)
-        self.delta, self.wmax, self.rcol_l, self.dur0 = delta.tolist(), ar.wmax.tolist(), rcol.tolist(), dur0.tolist()
+        self.delta, self.wmax, self.rcol_l, self.dur0 = (
+            delta.tolist(),
+            arrays.wmax.tolist(),
+            rcol.tolist(),
+            dur0.tolist(),
+        )
         self.ex_var = [-1] * n
         self.ex_c = [0.0] * n
         self.ex_terms: list[tuple] = [()] * n
@@ -228,12 +237,12 @@ class _Rows:
         return r_upper
 
 
-def _assemble(ar: DagArrays, rows: _Rows, frz: np.ndarray, r_max: RMax, t_bound: float | None) -> LPModel:
+def _assemble(arrays: DagArrays, rows: _Rows, frz: np.ndarray, r_max: RMax, t_bound: float | None) -> LPModel:
     """The model's row-wise arrays: the precedence rows, then one budget row per stage with freezable actions
     (sum of the stage's freeze ratios <= r_max_s * its number of freezable actions)."""
     n_prec = len(rows.lo)
-    budget = stage_budgets(ar, r_max)
-    f_stage = ar.stage[frz]
+    budget = stage_budgets(arrays, r_max)
+    f_stage = arrays.stage[frz]
     stages, counts = np.unique(f_stage, return_counts=True)
     lengths = np.fromiter((len(c) for c in rows.cols), dtype=np.int64, count=n_prec)
     start = np.zeros(n_prec + stages.size + 1, dtype=np.int64)
@@ -241,13 +250,19 @@ def _assemble(ar: DagArrays, rows: _Rows, frz: np.ndarray, r_max: RMax, t_bound:
     start[n_prec + 1 :] = start[n_prec] + np.cumsum(counts)
     nz = int(start[n_prec])
     sorder = np.argsort(f_stage, kind="stable")
-    index = np.concatenate([np.fromiter((c for cs in rows.cols for c in cs), dtype=np.int32, count=nz),
-                            rows.rcol[frz][sorder].astype(np.int32)])
-    value = np.concatenate([np.fromiter((x for vs in rows.vals for x in vs), dtype=np.float64, count=nz),
-                            np.ones(frz.size)])
+    index = np.concatenate(
+        [
+            np.fromiter((c for cs in rows.cols for c in cs), dtype=np.int32, count=nz),
+            rows.rcol[frz][sorder].astype(np.int32),
+        ]
+    )
+    value = np.concatenate(
+        [np.fromiter((x for vs in rows.vals for x in vs), dtype=np.float64, count=nz), np.ones(frz.size)]
+    )
     row_lower = np.concatenate([np.asarray(rows.lo, dtype=np.float64), np.full(stages.size, -np.inf)])
-    row_upper = np.concatenate([np.full(n_prec, np.inf),
-                                np.asarray([budget[s] for s in stages.tolist()], dtype=np.float64)])
+    row_upper = np.concatenate(
+        [np.full(n_prec, np.inf), np.asarray([budget[s] for s in stages.tolist()], dtype=np.float64)]
+    )
     ncol, t_col = rows.ncol, rows.t_col
     col_lower = np.zeros(ncol)
     col_upper = np.full(ncol, np.inf)
@@ -259,8 +274,19 @@ def _assemble(ar: DagArrays, rows: _Rows, frz: np.ndarray, r_max: RMax, t_bound:
     else:
         cost[t_col] = 1.0
     return LPModel(
-        num_col=ncol, num_row=row_lower.size, col_cost=cost, col_lower=col_lower, col_upper=col_upper,
-        row_lower=row_lower, row_upper=row_upper, start=start, index=index, value=value, t_col=t_col,
-        r_actions=[ar.names[i] for i in frz.tolist()], tree_rows=np.asarray(rows.tree, dtype=np.int64),
-        r_at_upper=True, budget_stages=stages.tolist(),
+        num_col=ncol,
+        num_row=row_lower.size,
+        col_cost=cost,
+        col_lower=col_lower,
+        col_upper=col_upper,
+        row_lower=row_lower,
+        row_upper=row_upper,
+        start=start,
+        index=index,
+        value=value,
+        t_col=t_col,
+        r_actions=[arrays.names[i] for i in frz.tolist()],
+        tree_rows=np.asarray(rows.tree, dtype=np.int64),
+        r_at_upper=True,
+        budget_stages=stages.tolist(),
     )

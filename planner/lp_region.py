@@ -64,24 +64,28 @@ _REBALANCE_PROGRESS = 0.3
 target ends the passes of the round."""
 
 
-def spread_leftover(ar: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax) -> np.ndarray:
+def spread_leftover(arrays: DagArrays, r: np.ndarray, keep: np.ndarray, r_max: RMax) -> np.ndarray:
     """``r`` with every left-out freezable action (not in ``keep``) at its stage's leftover share: the stage's
     budget ``r_max_s * n_s`` minus what the kept actions use, spread evenly over its left-out actions (capped
     at 1).  Every stage stays within its budget."""
-    frz = ar.delta > 0
-    budget = stage_budgets(ar, r_max)
+    frz = arrays.delta > 0
+    budget = stage_budgets(arrays, r_max)
     ns = budget.size
     inside, out = frz & keep, frz & ~keep
-    used = np.bincount(ar.stage[inside], weights=r[inside], minlength=ns)
-    n_out = np.bincount(ar.stage[out], minlength=ns)
+    used = np.bincount(arrays.stage[inside], weights=r[inside], minlength=ns)
+    n_out = np.bincount(arrays.stage[out], minlength=ns)
     share = np.clip((budget - used) / np.maximum(n_out, 1), 0.0, 1.0)
     r = r.copy()
-    r[out] = share[ar.stage[out]]
+    r[out] = share[arrays.stage[out]]
     return r
 
 
 def unfreeze_slack(
-    ar: DagArrays, paths: Paths, r: np.ndarray, target: float, tail: np.ndarray | None = None,
+    arrays: DagArrays,
+    paths: Paths,
+    r: np.ndarray,
+    target: float,
+    tail: np.ndarray | None = None,
     only: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
     """``r`` with freezing given back where the batch does not need it to stay within ``target`` ms, and the
@@ -94,14 +98,14 @@ def unfreeze_slack(
     ``target`` when it was (a greedy pass: no action alone can give back more, but the total is not
     minimised).  ``tail``: ``paths.tail`` of ``r``'s durations, when the caller has it.  ``only`` (a mask over
     the nodes): give back freezing on these actions alone, the others keep theirs."""
-    d = ar.wmax - ar.delta * r
+    d = arrays.wmax - arrays.delta * r
     if tail is None:
         tail = paths.tail(d)
-    w, tl, wmax = d.tolist(), tail.tolist(), ar.wmax.tolist()
+    w, tl, wmax = d.tolist(), tail.tolist(), arrays.wmax.tolist()
     preds, ptr, delay = paths.preds, paths.pptr, paths.pdelay
     room = target * (1.0 - 1e-12)
     head = [0.0] * len(w)
-    frz = set(np.flatnonzero((ar.delta > 0) if only is None else (ar.delta > 0) & only).tolist())
+    frz = set(np.flatnonzero((arrays.delta > 0) if only is None else (arrays.delta > 0) & only).tolist())
     for x in paths.order:
         b = 0.0
         for k in range(ptr[x], ptr[x + 1]):
@@ -116,12 +120,12 @@ def unfreeze_slack(
                 w[x] = min(wmax[x], allow)
     d = np.asarray(w)
     out = r.copy()
-    f = ar.delta > 0
-    out[f] = np.clip((ar.wmax[f] - d[f]) / ar.delta[f], 0.0, 1.0)
+    f = arrays.delta > 0
+    out[f] = np.clip((arrays.wmax[f] - d[f]) / arrays.delta[f], 0.0, 1.0)
     return out, float((np.asarray(head) + d).max())
 
 
-def freeze_and_give_back(ar: DagArrays, paths: Paths, r_max: RMax, target: float) -> np.ndarray:
+def freeze_and_give_back(arrays: DagArrays, paths: Paths, r_max: RMax, target: float) -> np.ndarray:
     """A feasible plan built from the other end: everything frozen, then freezing given back where the batch
     stays within ``target`` (:func:`unfreeze_slack`), first on each stage's actions outside its budget's worth
     of largest weight-grad savings (its top ``r_max_s n_s`` by ``delta``), then on all; a stage still over its
@@ -133,26 +137,31 @@ def freeze_and_give_back(ar: DagArrays, paths: Paths, r_max: RMax, target: float
     :func:`spread_leftover` and the :func:`rebalance` passes from it stayed 2 % above a lower bound that was
     already the optimum on replayed measured timings at pp 32 x 2 x 512; this plan, rebalanced, 0.5 %
     (``docs/planner-solver-notes.md``)."""
-    frz = ar.delta > 0
-    budget = stage_budgets(ar, r_max)
+    frz = arrays.delta > 0
+    budget = stage_budgets(arrays, r_max)
     ns = budget.size
     idx = np.flatnonzero(frz)
-    st = ar.stage[idx]
-    order = np.lexsort((-ar.delta[idx], st))  # by stage, largest saving first
+    st = arrays.stage[idx]
+    order = np.lexsort((-arrays.delta[idx], st))  # by stage, largest saving first
     ss = st[order]
     pos = np.arange(order.size) - np.searchsorted(ss, ss, side="left")
-    top = np.zeros(len(ar.names), dtype=bool)
+    top = np.zeros(len(arrays.names), dtype=bool)
     top[idx[order[pos < np.floor(budget[ss] + 1e-9)]]] = True
     r = np.where(frz, 1.0, 0.0)
-    r, _ = unfreeze_slack(ar, paths, r, target, only=~top)
-    r, _ = unfreeze_slack(ar, paths, r, target)
-    used = np.bincount(ar.stage[frz], weights=r[frz], minlength=ns)
+    r, _ = unfreeze_slack(arrays, paths, r, target, only=~top)
+    r, _ = unfreeze_slack(arrays, paths, r, target)
+    used = np.bincount(arrays.stage[frz], weights=r[frz], minlength=ns)
     scale = np.minimum(1.0, budget / np.maximum(used, 1e-300))
-    return np.where(frz, r * scale[np.maximum(ar.stage, 0)], 0.0)
+    return np.where(frz, r * scale[np.maximum(arrays.stage, 0)], 0.0)
 
 
 def rebalance(
-    ar: DagArrays, paths: Paths, r: np.ndarray, r_max: RMax, lower: float, gap: float,
+    arrays: DagArrays,
+    paths: Paths,
+    r: np.ndarray,
+    r_max: RMax,
+    lower: float,
+    gap: float,
 ) -> tuple[np.ndarray, float, int]:
     """Move freezing of the feasible plan ``r`` to where its batch time is decided: returns the best plan
     found, its batch time and the passes run.
@@ -170,26 +179,26 @@ def rebalance(
     ranks are co-critical it stays 0.4-1 % above a lower bound that is already the optimum, and the region
     grew past :data:`_REGION_MAX_FRACTION` (the whole LP then took minutes at 65k actions).
     """
-    frz = ar.delta > 0
-    budget = stage_budgets(ar, r_max)
+    frz = arrays.delta > 0
+    budget = stage_budgets(arrays, r_max)
     ns = budget.size
-    st = np.maximum(ar.stage, 0)
+    st = np.maximum(arrays.stage, 0)
     target = lower * (1 + gap / 2)
-    d = ar.wmax - ar.delta * r
+    d = arrays.wmax - arrays.delta * r
     tail = paths.tail(d)
     best_t = float((d + tail).max())
     best_r, t_prev, passes = r, best_t, 0
     while passes < _REBALANCE_PASSES and best_t > lower * (1 + gap):
         passes += 1
-        r, _ = unfreeze_slack(ar, paths, r, t_prev, tail)
-        _, through = _longest(ar, paths, r)
+        r, _ = unfreeze_slack(arrays, paths, r, t_prev, tail)
+        _, through = _longest(arrays, paths, r)
         over = frz & (through > target)
-        used = np.bincount(ar.stage[frz], weights=r[frz], minlength=ns)
+        used = np.bincount(arrays.stage[frz], weights=r[frz], minlength=ns)
         left = np.maximum(budget - used, 0.0)
         excess = np.where(over, through - target, 0.0)
-        per_stage = np.bincount(ar.stage[frz], weights=excess[frz], minlength=ns)
+        per_stage = np.bincount(arrays.stage[frz], weights=excess[frz], minlength=ns)
         r = np.minimum(1.0, r + left[st] * excess / np.maximum(per_stage[st], 1e-300))
-        d = ar.wmax - ar.delta * r
+        d = arrays.wmax - arrays.delta * r
         tail = paths.tail(d)  # the batch time now, and the next pass's tails
         t_new = float((d + tail).max())
         if t_new < best_t:
@@ -200,16 +209,19 @@ def rebalance(
     return best_r, best_t, passes
 
 
-def _longest(ar: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndarray]:
+def _longest(arrays: DagArrays, paths: Paths, r: np.ndarray) -> tuple[float, np.ndarray]:
     """Batch time and per-node longest path through each node with freeze ratios ``r``."""
-    d = ar.wmax - ar.delta * r
+    d = arrays.wmax - arrays.delta * r
     h, t = paths.head_tail(d)
     through = h + d + t
     return float(through.max()), through
 
 
 def solve_region(
-    ar: DagArrays, r_max: RMax, options: dict[str, object] | None = None, gap: float = 0.0,
+    arrays: DagArrays,
+    r_max: RMax,
+    options: dict[str, object] | None = None,
+    gap: float = 0.0,
     fallback_gap: float = 0.0,
 ) -> LPResult | None:
     """Solve the LP on a growing set of near-critical actions; ``None`` when that set grows too large.
@@ -241,17 +253,17 @@ def solve_region(
     limit (the caller solves the whole LP).
     """
     cfg = Config({**CONFIGS[DEFAULT_CONFIG].options, **(options or {})}, True, "critical", True)
-    rounds = _Rounds(ar, r_max, gap, fallback_gap)
-    paths, n = rounds.paths, len(ar.names)
-    head_min, tail_min = paths.head_tail(ar.wmax - ar.delta)
-    ref = ar.wmax - node_r_max(r_max, ar.stage) * ar.delta
+    rounds = _Rounds(arrays, r_max, gap, fallback_gap)
+    paths, n = rounds.paths, len(arrays.names)
+    head_min, tail_min = paths.head_tail(arrays.wmax - arrays.delta)
+    ref = arrays.wmax - node_r_max(r_max, arrays.stage) * arrays.delta
     h, t = paths.head_tail(ref)
     through = h + ref + t
     keep = through >= through.max() * (1 - _REGION_START)
     for rnd in range(1, _REGION_MAX_ROUNDS + 1):
         if keep.sum() > _REGION_MAX_FRACTION * (n - 2):
             return rounds.settle()
-        sub, back = region_arrays(ar, keep, head_min, tail_min, stage_counts(ar))
+        sub, back = region_arrays(arrays, keep, head_min, tail_min, stage_counts(arrays))
         # both stages also when bounded: the spread and rebalanced plans start from the region's least
         # freezing (from stage 1's vertex alone, simulate's Interleaved1F1B 32 x 2 x 512 fell back to the
         # whole LP, 138 s, where both stages certify in 3 rounds)
@@ -262,7 +274,7 @@ def solve_region(
             if done:
                 return out
             continue
-        t_full, through = _longest(ar, paths, r)
+        t_full, through = _longest(arrays, paths, r)
         bound = within_tol(res.batch_time)
         if t_full <= bound:
             return rounds.result(res.batch_time, r)
@@ -277,8 +289,8 @@ class _Rounds:
     """What the rounds of :func:`solve_region` carry: the stats, the last duals and, for the bounded method,
     the lower bound and the best feasible plan so far."""
 
-    def __init__(self, ar: DagArrays, r_max: RMax, gap: float, fallback_gap: float) -> None:
-        self.ar, self.paths, self.r_max, self.gap, self.fallback_gap = ar, Paths(ar), r_max, gap, fallback_gap
+    def __init__(self, arrays: DagArrays, r_max: RMax, gap: float, fallback_gap: float) -> None:
+        self.ar, self.paths, self.r_max, self.gap, self.fallback_gap = arrays, Paths(arrays), r_max, gap, fallback_gap
         self.stats: dict[str, Any] = {"rounds": 0}
         self.totals = {"iters1": 0, "iters2": 0, "solve1_s": 0.0, "stage2_s": 0.0, "build1_s": 0.0, "build2_s": 0.0}
         self.duals: dict[int, float] = {}
@@ -312,14 +324,14 @@ class _Rounds:
     def bounded(self, r: np.ndarray, t_r: float, keep: np.ndarray) -> tuple[bool, LPResult | None]:
         """One round of the bounded method on the region's ratios ``r``: ``(True, result)`` when the rounds end
         (``None``: the whole LP decides), else ``(False, None)`` with ``keep`` grown."""
-        ar, paths, gap = self.ar, self.paths, self.gap
+        arrays, paths, gap = self.ar, self.paths, self.gap
         self.lower = lower = max(self.lower, t_r)
-        rb = spread_leftover(ar, r, keep, self.r_max)
-        t_up, through = _longest(ar, paths, rb)
+        rb = spread_leftover(arrays, r, keep, self.r_max)
+        t_up, through = _longest(arrays, paths, rb)
         add = np.flatnonzero((through > lower * (1 + gap / 2)) & ~keep)
         cap = int(_BOUNDED_GROWTH * keep.sum())
         grown = keep.sum() + min(add.size, cap)
-        n_act = len(ar.names) - 2
+        n_act = len(arrays.names) - 2
         last = add.size == 0 or grown > _REGION_MAX_FRACTION * n_act
         settle_next = last or (self.fallback_gap > gap and grown > _SETTLE_FRACTION * n_act)
         if t_up > lower * (1 + gap):
@@ -328,9 +340,9 @@ class _Rounds:
             self.best_t, self.best_r = t_up, rb
         self.stats["upper_bound"] = t_up
         if t_up <= lower * (1 + gap):
-            if _longest(ar, paths, r)[0] <= within_tol(t_r):  # the region is exact: the lexicographic optimum
+            if _longest(arrays, paths, r)[0] <= within_tol(t_r):  # the region is exact: the lexicographic optimum
                 return True, self.result(t_r, r)
-            rb, t_up = unfreeze_slack(ar, paths, rb, t_up)
+            rb, t_up = unfreeze_slack(arrays, paths, rb, t_up)
             return True, self.result(t_up, rb, lower)
         if settle_next:
             settled = self.settle()
@@ -344,11 +356,11 @@ class _Rounds:
     def _improve(self, rb: np.ndarray, t_up: float, settle_next: bool) -> tuple[np.ndarray, float]:
         """The bounded round's plan ``rb`` rebalanced, and before the region gets large also a plan from the other
         end (co-critical ranks, :func:`freeze_and_give_back`): the better one and its batch time."""
-        ar, paths, lower, gap = self.ar, self.paths, self.lower, self.gap
-        candidates = [rebalance(ar, paths, rb, self.r_max, lower, gap)]
+        arrays, paths, lower, gap = self.ar, self.paths, self.lower, self.gap
+        candidates = [rebalance(arrays, paths, rb, self.r_max, lower, gap)]
         if candidates[0][1] > lower * (1 + gap) and settle_next:
-            rg = freeze_and_give_back(ar, paths, self.r_max, lower * (1 + gap / 2))
-            candidates.append(rebalance(ar, paths, rg, self.r_max, lower, gap))
+            rg = freeze_and_give_back(arrays, paths, self.r_max, lower * (1 + gap / 2))
+            candidates.append(rebalance(arrays, paths, rg, self.r_max, lower, gap))
             self.stats["give_back_plans"] = self.stats.get("give_back_plans", 0) + 1
         self.stats["rebalance_passes"] = self.stats.get("rebalance_passes", 0) + sum(c[2] for c in candidates)
         rb2, t2, _ = min(candidates, key=lambda c: c[1])

@@ -80,14 +80,14 @@ _FIX_TOL = 1e-6
 stage 2.  Genuine duals here are flows and freeze prices (>= ~1e-4); numerical zeros are ~1e-9."""
 
 
-def _status_name(h, status) -> str:  # noqa: ANN001 - highspy types
+def _status_name(h, status) -> str:
     try:
         return h.modelStatusToString(status)
     except Exception:  # pragma: no cover - older highspy
         return str(status)
 
 
-def _highs_lp(m: LPModel, col_lower=None, col_upper=None, row_lower=None, row_upper=None, cost=None):  # noqa: ANN001
+def _highs_lp(m: LPModel, col_lower=None, col_upper=None, row_lower=None, row_upper=None, cost=None):
     import highspy
 
     lp = highspy.HighsLp()
@@ -109,7 +109,11 @@ def _highs_lp(m: LPModel, col_lower=None, col_upper=None, row_lower=None, row_up
 
 
 def _run(
-    m: LPModel, opts: dict[str, object], use_basis: bool, what: str, lp=None,  # noqa: ANN001
+    m: LPModel,
+    opts: dict[str, object],
+    use_basis: bool,
+    what: str,
+    lp=None,
 ) -> tuple[np.ndarray, int, object]:
     """Solve one stage with HiGHS; returns the column values, the simplex iteration count and the solution
     (with duals).  ``lp`` (a ``HighsLp``) replaces the model built from ``m``."""
@@ -149,7 +153,7 @@ def _run(
     return np.asarray(sol.col_value), int(h.getInfo().simplex_iteration_count), sol
 
 
-def _face_lp(m: LPModel, sol, rd: np.ndarray, t_bound: float):  # noqa: ANN001 - highspy solution
+def _face_lp(m: LPModel, sol, rd: np.ndarray, t_bound: float):
     """Stage 2 on the stage-1 model: objective ``sum r``, ``T <= t_bound``, restricted to the optimal face.
 
     Complementary slackness: with ``(y, d)`` one optimal dual of stage 1 (``rd``: its row duals), the
@@ -185,31 +189,45 @@ def budget_duals(m: LPModel, rd: np.ndarray) -> dict[int, float]:
     return {s: max(0.0, -float(y)) for s, y in zip(m.budget_stages or (), rd[first:].tolist())}
 
 
-def solve_lexicographic(ar: DagArrays, r_max: RMax, cfg: Config) -> LPResult:
-    """Both LP stages on ``ar`` with the configuration ``cfg`` (its ``basis_start`` "frozen" or "critical");
+def solve_lexicographic(arrays: DagArrays, r_max: RMax, cfg: Config) -> LPResult:
+    """Both LP stages on ``arrays`` with the configuration ``cfg`` (its ``basis_start`` "frozen" or "critical");
     stage 2 keeps ``T <= within_tol(T*)``."""
     t0 = time.perf_counter()
-    m1 = build_lp(ar, r_max, basis_start=cfg.basis_start)
+    m1 = build_lp(arrays, r_max, basis_start=cfg.basis_start)
     t1 = time.perf_counter()
     col, it1, sol1 = _run(m1, cfg.options, cfg.use_basis, "batch-time")
     t_star = float(col[m1.t_col])
     t2 = time.perf_counter()
     rd = np.asarray(sol1.row_dual)
-    r = np.zeros(len(ar.names))
+    r = np.zeros(len(arrays.names))
     stage2: dict[str, Any] = dict(cols2=0, rows2=0, nnz2=0, build2_s=0.0, iters2=0, fixed_cols2=0, fixed_rows2=0)
     if m1.r_actions:
-        _least_freezing(ar, r_max, cfg, m1, sol1, rd, within_tol(t_star), r, stage2)
+        _least_freezing(arrays, r_max, cfg, m1, sol1, rd, within_tol(t_star), r, stage2)
     t3 = time.perf_counter()
     stats = dict(
-        cols=m1.num_col, rows=m1.num_row, nnz=m1.nnz, build1_s=t1 - t0, solve1_s=t2 - t1, stage2_s=t3 - t2,
-        iters1=it1, stage1_start=cfg.basis_start, **stage2,
+        cols=m1.num_col,
+        rows=m1.num_row,
+        nnz=m1.nnz,
+        build1_s=t1 - t0,
+        solve1_s=t2 - t1,
+        stage2_s=t3 - t2,
+        iters1=it1,
+        stage1_start=cfg.basis_start,
+        **stage2,
     )
     return LPResult(t_star, r, budget_duals(m1, rd), stats)
 
 
 def _least_freezing(
-    ar: DagArrays, r_max: RMax, cfg: Config, m1: LPModel, sol1, rd: np.ndarray,  # noqa: ANN001 - highspy
-    t_bound: float, r: np.ndarray, stats: dict[str, Any],
+    arrays: DagArrays,
+    r_max: RMax,
+    cfg: Config,
+    m1: LPModel,
+    sol1,
+    rd: np.ndarray,
+    t_bound: float,
+    r: np.ndarray,
+    stats: dict[str, Any],
 ) -> None:
     """Stage 2 (``T <= t_bound``, min ``sum r``) into ``r``, with its sizes and timings into ``stats``: on the
     stage-1 optimal face with ``cfg.on_face`` (falling back to a fresh model on numerical trouble), else on a
@@ -220,23 +238,26 @@ def _least_freezing(
         stats.update(fixed_cols2=fc, fixed_rows2=fr, build2_s=time.perf_counter() - tb)
         try:
             col2, it2, _ = _run(m1, {**cfg.options, "presolve": "on"}, False, "least-freezing", lp=lp2)
-            frz = np.flatnonzero(ar.delta > 0)
+            frz = np.flatnonzero(arrays.delta > 0)
             r[frz] = np.clip(col2[: frz.size], 0.0, 1.0)  # stage 1 keeps every freezable action (same order)
             stats.update(cols2=m1.num_col, rows2=m1.num_row, nnz2=m1.nnz, iters2=it2)
             return
         except PlannerError:  # pragma: no cover - numerical trouble on the face: solve stage 2 in full
             pass
-    m2 = build_lp(ar, r_max, t_bound=t_bound)
+    m2 = build_lp(arrays, r_max, t_bound=t_bound)
     stats.update(cols2=m2.num_col, rows2=m2.num_row, nnz2=m2.nnz, build2_s=stats["build2_s"] + m2.build_seconds)
     if m2.r_actions:
         col2, it2, _ = _run(m2, cfg.options, cfg.use_basis, "least-freezing")
-        idx = {a: i for i, a in enumerate(ar.names)}
+        idx = {a: i for i, a in enumerate(arrays.names)}
         r[[idx[a] for a in m2.r_actions]] = np.clip(col2[: len(m2.r_actions)], 0.0, 1.0)
         stats["iters2"] = it2
 
 
 def solve_whole(
-    ar: DagArrays, r_max: RMax, config: str = DEFAULT_CONFIG, options: dict[str, object] | None = None,
+    arrays: DagArrays,
+    r_max: RMax,
+    config: str = DEFAULT_CONFIG,
+    options: dict[str, object] | None = None,
 ) -> LPResult:
     """Both stages on the whole LP with the configuration ``config`` (a key of :data:`CONFIGS`) plus the
     extra HiGHS ``options``.  ``basis_start="auto"``: the critical-path start for full-backward schedules,
@@ -244,6 +265,7 @@ def solve_whole(
     cfg = CONFIGS[config]
     basis_start = cfg.basis_start
     if basis_start == "auto":
-        basis_start = "frozen" if ar.split else "critical"
-    return solve_lexicographic(ar, r_max, cfg._replace(options={**cfg.options, **(options or {})},
-                                                       basis_start=basis_start))
+        basis_start = "frozen" if arrays.split else "critical"
+    return solve_lexicographic(
+        arrays, r_max, cfg._replace(options={**cfg.options, **(options or {})}, basis_start=basis_start)
+    )

@@ -130,8 +130,7 @@ def _check_fields(d: Any, err: Callable[[str], PlannerError]) -> None:
     if not is_int(replicas) or replicas < 1:
         raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
     pp, hosts = d["pp_degree"], d.get("hosts")
-    if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp
-                         or not all(isinstance(h, str) for h in hosts)):
+    if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp or not all(isinstance(h, str) for h in hosts)):
         raise err(f"field 'hosts' must be a list of pp_degree={pp} host-name strings, got {hosts!r}")
 
 
@@ -158,7 +157,11 @@ def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[i
 
 
 def _check_actions(
-    rank_orders: dict[int, list[str]], s2r: list[int], n_stages: int, n_mb: int, err: Callable[[str], PlannerError],
+    rank_orders: dict[int, list[str]],
+    s2r: list[int],
+    n_stages: int,
+    n_mb: int,
+    err: Callable[[str], PlannerError],
 ) -> None:
     """Every action well-formed, in range, on the rank that owns its stage and listed once; each (stage,
     microbatch) with exactly one F and either one B or one I plus one W (a pair's parts count as the F and
@@ -180,8 +183,9 @@ def _check_actions(
                 if part.microbatch >= n_mb:
                     raise err(f"{where}: action {a!r} has microbatch {part.microbatch}, but num_microbatches={n_mb}")
                 if s2r[part.stage] != r:
-                    raise err(f"{where}: action {a!r} is on rank {r}, but stage_to_rank[{part.stage}] = "
-                              f"{s2r[part.stage]}")
+                    raise err(
+                        f"{where}: action {a!r} is on rank {r}, but stage_to_rank[{part.stage}] = {s2r[part.stage]}"
+                    )
                 kinds.setdefault((part.stage, part.microbatch), []).append(part.kind)
             if a in seen:
                 raise err(f"field 'rank_orders': action {a!r} is listed more than once")
@@ -191,5 +195,7 @@ def _check_actions(
             ks = sorted(kinds.get((s, m), []))
             if ks not in (["B", "F"], ["F", "I", "W"]):
                 have = ", ".join(f"{s}{k}{m}" for k in ks) or "nothing"
-                raise err(f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
-                          f"exactly once, has {have}")
+                raise err(
+                    f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
+                    f"exactly once, has {have}"
+                )

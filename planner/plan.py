@@ -73,9 +73,7 @@ class Plan:
                 "num_microbatches": self.num_microbatches,
                 "r_max": self.r_max if isinstance(self.r_max, (int, float)) else list(self.r_max),
                 "batch_time_ms": dict(self.batch_time_ms),
-                "actions": {
-                    a: {k: getattr(p, k) for k in _ACTION_FIELDS} for a, p in self.actions.items()
-                },
+                "actions": {a: {k: getattr(p, k) for k in _ACTION_FIELDS} for a, p in self.actions.items()},
                 "solver": dict(self.solver),
             }
         )
@@ -85,8 +83,13 @@ class Plan:
 
 
 def make_plan(
-    meta: TraceMeta, weights: NodeWeights, r_max: float | Sequence[float], *, solver: str = "auto",
-    edge_ms: EdgeDelays | None = None, gap: float | None = None,
+    meta: TraceMeta,
+    weights: NodeWeights,
+    r_max: float | Sequence[float],
+    *,
+    solver: str = "auto",
+    edge_ms: EdgeDelays | None = None,
+    gap: float | None = None,
 ) -> Plan:
     """Build the problem (DAG, checked budget and delays, :func:`planner.problem.build_problem`), solve the LP,
     and assemble the plan with the no-freeze/all-frozen batch times (:func:`plan_problem`).
@@ -116,12 +119,21 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
         num_stages=problem.num_stages,
         num_microbatches=problem.meta.num_microbatches,
         r_max=budget if isinstance(budget, float) else list(budget),
-        batch_time_ms={"no_freeze": problem.no_freeze, "all_frozen": problem.longest_path(weights.w_min)[0],
-                       "planned": sol.makespan},
+        batch_time_ms={
+            "no_freeze": problem.no_freeze,
+            "all_frozen": problem.longest_path(weights.w_min)[0],
+            "planned": sol.makespan,
+        },
         actions=actions,
-        solver={"name": "highs", "status": sol.status, "seconds": sol.seconds, "method": sol.solver,
-                "lower_bound_ms": sol.lower_bound, "gap": sol.gap,
-                **({} if sol.gap_target is None else {"gap_target": sol.gap_target})},
+        solver={
+            "name": "highs",
+            "status": sol.status,
+            "seconds": sol.seconds,
+            "method": sol.solver,
+            "lower_bound_ms": sol.lower_bound,
+            "gap": sol.gap,
+            **({} if sol.gap_target is None else {"gap_target": sol.gap_target}),
+        },
         extra={"comm": summarize(problem.edge_ms)} if problem.edge_ms else {},
         budget_sensitivity=sol.budget_sensitivity,
         critical_path=sol.critical_path,
@@ -129,8 +141,15 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
 
 
 def plan_from_trace(
-    trace: Trace, r_max: float | Sequence[float], *, estimator: str = "median", comm: bool = True,
-    edge_ms: EdgeDelays | None = None, solver: str = "auto", gap: float | None = None, dag: BatchDag | None = None,
+    trace: Trace,
+    r_max: float | Sequence[float],
+    *,
+    estimator: str = "median",
+    comm: bool = True,
+    edge_ms: EdgeDelays | None = None,
+    solver: str = "auto",
+    gap: float | None = None,
+    dag: BatchDag | None = None,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
     recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
@@ -204,8 +223,10 @@ def validate_plan(d: Any, source: str) -> Plan:
         if not _num(bt.get(k)) or bt[k] < 0:
             raise err(f"field 'batch_time_ms.{k}' must be a finite number >= 0, got {bt.get(k)!r}")
     if not (_close_le(bt["all_frozen"], bt["planned"]) and _close_le(bt["planned"], bt["no_freeze"])):
-        raise err(f"batch_time_ms: planned {bt['planned']} is not between all_frozen {bt['all_frozen']} "
-                  f"and no_freeze {bt['no_freeze']}")
+        raise err(
+            f"batch_time_ms: planned {bt['planned']} is not between all_frozen {bt['all_frozen']} "
+            f"and no_freeze {bt['no_freeze']}"
+        )
     solver = d["solver"]
     if not isinstance(solver, dict) or not all(k in solver for k in _SOLVER_FIELDS):
         raise err("field 'solver' must be an object with name, status and seconds")
@@ -219,8 +240,10 @@ def validate_plan(d: Any, source: str) -> Plan:
         except ValueError as e:
             raise err(f"field 'actions': {e}") from None
         if any(p.stage >= d["num_stages"] or p.microbatch >= d["num_microbatches"] for p in act.parts):
-            raise err(f"field 'actions': action {a!r} is outside num_stages={d['num_stages']} / "
-                      f"num_microbatches={d['num_microbatches']}")
+            raise err(
+                f"field 'actions': action {a!r} is outside num_stages={d['num_stages']} / "
+                f"num_microbatches={d['num_microbatches']}"
+            )
         if not isinstance(p, dict):
             raise err(f"actions[{a!r}] must be an object")
         for k in _ACTION_FIELDS:
@@ -230,25 +253,31 @@ def validate_plan(d: Any, source: str) -> Plan:
         if ap.w_min < 0 or not _close_le(ap.w_min, ap.w_max):
             raise err(f"actions[{a!r}]: w_min {ap.w_min} must be within [0, w_max={ap.w_max}]")
         if not (_close_le(ap.w_min, ap.duration) and _close_le(ap.duration, ap.w_max)):
-            raise err(f"actions[{a!r}]: duration {ap.duration} is outside [w_min, w_max] = "
-                      f"[{ap.w_min}, {ap.w_max}]")
+            raise err(f"actions[{a!r}]: duration {ap.duration} is outside [w_min, w_max] = [{ap.w_min}, {ap.w_max}]")
         if act.kind in FREEZABLE_KINDS and ap.w_max - ap.w_min > 0:
             expect = (ap.w_max - ap.duration) / (ap.w_max - ap.w_min)
         else:
             expect = 0.0
         if not 0 <= ap.freeze_ratio <= 1 or abs(ap.freeze_ratio - expect) > 1e-6:
-            raise err(f"actions[{a!r}]: freeze_ratio {ap.freeze_ratio} does not match the duration "
-                      f"(expected {expect:.9g})")
+            raise err(
+                f"actions[{a!r}]: freeze_ratio {ap.freeze_ratio} does not match the duration (expected {expect:.9g})"
+            )
         actions[a] = ap
     extra = {k: v for k, v in d.items() if k not in _PLAN_FIELDS and k != "format"}
     sens = _sensitivity(extra.get(SENSITIVITY_FIELD), d["num_stages"])
     if sens is not None:
         del extra[SENSITIVITY_FIELD]  # well-formed: parsed; anything else stays an unknown field, kept as is
-    plan = Plan(d["schedule"], d["num_stages"], d["num_microbatches"],
-                r_max if isinstance(r_max, float) else list(r_max),
-                {k: float(bt[k]) for k in _BATCH_TIME_FIELDS} | {
-                    k: v for k, v in bt.items() if k not in _BATCH_TIME_FIELDS},
-                actions, dict(solver), extra, sens)
+    plan = Plan(
+        d["schedule"],
+        d["num_stages"],
+        d["num_microbatches"],
+        r_max if isinstance(r_max, float) else list(r_max),
+        {k: float(bt[k]) for k in _BATCH_TIME_FIELDS} | {k: v for k, v in bt.items() if k not in _BATCH_TIME_FIELDS},
+        actions,
+        dict(solver),
+        extra,
+        sens,
+    )
     for s, mean in stage_mean_ratios(plan).items():
         if isinstance(r_max, float):
             if mean > r_max + 1e-6:
@@ -322,16 +351,22 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     except PlannerError as e:
         lines.append(f"critical path: unavailable ({e})")
     s = plan.solver
-    lines.append(f"solver: {s.get('name')} {s.get('method', '')} status {s.get('status')}, "
-                 f"{float(s.get('seconds', 0.0)):.3f} s".replace("  ", " "))
+    lines.append(
+        f"solver: {s.get('name')} {s.get('method', '')} status {s.get('status')}, "
+        f"{float(s.get('seconds', 0.0)):.3f} s".replace("  ", " ")
+    )
     if s.get("method") == "highs-region-bounded" and _num(s.get("lower_bound_ms")) and _num(s.get("gap")):
-        lines.append(f"certified: planned batch time within {100 * s['gap']:.3f} % of the optimum (lower bound "
-                     f"{s['lower_bound_ms']:.3f} ms); total freezing reduced greedily, not certified least "
-                     f"(--gap 0: exact)")
+        lines.append(
+            f"certified: planned batch time within {100 * s['gap']:.3f} % of the optimum (lower bound "
+            f"{s['lower_bound_ms']:.3f} ms); total freezing reduced greedily, not certified least "
+            f"(--gap 0: exact)"
+        )
         if _num(s.get("gap_target")) and s["gap"] > s["gap_target"]:
-            lines.append(f"gap target {100 * s['gap_target']:.3f} % not reached: most ranks are co-critical (nearly "
-                         f"balanced stages); --gap {s['gap_target']:g} insists (the whole LP if need be: minutes at "
-                         f"this size), --gap 0 gives the exact optimum")
+            lines.append(
+                f"gap target {100 * s['gap_target']:.3f} % not reached: most ranks are co-critical (nearly "
+                f"balanced stages); --gap {s['gap_target']:g} insists (the whole LP if need be: minutes at "
+                f"this size), --gap 0 gives the exact optimum"
+            )
     return "\n".join(lines)
 
 

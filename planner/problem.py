@@ -100,7 +100,10 @@ def within_tol(batch_ms: float) -> float:
 
 
 def build_problem(
-    dag: BatchDag, weights: NodeWeights, r_max: float | Sequence[float], edge_ms: EdgeDelays | None = None,
+    dag: BatchDag,
+    weights: NodeWeights,
+    r_max: float | Sequence[float],
+    edge_ms: EdgeDelays | None = None,
 ) -> Problem:
     """The problem of planning ``dag`` (:func:`planner.dag.build_dag`) with node ``weights``, budget ``r_max``
     (one number in ``[0, 1]`` for every stage, or one per stage) and the delays ``edge_ms`` on its edges

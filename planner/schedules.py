@@ -341,9 +341,7 @@ def rank_orders(
     return {r: [_name(op) for op in gen(r)] for r in range(pp)}
 
 
-def schedule_meta(
-    schedule: str, pp: int, num_microbatches: int, stages_per_rank: int | None = None
-) -> dict:
+def schedule_meta(schedule: str, pp: int, num_microbatches: int, stages_per_rank: int | None = None) -> dict:
     """A complete ``meta.json`` dict (``timelyfreeze-trace/1``) for this schedule and size."""
     name, spr = _check(schedule, pp, num_microbatches, stages_per_rank)
     orders = rank_orders(name, pp, num_microbatches, spr)

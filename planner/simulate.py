@@ -28,11 +28,11 @@ import os
 import random
 
 from .actions import FREEZABLE_KINDS, parse_action
-from .fileio import replace_atomically
 from .dag import EdgeDelays, build_dag, longest_path
 from .errors import PlannerError
+from .fileio import replace_atomically
 from .schedules import schedule_meta
-from .trace import META_FILE, TraceMeta, Trace, rank_file_name, trace_from_records
+from .trace import META_FILE, Trace, TraceMeta, rank_file_name, trace_from_records
 
 
 def _check_number(value: object, what: str, lo: float, hi: float, hi_open: bool = False) -> float:
@@ -44,8 +44,17 @@ def _check_number(value: object, what: str, lo: float, hi: float, hi_open: bool 
     return float(value)
 
 
-def model_ms(action: str, *, f_ms: float, b_ms: float, w_share: float, lower_share: float,
-             scale: float, freeze_ratio: float, forward_scale: float | None = None) -> float:
+def model_ms(
+    action: str,
+    *,
+    f_ms: float,
+    b_ms: float,
+    w_share: float,
+    lower_share: float,
+    scale: float,
+    freeze_ratio: float,
+    forward_scale: float | None = None,
+) -> float:
     """Model duration of one action (no jitter) when a fraction ``freeze_ratio`` of its stage is frozen.
     An ``OVERLAP_F_B`` pair (DualPipeV) takes its forward's time (stage scale ``forward_scale``, default
     ``scale``) plus its full backward's, which ``scale`` and ``freeze_ratio`` are for."""
@@ -53,8 +62,9 @@ def model_ms(action: str, *, f_ms: float, b_ms: float, w_share: float, lower_sha
     if act.forward is not None:
         fwd, bwd = (str(p) for p in act.parts)
         common = dict(f_ms=f_ms, b_ms=b_ms, w_share=w_share, lower_share=lower_share)
-        return (model_ms(fwd, **common, scale=scale if forward_scale is None else forward_scale, freeze_ratio=0.0)
-                + model_ms(bwd, **common, scale=scale, freeze_ratio=freeze_ratio))
+        return model_ms(
+            fwd, **common, scale=scale if forward_scale is None else forward_scale, freeze_ratio=0.0
+        ) + model_ms(bwd, **common, scale=scale, freeze_ratio=freeze_ratio)
     kind = act.kind
     weight = w_share * b_ms * scale
     weight_now = weight * (1.0 - freeze_ratio * (1.0 - lower_share))
@@ -114,13 +124,27 @@ def synthetic_trace(
                 for a in meta["rank_orders"][str(r)]:
                     act = parse_action(a)
                     freezes = act.kind in FREEZABLE_KINDS
-                    ms = model_ms(a, f_ms=f_ms, b_ms=b_ms, w_share=w_share, lower_share=lower_share,
-                                  scale=scales[act.stage], freeze_ratio=ratio if freezes else 0.0,
-                                  forward_scale=scales[act.parts[0].stage])
+                    ms = model_ms(
+                        a,
+                        f_ms=f_ms,
+                        b_ms=b_ms,
+                        w_share=w_share,
+                        lower_share=lower_share,
+                        scale=scales[act.stage],
+                        freeze_ratio=ratio if freezes else 0.0,
+                        forward_scale=scales[act.parts[0].stage],
+                    )
                     if jitter:
                         ms *= rng.uniform(1.0 - jitter, 1.0 + jitter)
-                    records[r].append({"step": step, "action": a, "ms": round(ms, 6), "phase": phase,
-                                       "freeze_ratio": ratio if freezes else 0.0})
+                    records[r].append(
+                        {
+                            "step": step,
+                            "action": a,
+                            "ms": round(ms, 6),
+                            "phase": phase,
+                            "freeze_ratio": ratio if freezes else 0.0,
+                        }
+                    )
     source = f"<synthetic {meta['schedule']} pp={pp} microbatches={num_microbatches}>"
     return trace_from_records(meta, records, source)
 
@@ -134,16 +158,21 @@ def write_trace(trace: Trace, directory: str | os.PathLike[str]) -> str:
     """
     root = os.fspath(directory)
     by_file: dict[tuple[int, int], list[str]] = {
-        (d, r): [] for d in range(trace.meta.replicas) for r in range(trace.meta.pp_degree)}
+        (d, r): [] for d in range(trace.meta.replicas) for r in range(trace.meta.pp_degree)
+    }
     for rec in trace.records:
-        obj = {"step": rec.step, "action": rec.action, "ms": rec.ms, "phase": rec.phase,
-               "freeze_ratio": rec.freeze_ratio}
+        obj = {
+            "step": rec.step,
+            "action": rec.action,
+            "ms": rec.ms,
+            "phase": rec.phase,
+            "freeze_ratio": rec.freeze_ratio,
+        }
         if rec.start_ms is not None:
             obj["start_ms"] = rec.start_ms
         by_file[rec.replica, rec.rank].append(json.dumps(obj))
     files = {META_FILE: json.dumps(trace.meta.to_json(), indent=1) + "\n"}
-    files.update({rank_file_name(r, d): "".join(line + "\n" for line in lines)
-                  for (d, r), lines in by_file.items()})
+    files.update({rank_file_name(r, d): "".join(line + "\n" for line in lines) for (d, r), lines in by_file.items()})
     try:
         os.makedirs(root, exist_ok=True)
     except OSError as e:

@@ -58,8 +58,13 @@ def mean_freeze_ratio(durations: dict[str, float], weights: NodeWeights) -> floa
 
 
 def sweep(
-    meta: TraceMeta, weights: NodeWeights, r_values: Sequence[float | Sequence[float]], *, solver: str = "auto",
-    edge_ms: EdgeDelays | None = None, gap: float | None = None,
+    meta: TraceMeta,
+    weights: NodeWeights,
+    r_values: Sequence[float | Sequence[float]],
+    *,
+    solver: str = "auto",
+    edge_ms: EdgeDelays | None = None,
+    gap: float | None = None,
 ) -> list[SweepRow]:
     """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order; each one number or one
     per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given; ``gap``: as
@@ -143,10 +148,17 @@ def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str], title: str | 
     ax.plot(xs, [r.speedup for r in rows], marker="o", color="tab:blue", label="planned (LP)")
     ax.axhline(1.0, color="0.4", linestyle="--", label=f"no freezing ({no_freeze:.2f} ms/batch)")
     if all_frozen > 0:
-        ax.axhline(no_freeze / all_frozen, color="tab:green", linestyle=":",
-                   label=f"everything frozen ({all_frozen:.2f} ms/batch)")
-    ax.set_xlabel("r_max (freeze budget: max mean freeze ratio per stage)" if not per_stage
-                  else "r_max (freeze budget; per-stage budgets at their mean)")
+        ax.axhline(
+            no_freeze / all_frozen,
+            color="tab:green",
+            linestyle=":",
+            label=f"everything frozen ({all_frozen:.2f} ms/batch)",
+        )
+    ax.set_xlabel(
+        "r_max (freeze budget: max mean freeze ratio per stage)"
+        if not per_stage
+        else "r_max (freeze budget; per-stage budgets at their mean)"
+    )
     ax.set_ylabel("predicted throughput / no-freeze throughput")
     ax.set_xlim(min(0.0, xs[0]), max(1.0, xs[-1]))
     ax.grid(True, alpha=0.3)

@@ -23,8 +23,20 @@ from .errors import PlannerError
 from .fileio import read_json
 from .meta import TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 
-__all__ = ["META_FILE", "TRACE_FORMAT", "NodeWeights", "Record", "Trace", "TraceMeta", "combine_replicas",
-           "load_trace", "node_weights", "rank_file_name", "trace_from_records", "validate_meta"]
+__all__ = [
+    "META_FILE",
+    "TRACE_FORMAT",
+    "NodeWeights",
+    "Record",
+    "Trace",
+    "TraceMeta",
+    "combine_replicas",
+    "load_trace",
+    "node_weights",
+    "rank_file_name",
+    "trace_from_records",
+    "validate_meta",
+]
 
 META_FILE = "meta.json"
 _RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
@@ -110,8 +122,10 @@ def trace_from_records(
             raise PlannerError(f"{source}: records given for key {key!r}, expected a rank or a (replica, rank) pair")
         d, r = pair
         if not 0 <= d < m.replicas or not 0 <= r < m.pp_degree:
-            raise PlannerError(f"{source}: records given for replica {d} rank {r}, expected replica in "
-                               f"0..{m.replicas - 1} and rank in 0..{m.pp_degree - 1}")
+            raise PlannerError(
+                f"{source}: records given for replica {d} rank {r}, expected replica in "
+                f"0..{m.replicas - 1} and rank in 0..{m.pp_degree - 1}"
+            )
         if pair in by_pair:
             raise PlannerError(f"{source}: records for replica {d} rank {r} given twice (key {key!r})")
         by_pair[pair] = recs
@@ -198,9 +212,17 @@ def _fast_records(lines: list[str], rank: int, rank_actions: set[str], replica: 
         except KeyError:
             return None
         start = obj.get("start_ms")
-        if (type(step) is not int or type(action) is not str or action not in rank_actions or type(ms) not in (int, float)
-                or not (isfinite(ms) and ms >= 0) or type(phase) is not str or not phase
-                or type(fr) not in (int, float) or not 0.0 <= fr <= 1.0):
+        if (
+            type(step) is not int
+            or type(action) is not str
+            or action not in rank_actions
+            or type(ms) not in (int, float)
+            or not (isfinite(ms) and ms >= 0)
+            or type(phase) is not str
+            or not phase
+            or type(fr) not in (int, float)
+            or not 0.0 <= fr <= 1.0
+        ):
             return None
         if start is not None:
             if type(start) not in (int, float) or not isfinite(start):
@@ -222,11 +244,7 @@ class NodeWeights:
     @property
     def freezable(self) -> set[str]:
         """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
-        return {
-            a
-            for a, hi in self.w_max.items()
-            if action_kind(a) in FREEZABLE_KINDS and hi - self.w_min[a] > 0
-        }
+        return {a for a, hi in self.w_max.items() if action_kind(a) in FREEZABLE_KINDS and hi - self.w_min[a] > 0}
 
 
 def node_weights(trace: Trace) -> NodeWeights:
@@ -278,8 +296,7 @@ def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) 
                 hi = estimate[d, a, "upper"]
                 if action_kind(a) in FREEZABLE_KINDS:
                     if (d, a, "lower") not in estimate:
-                        raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' "
-                                           "(needed for w_min)")
+                        raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")
                     lo = min(estimate[d, a, "lower"], hi)
                 else:
                     lo = hi

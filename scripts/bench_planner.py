@@ -34,8 +34,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = [  # (pp, stages per rank, microbatches)
-    (4, 1, 8), (4, 2, 8), (4, 1, 32), (8, 2, 16), (4, 2, 32), (8, 2, 64),
-    (8, 2, 256), (16, 2, 256), (16, 2, 512), (32, 2, 512),
+    (4, 1, 8),
+    (4, 2, 8),
+    (4, 1, 32),
+    (8, 2, 16),
+    (4, 2, 32),
+    (8, 2, 64),
+    (8, 2, 256),
+    (16, 2, 256),
+    (16, 2, 512),
+    (32, 2, 512),
 ]
 QUICK = [(4, 1, 8), (4, 2, 8), (8, 2, 16), (8, 2, 64)]
 
@@ -56,7 +64,7 @@ def make_meta(pp: int, spr: int, mb: int, split: bool):
         s2r = schedules.stage_to_rank(name, pp, spr)
         orders = schedules.rank_orders(name, pp, mb, spr)
         return TraceMeta(name, pp, len(s2r), mb, s2r, orders), "schedules"
-    except Exception:  # noqa: BLE001 - fall back to the local generator
+    except Exception:
         from planner.synthetic import synthetic_meta
 
         return synthetic_meta(pp, spr, mb, split), "synthetic"
@@ -69,8 +77,16 @@ def schedule_meta(name: str, pp: int, mb: int):
     return validate_meta(schedules.schedule_meta(name, pp, mb), f"<{name} pp={pp} mb={mb}>")
 
 
-def run_one(pp: int, spr: int, mb: int, split: bool, solver: str, schedule: str | None = None,
-            timings: str = "uniform", gap: float | None = None) -> dict:
+def run_one(
+    pp: int,
+    spr: int,
+    mb: int,
+    split: bool,
+    solver: str,
+    schedule: str | None = None,
+    timings: str = "uniform",
+    gap: float | None = None,
+) -> dict:
     """One measurement, in this process (``schedule``: a torch schedule name, else the legacy choice by ``split``)."""
     from planner.dag import build_dag
     from planner.lp import SOLVERS, solve_freeze_lp
@@ -109,18 +125,41 @@ def run_one(pp: int, spr: int, mb: int, split: bool, solver: str, schedule: str 
     fz = w.freezable
     total_r = sum((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in fz)
     return {
-        "schedule": meta.schedule, "timings": timings, "gap": sol.gap, "lower_bound": sol.lower_bound,
+        "schedule": meta.schedule,
+        "timings": timings,
+        "gap": sol.gap,
+        "lower_bound": sol.lower_bound,
         "gap_target": sol.gap_target,
-        "batch_ms": sol.makespan, "total_ratio": total_r,
-        "pp": pp, "spr": spr, "mb": mb, "split": split, "orders": origin, "actions": st["actions"],
-        "cols": st["cols"], "rows": st["rows"], "nnz": st["nnz"], "iters": st["iters1"] + st["iters2"],
-        "method": method, "dag_s": t_dag, "lp_s": st["total_s"], "total_s": t_dag + st["total_s"],
-        "peak_mb": _rss_mb(), "delta_mb": _rss_mb() - base,
+        "batch_ms": sol.makespan,
+        "total_ratio": total_r,
+        "pp": pp,
+        "spr": spr,
+        "mb": mb,
+        "split": split,
+        "orders": origin,
+        "actions": st["actions"],
+        "cols": st["cols"],
+        "rows": st["rows"],
+        "nnz": st["nnz"],
+        "iters": st["iters1"] + st["iters2"],
+        "method": method,
+        "dag_s": t_dag,
+        "lp_s": st["total_s"],
+        "total_s": t_dag + st["total_s"],
+        "peak_mb": _rss_mb(),
+        "delta_mb": _rss_mb() - base,
     }
 
 
-SCHEDULE_NAMES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-                  "DualPipeV")
+SCHEDULE_NAMES = (
+    "GPipe",
+    "1F1B",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
 
 
 def schedules_table(a: argparse.Namespace) -> None:
@@ -149,13 +188,23 @@ def schedules_table(a: argparse.Namespace) -> None:
         print(f"error: --schedules: unknown {', '.join(unknown)} (known: {', '.join(SCHEDULE_NAMES)})", file=sys.stderr)
         sys.exit(2)
     print(f"timings: {a.timings}; r_max 0.5; solver {a.solver}; gap {'default' if a.gap is None else a.gap}\n")
-    print("| schedule | pp x stages x microbatches | actions | method | simplex iters | DAG s | LP s | total s "
-          "| batch ms | gap | peak RSS MB |")
+    print(
+        "| schedule | pp x stages x microbatches | actions | method | simplex iters | DAG s | LP s | total s "
+        "| batch ms | gap | peak RSS MB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for pp, mb in sizes:
         for name in names:
-            cmd = [sys.executable, __file__, "--one", json.dumps([pp, 0, mb, False, name]), "--solver", a.solver,
-                   "--timings", a.timings]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                json.dumps([pp, 0, mb, False, name]),
+                "--solver",
+                a.solver,
+                "--timings",
+                a.timings,
+            ]
             if a.gap is not None:
                 cmd += ["--gap", str(a.gap)]
             try:
@@ -170,9 +219,12 @@ def schedules_table(a: argparse.Namespace) -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             if r.get("gap_target") is not None:  # fallback: the target gap was not reached, the best plan kept
                 r["method"] += f" (target {100 * r['gap_target']:g} % missed)"
-            print(f"| {name} | {pp} x {r['spr']} x {mb} | {r['actions']:,} | {r['method']} | {r['iters']:,} "
-                  f"| {r['dag_s']:.2f} | {r['lp_s']:.2f} | {r['total_s']:.2f} | {r['batch_ms']:.1f} "
-                  f"| {100 * r['gap']:.3f} % | {r['peak_mb']:.0f} |", flush=True)
+            print(
+                f"| {name} | {pp} x {r['spr']} x {mb} | {r['actions']:,} | {r['method']} | {r['iters']:,} "
+                f"| {r['dag_s']:.2f} | {r['lp_s']:.2f} | {r['total_s']:.2f} | {r['batch_ms']:.1f} "
+                f"| {100 * r['gap']:.3f} % | {r['peak_mb']:.0f} |",
+                flush=True,
+            )
 
 
 def _median_range(xs: list[float]) -> str:
@@ -192,9 +244,11 @@ def process_table(a: argparse.Namespace) -> None:
 
     sizes = [tuple(int(x) for x in item.split("x")) for item in a.sizes.split(",")]
     names = [x for x in a.schedules.split(",") if x]
-    print(f"whole `planner plan` process, r_max 0.5, {a.repeats} runs each (median [min, max]); traces: "
-          f"`planner simulate`, stage scales U(0.6, 1.4) seed {a.trace_seed}, jitter 0.05, 1 record per action "
-          "and phase\n")
+    print(
+        f"whole `planner plan` process, r_max 0.5, {a.repeats} runs each (median [min, max]); traces: "
+        f"`planner simulate`, stage scales U(0.6, 1.4) seed {a.trace_seed}, jitter 0.05, 1 record per action "
+        "and phase\n"
+    )
     print("| schedule | pp x stages x microbatches | actions | method | process s | LP s | batch ms | gap |")
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -213,8 +267,14 @@ def process_table(a: argparse.Namespace) -> None:
                 for _ in range(a.repeats):
                     t0 = time.perf_counter()
                     try:
-                        run = subprocess.run([sys.executable, "-m", "planner", "plan", tdir, "--r-max", "0.5", "--out", out],
-                                             cwd=ROOT, capture_output=True, text=True, check=False, timeout=a.timeout)
+                        run = subprocess.run(
+                            [sys.executable, "-m", "planner", "plan", tdir, "--r-max", "0.5", "--out", out],
+                            cwd=ROOT,
+                            capture_output=True,
+                            text=True,
+                            check=False,
+                            timeout=a.timeout,
+                        )
                     except subprocess.TimeoutExpired:
                         failure = f"timed out after {a.timeout:.0f} s"
                         break
@@ -226,12 +286,18 @@ def process_table(a: argparse.Namespace) -> None:
                         plan = json.load(f)
                     lps.append(plan["solver"]["seconds"])
                 if failure or plan is None:
-                    print(f"| {name} | {pp} x {ns // pp} x {mb} | {len(trace.meta.all_actions()):,} | {failure} "
-                          "| | | | |", flush=True)
+                    print(
+                        f"| {name} | {pp} x {ns // pp} x {mb} | {len(trace.meta.all_actions()):,} | {failure} "
+                        "| | | | |",
+                        flush=True,
+                    )
                     continue
-                print(f"| {name} | {pp} x {ns // pp} x {mb} | {len(plan['actions']):,} | {plan['solver']['method']} "
-                      f"| {_median_range(walls)} | {_median_range(lps)} | {plan['batch_time_ms']['planned']:.1f} "
-                      f"| {100 * (plan['solver'].get('gap') or 0.0):.3f} % |", flush=True)
+                print(
+                    f"| {name} | {pp} x {ns // pp} x {mb} | {len(plan['actions']):,} | {plan['solver']['method']} "
+                    f"| {_median_range(walls)} | {_median_range(lps)} | {plan['batch_time_ms']['planned']:.1f} "
+                    f"| {100 * (plan['solver'].get('gap') or 0.0):.3f} % |",
+                    flush=True,
+                )
 
 
 def main() -> None:
@@ -240,16 +306,24 @@ def main() -> None:
     ap.add_argument("--max-actions", type=int, default=None, help="skip sizes with more actions than this")
     ap.add_argument("--solver", default="auto", help="planner.lp.SOLVERS name or planner.lp_solve.CONFIGS key")
     ap.add_argument("--split", choices=["both", "yes", "no"], default="both")
-    ap.add_argument("--legacy", action="store_true", help="the older table: sizes x split (ZBV / Interleaved1F1B / 1F1B)")
+    ap.add_argument(
+        "--legacy", action="store_true", help="the older table: sizes x split (ZBV / Interleaved1F1B / 1F1B)"
+    )
     ap.add_argument("--sizes", default="8x64,16x256,32x512", help="PPxMICROBATCHES,... (default 8x64,16x256,32x512)")
     ap.add_argument("--schedules", default=",".join(SCHEDULE_NAMES), help="schedule names, comma-separated")
-    ap.add_argument("--timings", default="real-like",
-                    help="real-like (default), uniform, or replay:TRACE_DIR (a measured trace's timings resampled "
-                         "onto each size; its schedule only)")
+    ap.add_argument(
+        "--timings",
+        default="real-like",
+        help="real-like (default), uniform, or replay:TRACE_DIR (a measured trace's timings resampled "
+        "onto each size; its schedule only)",
+    )
     ap.add_argument("--gap", type=float, default=None, help="certified gap accepted (default: the planner's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per size (default 600)")
-    ap.add_argument("--process", action="store_true",
-                    help="time the whole `python -m planner plan` process on simulated trace files (--repeats runs)")
+    ap.add_argument(
+        "--process",
+        action="store_true",
+        help="time the whole `python -m planner plan` process on simulated trace files (--repeats runs)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="--process: runs per trace (default 3)")
     ap.add_argument("--trace-seed", type=int, default=7, help="--process: seed of the stage scales and jitter")
     ap.add_argument("--one", help=argparse.SUPPRESS)
@@ -266,8 +340,10 @@ def main() -> None:
         return
     sizes = QUICK if a.quick else SIZES
     splits = {"both": (False, True), "yes": (True,), "no": (False,)}[a.split]
-    print("| pp | stages/rank | microbatches | split | orders | actions | method | LP vars | rows | simplex iters "
-          "| DAG s | LP s | total s | peak RSS MB | KB/action (RSS growth) |")
+    print(
+        "| pp | stages/rank | microbatches | split | orders | actions | method | LP vars | rows | simplex iters "
+        "| DAG s | LP s | total s | peak RSS MB | KB/action (RSS growth) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for pp, spr, mb in sizes:
         for split in splits:
@@ -277,23 +353,36 @@ def main() -> None:
             if a.max_actions is not None and n > a.max_actions:
                 continue
             out = subprocess.run(
-                [sys.executable, __file__, "--one", json.dumps([pp, spr, mb, split, None]), "--solver", a.solver,
-                 "--timings", "uniform"],
-                capture_output=True, text=True, check=False,
+                [
+                    sys.executable,
+                    __file__,
+                    "--one",
+                    json.dumps([pp, spr, mb, split, None]),
+                    "--solver",
+                    a.solver,
+                    "--timings",
+                    "uniform",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if out.returncode != 0:
                 print(f"| {pp} | {spr} | {mb} | {split} | failed: {out.stderr.strip().splitlines()[-1:]} |")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(
-                f"| {pp} | {spr} | {mb} | {'yes' if split else 'no'} | {r['orders']} | {r['actions']:,} | {r['method']} "
+                f"| {pp} | {spr} | {mb} | {'yes' if split else 'no'} "
+                f"| {r['orders']} | {r['actions']:,} | {r['method']} "
                 f"| {r['cols']:,} | {r['rows']:,} | {r['iters']:,} | {r['dag_s']:.3f} | {r['lp_s']:.3f} "
                 f"| {r['total_s']:.3f} | {r['peak_mb']:.0f} | {1024 * r['delta_mb'] / r['actions']:.1f} |",
                 flush=True,
             )
-    print("\nDAG = networkx DAG from the orders; LP = solve_freeze_lp (model assembly, both HiGHS stages, for the region "
-          "method every round and its whole-batch longest paths, the final longest-path check); LP vars/rows of the last "
-          "model solved; orders from planner.schedules where available.")
+    print(
+        "\nDAG = networkx DAG from the orders; LP = solve_freeze_lp (model assembly, both HiGHS stages, for the region "
+        "method every round and its whole-batch longest paths, the final longest-path check); LP vars/rows of the last "
+        "model solved; orders from planner.schedules where available."
+    )
 
 
 if __name__ == "__main__":

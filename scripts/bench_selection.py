@@ -20,16 +20,18 @@ from timelyfreeze.selection import action_generator, balanced_subset, uniform_su
 
 
 def debug_model_stages() -> list[dict[str, int]]:
+    import torch
     from torchtitan.models.llama3 import llama3_args
     from torchtitan.models.llama3.model.model import Transformer
-
-    import torch
 
     with torch.device("meta"):
         model = Transformer(llama3_args["debugmodel"])
     sizes = {n: p.numel() for n, p in model.named_parameters()}
-    first = {n: s for n, s in sizes.items()
-             if n.startswith("tok_embeddings") or any(n.startswith(f"layers.{i}.") for i in range(3))}
+    first = {
+        n: s
+        for n, s in sizes.items()
+        if n.startswith("tok_embeddings") or any(n.startswith(f"layers.{i}.") for i in range(3))
+    }
     first.pop("layers.0.attention_norm.weight")  # the anchor: never frozen
     last = {n: s for n, s in sizes.items() if n not in first and n != "layers.0.attention_norm.weight"}
     return [first, last]
@@ -41,23 +43,29 @@ def main() -> int:
     args = ap.parse_args()
     if args.draws < 2:
         raise SystemExit(f"error: --draws: must be >= 2, got {args.draws}")
-    lines = ["| stage | tensors | largest tensor (share of elements) | r | uniform: RMS / max deviation | "
-             "balanced: RMS / max deviation |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| stage | tensors | largest tensor (share of elements) | r | uniform: RMS / max deviation | "
+        "balanced: RMS / max deviation |",
+        "|---|---|---|---|---|---|",
+    ]
     for s, stage in enumerate(debug_model_stages()):
         names, numels = list(stage), list(stage.values())
         total = sum(numels)
         for r in (0.2, 0.5, 0.8):
             dev = {"uniform": [], "balanced": []}
             for d in range(args.draws):
-                for kind, pick in (("uniform", lambda g: uniform_subset(names, r, g)),
-                                   ("balanced", lambda g: balanced_subset(names, numels, r, g))):
+                for kind, pick in (
+                    ("uniform", lambda g: uniform_subset(names, r, g)),
+                    ("balanced", lambda g: balanced_subset(names, numels, r, g)),
+                ):
                     chosen = pick(action_generator(0, d, s, 0))
                     dev[kind].append(sum(stage[x] for x in chosen) / total - r)
             cells = []
             for kind in ("uniform", "balanced"):
                 v = dev[kind]
-                cells.append(f"{100 * math.sqrt(sum(x * x for x in v) / len(v)):.1f} % / "
-                             f"{100 * max(abs(x) for x in v):.1f} %")
+                cells.append(
+                    f"{100 * math.sqrt(sum(x * x for x in v) / len(v)):.1f} % / {100 * max(abs(x) for x in v):.1f} %"
+                )
             lines.append(f"| {s} | {len(names)} | {100 * max(numels) / total:.0f} % | {r} | {cells[0]} | {cells[1]} |")
     print(f"Frozen-element share minus r over {args.draws} draws per row (percentage points of the stage's elements).")
     print("\n".join(lines))

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Write docs/config.md from the ``[freeze]`` dataclasses' field docstrings (``timelyfreeze.config_doc``).
 
-    python scripts/config_doc.py            # rewrite docs/config.md
-    python scripts/config_doc.py --check    # exit 1 if docs/config.md is not what the docstrings give
+python scripts/config_doc.py            # rewrite docs/config.md
+python scripts/config_doc.py --check    # exit 1 if docs/config.md is not what the docstrings give
 """
 
 from __future__ import annotations

@@ -83,8 +83,11 @@ def worker(extra: list[str]) -> None:
 
     dist.Backend.default_device_backend_map["cuda"] = "gloo"
     _stage_p2p_through_host()
-    print(f"[gpu_shared_cycle] rank {os.environ['RANK']}: {torch.cuda.get_device_name(0)}, torch "
-          f"{torch.__version__}, gloo with host-staged send/recv", flush=True)
+    print(
+        f"[gpu_shared_cycle] rank {os.environ['RANK']}: {torch.cuda.get_device_name(0)}, torch "
+        f"{torch.__version__}, gloo with host-staged send/recv",
+        flush=True,
+    )
     from timelyfreeze.train import main as train_main
 
     sys.argv = ["timelyfreeze.train", *extra]
@@ -101,8 +104,7 @@ def launch(config: str, extra: list[str]) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA device: this harness runs the ranks on one GPU (use `make run` on CPU)",
-              file=sys.stderr)
+        print("error: no CUDA device: this harness runs the ranks on one GPU (use `make run` on CPU)", file=sys.stderr)
         return 2
     from timelyfreeze.launch import dump_folder_of, nproc_of
     from timelyfreeze.summary import format_summary
@@ -111,15 +113,24 @@ def launch(config: str, extra: list[str]) -> int:
     n = nproc_of(config, extra)
     dump = Path(dump_folder_of(config, extra))
     dump.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), LOCAL_RANK="0",
-               HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONUNBUFFERED="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        WORLD_SIZE=str(n),
+        LOCAL_WORLD_SIZE=str(n),
+        LOCAL_RANK="0",
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+    )
     cmd = [sys.executable, __file__, "--worker", "--job.config_file", config, *extra]
     print("$ " + " ".join(cmd) + f"   (x{n}, RANK 0..{n - 1}, LOCAL_RANK 0)", flush=True)
     t0 = time.time()
     logs = [open(dump / f"rank{r}.log", "w") for r in range(n)]
-    procs = [subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=logs[r], stderr=subprocess.STDOUT)
-             for r in range(n)]
+    procs = [
+        subprocess.Popen(cmd, env=dict(env, RANK=str(r)), stdout=logs[r], stderr=subprocess.STDOUT) for r in range(n)
+    ]
     rcs = [p.wait() for p in procs]
     for f in logs:
         f.close()

@@ -38,8 +38,14 @@ def main(argv):
     if method in os.environ.get("FAKE_JOB_NO_SUMMARY", "").split(","):
         return 0
     knob = None
-    for name in ("r_max", "apf.threshold", "autofreeze.percentile", "egeria.tolerance_coef",
-                 "smartpipe.lam", "random.ratio"):
+    for name in (
+        "r_max",
+        "apf.threshold",
+        "autofreeze.percentile",
+        "egeria.tolerance_coef",
+        "smartpipe.lam",
+        "random.ratio",
+    ):
         if f"--freeze.{name}" in argv:
             knob = {"name": name.split(".")[-1], "value": float(arg(argv, f"--freeze.{name}"))}
     speed = 1000.0 * (1 + (knob["value"] if knob else 0.0))
@@ -48,20 +54,48 @@ def main(argv):
     val_curve = [[s, 6.0 - 0.05 * s] for s in range(5, steps + 1, 5)]
     with open(tf / "metrics.jsonl", "w") as f:
         for s in range(1, steps + 1):
-            f.write(json.dumps({"step": s, "phase": "train", "freeze_ratio": 0.0, "step_ms": 100.0,
-                                "batch_ms": 90.0, "tokens_per_s": speed, "loss": 7.0 - 0.05 * s,
-                                "predicted_batch_ms": None, "lr": 1e-3}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": s,
+                        "phase": "train",
+                        "freeze_ratio": 0.0,
+                        "step_ms": 100.0,
+                        "batch_ms": 90.0,
+                        "tokens_per_s": speed,
+                        "loss": 7.0 - 0.05 * s,
+                        "predicted_batch_ms": None,
+                        "lr": 1e-3,
+                    }
+                )
+                + "\n"
+            )
     summary = {
-        "format": "timelyfreeze-run/1", "method": method, "knob": knob, "schedule": schedule,
-        "pp_degree": 2, "num_stages": 2, "num_microbatches": 4, "seed": seed, "steps": steps,
-        "tokens_per_step": 100, "phases": {"train": [1, steps]},
+        "format": "timelyfreeze-run/1",
+        "method": method,
+        "knob": knob,
+        "schedule": schedule,
+        "pp_degree": 2,
+        "num_stages": 2,
+        "num_microbatches": 4,
+        "seed": seed,
+        "steps": steps,
+        "tokens_per_step": 100,
+        "phases": {"train": [1, steps]},
         "tokens_per_s": {"all": speed * 0.9, "stable": speed},
         "mean_batch_ms": {"all": 90.0, "stable": 90.0},
-        "predicted_batch_ms": None, "avg_freeze_ratio": knob["value"] / 2 if knob else 0.0,
-        "final_loss": 7.0 - 0.05 * steps, "val_loss": val_curve[-1][1] if val_curve else None,
-        "loss_curve": [], "val_curve": val_curve, "paths": {},
-        "failures": (["planning failed: fake (step 8); the run trained on without freezing"]
-                     if method in os.environ.get("FAKE_JOB_PLAN_FAILED", "").split(",") else []),
+        "predicted_batch_ms": None,
+        "avg_freeze_ratio": knob["value"] / 2 if knob else 0.0,
+        "final_loss": 7.0 - 0.05 * steps,
+        "val_loss": val_curve[-1][1] if val_curve else None,
+        "loss_curve": [],
+        "val_curve": val_curve,
+        "paths": {},
+        "failures": (
+            ["planning failed: fake (step 8); the run trained on without freezing"]
+            if method in os.environ.get("FAKE_JOB_PLAN_FAILED", "").split(",")
+            else []
+        ),
     }
     (tf / "summary.json").write_text(json.dumps(summary))
     return 0

@@ -24,16 +24,16 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from timelyfreeze import cpu_shims  # noqa: E402
+from timelyfreeze import cpu_shims
 
 cpu_shims.apply_if_needed()
 
+from test_freezing_exact import N_MB, SEQ, BackwardOrder, RandomPerAction, V, build_parts, loss_fn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.distributed.pipelining import PipelineStage  # noqa: E402
 from torch.distributed.pipelining.schedules import get_schedule_class  # noqa: E402
 
-from test_freezing_exact import N_MB, SEQ, V, BackwardOrder, RandomPerAction, build_parts, loss_fn  # noqa: E402
 from timelyfreeze import stage_hooks  # noqa: E402
 from timelyfreeze.freezing import FreezingHook  # noqa: E402
 from timelyfreeze.stage_layout import build_stage_views  # noqa: E402
@@ -90,7 +90,9 @@ def main() -> None:
     cls = get_schedule_class(schedule)
     sched = cls(stages if multi else stages[0], n_microbatches=N_MB, loss_fn=loss_fn, scale_grads=False)
     views = build_stage_views(stages, n_layers=2 * n_stages)
-    method = WithAlwaysFrozen(views, 0.5) if os.environ.get("EXACT_JOB_FREEZE", "1") == "1" else RandomPerAction(views, 0.0)
+    method = (
+        WithAlwaysFrozen(views, 0.5) if os.environ.get("EXACT_JOB_FREEZE", "1") == "1" else RandomPerAction(views, 0.0)
+    )
     hook = FreezingHook(views, method, lambda: 1)
     order = BackwardOrder()
     for st in stages:
@@ -100,7 +102,9 @@ def main() -> None:
 
     # every replica's backward order and masks, to build the reference for both
     orders = [None] * dist.get_world_size()
-    dist.all_gather_object(orders, (pp_rank, dp_rank, order.order, {f"{s}/{m}": sorted(v) for (s, m), v in method.chosen.items()}))
+    dist.all_gather_object(
+        orders, (pp_rank, dp_rank, order.order, {f"{s}/{m}": sorted(v) for (s, m), v in method.chosen.items()})
+    )
     problems, checked, frozen_everywhere = [], 0, 0
     masks_by_replica: dict[int, dict] = {}
     order_by_replica: dict[int, dict] = {}
@@ -141,15 +145,23 @@ def main() -> None:
             elif got is None:
                 problems.append(f"stage {s} {n}: lost its gradient")
             elif not torch.equal(got, expected):
-                problems.append(f"stage {s} {n}: differs by {(got - expected).abs().max().item():.3e} (norms {got.norm().item():.4f} vs {expected.norm().item():.4f})")
+                problems.append(
+                    f"stage {s} {n}: differs by {(got - expected).abs().max().item():.3e} "
+                    f"(norms {got.norm().item():.4f} vs {expected.norm().item():.4f})"
+                )
     all_problems = [None] * dist.get_world_size()
     dist.all_gather_object(all_problems, (problems, checked, frozen_everywhere, switched))
     if dist.get_rank() == 0:
         with open(out_path, "w") as f:
-            json.dump({"problems": [p for ps, *_ in all_problems for p in ps],
-                       "checked": sum(c for _, c, _, _ in all_problems),
-                       "frozen_everywhere": sum(z for _, _, z, _ in all_problems),
-                       "fsdp_modules_switched_to_sum": sum(w for *_, w in all_problems)}, f)
+            json.dump(
+                {
+                    "problems": [p for ps, *_ in all_problems for p in ps],
+                    "checked": sum(c for _, c, _, _ in all_problems),
+                    "frozen_everywhere": sum(z for _, _, z, _ in all_problems),
+                    "fsdp_modules_switched_to_sum": sum(w for *_, w in all_problems),
+                },
+                f,
+            )
     dist.barrier()
     dist.destroy_process_group()
     sys.exit(1 if any(ps for ps, *_ in all_problems) else 0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timelyfreeze import cpu_shims  # noqa: E402
+from timelyfreeze import cpu_shims
 
 cpu_shims.apply_if_needed()
 

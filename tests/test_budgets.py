@@ -29,7 +29,7 @@ def case(schedule: str, pp: int, mb: int, seed: int) -> tuple[TraceMeta, NodeWei
     return meta, synthetic_weights(meta, seed=seed, lower_frac=(0.0, 1.0), jitter=0.5)
 
 
-def total_freezing(plan) -> float:  # noqa: ANN001
+def total_freezing(plan) -> float:
     return sum(p.freeze_ratio for p in plan.actions.values())
 
 
@@ -61,8 +61,10 @@ def test_hand_solved_sensitivity() -> None:
     assert plan.budget_sensitivity[1] == 0.0
     text = plan_summary(plan, gpipe_2x2())
     assert "r_max 0.25,1" in text
-    assert ("budget sensitivity (ms of batch time saved per +0.01 of r_max): stage 0: 0.04, stage 1: 0 (r_max 1)"
-            in text.splitlines())
+    assert (
+        "budget sensitivity (ms of batch time saved per +0.01 of r_max): stage 0: 0.04, stage 1: 0 (r_max 1)"
+        in text.splitlines()
+    )
 
 
 def test_everything_at_one_and_nothing_to_freeze() -> None:
@@ -190,7 +192,7 @@ def test_per_stage_plan_file_round_trip_and_checks(tmp_path) -> None:
     back = load_plan(path)
     assert back.r_max == plan.r_max and back.budget_sensitivity == plan.budget_sensitivity and back.extra == {}
 
-    def broken(**kw) -> str:  # noqa: ANN003
+    def broken(**kw) -> str:
         bad = tmp_path / "bad.json"
         bad.write_text(json.dumps(d | kw))
         with pytest.raises(PlannerError) as e:
@@ -265,8 +267,13 @@ def test_budget_helpers() -> None:
     assert check_r_max([0, 1], 2) == (0.0, 1.0) and check_r_max([0.5], None) == (0.5,)
     assert format_r_max(0.5) == "0.5" and format_r_max([0.5, 1.0]) == "0.5,1"
     assert parse_r_max("0.8") == 0.8 and parse_r_max(" 0.5, 0.8 ,1") == (0.5, 0.8, 1.0)
-    for text, msg in (("1.5", "r_max must be"), ("0.5,x", "r_max[1] must be"), ("0.5,,1", "r_max[1]"),
-                      ("nan", "r_max must be"), ("", "r_max must be")):
+    for text, msg in (
+        ("1.5", "r_max must be"),
+        ("0.5,x", "r_max[1] must be"),
+        ("0.5,,1", "r_max[1]"),
+        ("nan", "r_max must be"),
+        ("", "r_max must be"),
+    ):
         with pytest.raises(PlannerError, match=msg.replace("[", r"\[")):
             parse_r_max(text)
 

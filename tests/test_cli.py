@@ -41,8 +41,25 @@ def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
 @pytest.fixture(scope="module")
 def trace_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "trace"
-    stdout = assert_ok(run("simulate", "--schedule", "1F1B", "--pp", 4, "--microbatches", 8, "--out", out,
-                           "--stage-scale", "1,1.3,0.8,1.1", "--jitter", 0.05, "--stable-ratio", 0.4))
+    stdout = assert_ok(
+        run(
+            "simulate",
+            "--schedule",
+            "1F1B",
+            "--pp",
+            4,
+            "--microbatches",
+            8,
+            "--out",
+            out,
+            "--stage-scale",
+            "1,1.3,0.8,1.1",
+            "--jitter",
+            0.05,
+            "--stable-ratio",
+            0.4,
+        )
+    )
     assert "wrote" in stdout and "1F1B" in stdout
     return out
 
@@ -53,8 +70,13 @@ def trace_dir(tmp_path_factory) -> Path:
 def test_simulate_plan_sweep_gantt(trace_dir, tmp_path):
     meta = json.loads((trace_dir / "meta.json").read_text())
     assert meta["format"] == "timelyfreeze-trace/1" and meta["num_stages"] == 4
-    assert sorted(p.name for p in trace_dir.iterdir()) == ["actions_rank0.jsonl", "actions_rank1.jsonl",
-                                                           "actions_rank2.jsonl", "actions_rank3.jsonl", "meta.json"]
+    assert sorted(p.name for p in trace_dir.iterdir()) == [
+        "actions_rank0.jsonl",
+        "actions_rank1.jsonl",
+        "actions_rank2.jsonl",
+        "actions_rank3.jsonl",
+        "meta.json",
+    ]
 
     plan_path = tmp_path / "plan.json"
     out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path))
@@ -116,14 +138,20 @@ def test_plan_on_two_replica_trace(tmp_path):
     from planner.simulate import simulate_batch, synthetic_trace, write_trace
     from planner.trace import Trace, load_trace, node_weights
 
-    reps = [synthetic_trace("1F1B", 2, 4, stage_scale=[1.0, 1.4], jitter=0.05, seed=1),
-            synthetic_trace("1F1B", 2, 4, stage_scale=[1.3, 1.0], jitter=0.05, seed=2)]
+    reps = [
+        synthetic_trace("1F1B", 2, 4, stage_scale=[1.0, 1.4], jitter=0.05, seed=1),
+        synthetic_trace("1F1B", 2, 4, stage_scale=[1.3, 1.0], jitter=0.05, seed=2),
+    ]
     meta = dataclasses.replace(reps[0].meta, replicas=2)
     recs = reps[0].records + [dataclasses.replace(x, replica=1) for x in reps[1].records]
     trace_dir = Path(write_trace(Trace(meta, recs, "two"), tmp_path / "trace"))
     assert sorted(p.name for p in trace_dir.iterdir()) == [
-        "actions_rank0.jsonl", "actions_rank0_replica1.jsonl", "actions_rank1.jsonl", "actions_rank1_replica1.jsonl",
-        "meta.json"]
+        "actions_rank0.jsonl",
+        "actions_rank0_replica1.jsonl",
+        "actions_rank1.jsonl",
+        "actions_rank1_replica1.jsonl",
+        "meta.json",
+    ]
     assert json.loads((trace_dir / "meta.json").read_text())["replicas"] == 2
     assert load_trace(trace_dir).meta.replicas == 2
 
@@ -186,14 +214,16 @@ def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
     with_comm = json.loads((tmp_path / "comm.json").read_text())
     assert with_comm["comm"] == summarize(delays)
     assert with_comm["batch_time_ms"]["planned"] == pytest.approx(
-        plan_from_trace(trace, 0.5).batch_time_ms["planned"], rel=1e-9)
+        plan_from_trace(trace, 0.5).batch_time_ms["planned"], rel=1e-9
+    )
     out = assert_ok(run("plan", root, "--r-max", 0.5, "--out", tmp_path / "plain.json", "--no-comm"))
     assert "communication" not in out
     plain = json.loads((tmp_path / "plain.json").read_text())
     assert "comm" not in plain
     assert plain["batch_time_ms"]["planned"] < with_comm["batch_time_ms"]["planned"]
     assert plain["batch_time_ms"]["planned"] == pytest.approx(
-        plan_from_trace(trace, 0.5, comm=False).batch_time_ms["planned"], rel=1e-9)
+        plan_from_trace(trace, 0.5, comm=False).batch_time_ms["planned"], rel=1e-9
+    )
     for extra, want in (((), with_comm), (("--no-comm",), plain)):
         out = assert_ok(run("sweep", root, "--r-max", "0,0.5", "--csv", tmp_path / "s.csv", *extra))
         assert (line in out.splitlines()) == (not extra)
@@ -209,8 +239,7 @@ def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
 def test_orders(tmp_path):
     out = assert_ok(run("orders", "--schedule", "1F1B", "--pp", 2, "--microbatches", 4))
     assert out.splitlines() == ["rank 0: 0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3", "rank 1: 1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3"]
-    meta = json.loads(assert_ok(run("orders", "--schedule", "ZBVZeroBubble", "--pp", 2, "--microbatches", 4,
-                                    "--json")))
+    meta = json.loads(assert_ok(run("orders", "--schedule", "ZBVZeroBubble", "--pp", 2, "--microbatches", 4, "--json")))
     assert meta["stage_to_rank"] == [0, 1, 1, 0] and len(meta["rank_orders"]["1"]) == 24
     # The printed meta is a valid trace meta: simulate-free gantt input needs only records besides it.
     assert meta["format"] == "timelyfreeze-trace/1"
@@ -226,8 +255,9 @@ def test_cli_runs_without_torch(tmp_path):
     """simulate -> sweep -> gantt -> orders with torch made unimportable."""
 
     def run_no_torch(*args: object) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", _NO_TORCH, *map(str, args)], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-c", _NO_TORCH, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
 
     trace = tmp_path / "zbv"
     assert_ok(run_no_torch("simulate", "--schedule", "ZBVZeroBubble", "--pp", 2, "--microbatches", 4, "--out", trace))
@@ -235,8 +265,9 @@ def test_cli_runs_without_torch(tmp_path):
     assert_ok(run_no_torch("gantt", trace, "--out", tmp_path / "g.png"))
     assert "rank 1:" in assert_ok(run_no_torch("orders", "--schedule", "LoopedBFS", "--pp", 2, "--microbatches", 2))
     assert (tmp_path / "s.png").exists() and (tmp_path / "g.png").exists()
-    probe = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import torch"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['torch'] = None; import torch"], capture_output=True, text=True
+    )
     assert probe.returncode != 0  # the blocking above really blocks
 
 
@@ -247,7 +278,7 @@ def _copy(trace_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trace_dir, tmp_path / "bad"))
 
 
-def _rewrite_records(path: Path, edit) -> None:  # noqa: ANN001 - edit(list[dict]) -> list[dict]
+def _rewrite_records(path: Path, edit) -> None:
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(r) + "\n" for r in edit(recs)))
 
@@ -274,10 +305,16 @@ def test_bad_json_line_names_file_and_line(trace_dir, tmp_path):
         (0, lambda rs: rs[:2] + [{**rs[2], "action": "0X2"}] + rs[3:], ("actions_rank0.jsonl:3", "0X2")),
         (2, lambda rs: rs[:4] + [{**rs[4], "action": "1F0"}] + rs[4:], ("actions_rank2.jsonl:5", "1F0")),
         (3, lambda rs: [{**r, "ms": -1.0} if i == 9 else r for i, r in enumerate(rs)], ("actions_rank3.jsonl:10",)),
-        (3, lambda rs: [{**r, "ms": float("nan")} if i == 0 else r for i, r in enumerate(rs)],
-         ("actions_rank3.jsonl:1", "ms")),
-        (1, lambda rs: [r for r in rs if not (r["action"] == "1B2" and r["phase"] == "upper")],
-         ("actions_rank1.jsonl", "1B2", "upper")),
+        (
+            3,
+            lambda rs: [{**r, "ms": float("nan")} if i == 0 else r for i, r in enumerate(rs)],
+            ("actions_rank3.jsonl:1", "ms"),
+        ),
+        (
+            1,
+            lambda rs: [r for r in rs if not (r["action"] == "1B2" and r["phase"] == "upper")],
+            ("actions_rank1.jsonl", "1B2", "upper"),
+        ),
     ],
     ids=["unknown-action", "action-not-in-rank-order", "negative-ms", "nan-ms", "missing-from-upper"],
 )
@@ -292,8 +329,9 @@ def test_rank_orders_not_covering_every_pair(trace_dir, tmp_path):
     meta = json.loads((bad / "meta.json").read_text())
     meta["rank_orders"]["1"].remove("1B3")
     (bad / "meta.json").write_text(json.dumps(meta))
-    assert_user_error(run("gantt", bad, "--out", tmp_path / "g.png"), "meta.json", "rank_orders",
-                      "stage 1 microbatch 3")
+    assert_user_error(
+        run("gantt", bad, "--out", tmp_path / "g.png"), "meta.json", "rank_orders", "stage 1 microbatch 3"
+    )
 
 
 @pytest.mark.parametrize(
@@ -303,8 +341,10 @@ def test_rank_orders_not_covering_every_pair(trace_dir, tmp_path):
         (("plan", "{trace}", "--r-max", "-0.1", "--out", "{tmp}/p.json"), ("r_max",)),
         (("plan", "{trace}", "--r-max", "nan", "--out", "{tmp}/p.json"), ("r_max",)),
         (("plan", "{trace}", "--r-max", "0.5,0.8,0.8", "--out", "{tmp}/p.json"), ("r_max: 3 values for 4 stages",)),
-        (("plan", "{trace}", "--r-max", "0.5,0.8,0.8,0.6,1", "--out", "{tmp}/p.json"),
-         ("r_max: 5 values for 4 stages",)),
+        (
+            ("plan", "{trace}", "--r-max", "0.5,0.8,0.8,0.6,1", "--out", "{tmp}/p.json"),
+            ("r_max: 5 values for 4 stages",),
+        ),
         (("plan", "{trace}", "--r-max", "0.5,1.2,0.8,0.6", "--out", "{tmp}/p.json"), ("--r-max", "r_max[1]", "1.2")),
         (("plan", "{trace}", "--r-max", "0.5,,0.8,0.6", "--out", "{tmp}/p.json"), ("--r-max", "r_max[1]")),
         (("sweep", "{trace}", "--r-max", "0.1,x"), ("r_max", "x")),
@@ -317,8 +357,22 @@ def test_rank_orders_not_covering_every_pair(trace_dir, tmp_path):
         (("orders", "--schedule", "Nope", "--pp", "2", "--microbatches", "4"), ("unknown schedule",)),
         (("orders", "--schedule", "1F1B", "--pp", "4", "--microbatches", "2"), ("microbatches",)),
         (("orders", "--schedule", "1F1B", "--pp", "two", "--microbatches", "2"), ("--pp",)),
-        (("simulate", "--schedule", "GPipe", "--pp", "2", "--microbatches", "2", "--out", "{tmp}/t",
-          "--w-share", "2"), ("w_share",)),
+        (
+            (
+                "simulate",
+                "--schedule",
+                "GPipe",
+                "--pp",
+                "2",
+                "--microbatches",
+                "2",
+                "--out",
+                "{tmp}/t",
+                "--w-share",
+                "2",
+            ),
+            ("w_share",),
+        ),
         (("gantt", "{trace}", "--plan", "{tmp}/missing.json", "--out", "{tmp}/g.png"), ("missing.json",)),
         (("frobnicate",), ("frobnicate",)),
         ((), ("COMMAND",)),
@@ -334,16 +388,30 @@ def test_gantt_rejects_plan_for_another_trace(trace_dir, tmp_path):
     assert_ok(run("simulate", "--schedule", "GPipe", "--pp", 4, "--microbatches", 8, "--out", other))
     plan_path = tmp_path / "other.json"
     assert_ok(run("plan", other, "--r-max", 0.3, "--out", plan_path))
-    assert_user_error(run("gantt", trace_dir, "--plan", plan_path, "--out", tmp_path / "g.png"), "other.json",
-                      "schedule")
+    assert_user_error(
+        run("gantt", trace_dir, "--plan", plan_path, "--out", tmp_path / "g.png"), "other.json", "schedule"
+    )
 
 
 def test_bench_planner_process_mode_times_the_whole_cli():
     """``scripts/bench_planner.py --process``: writes a simulated trace, runs ``planner plan`` on it and prints
     one table row with the method, the process and LP seconds (median [min, max]) and the gap."""
     proc = subprocess.run(
-        [sys.executable, "scripts/bench_planner.py", "--process", "--sizes", "2x4", "--schedules", "1F1B",
-         "--repeats", "2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "scripts/bench_planner.py",
+            "--process",
+            "--sizes",
+            "2x4",
+            "--schedules",
+            "1F1B",
+            "--repeats",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     out = assert_ok(proc)
     rows = [line for line in out.splitlines() if line.startswith("| 1F1B |")]

@@ -25,8 +25,17 @@ from planner.trace import NodeWeights, Trace, TraceMeta, load_trace, trace_from_
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 
 
-def timed_trace(schedule: str, pp: int, mb: int, delays, *, stage_scale=None, steps: int = 3,  # noqa: ANN001
-                hosts: list[str] | None = None, seed: int = 0) -> Trace:
+def timed_trace(
+    schedule: str,
+    pp: int,
+    mb: int,
+    delays,
+    *,
+    stage_scale=None,
+    steps: int = 3,
+    hosts: list[str] | None = None,
+    seed: int = 0,
+) -> Trace:
     """A synthetic trace whose records carry ``start_ms``: each batch runs as early as the DAG allows with the
     true delays ``delays(edges) -> EdgeDelays`` on its cross-rank edges (steps 1000 ms apart)."""
     base = synthetic_trace(schedule, pp, mb, jitter=0.1, seed=seed, steps=steps, stage_scale=stage_scale)
@@ -38,9 +47,16 @@ def timed_trace(schedule: str, pp: int, mb: int, delays, *, stage_scale=None, st
     starts = {step: longest_path(dag, durs, true)[1] for step, durs in by_step.items()}
     recs: dict[int, list[dict]] = {r: [] for r in range(pp)}
     for rec in base.records:
-        recs[rec.rank].append({"step": rec.step, "action": rec.action, "ms": rec.ms, "phase": rec.phase,
-                               "freeze_ratio": rec.freeze_ratio,
-                               "start_ms": 1000.0 * rec.step + starts[rec.step][rec.action]})
+        recs[rec.rank].append(
+            {
+                "step": rec.step,
+                "action": rec.action,
+                "ms": rec.ms,
+                "phase": rec.phase,
+                "freeze_ratio": rec.freeze_ratio,
+                "start_ms": 1000.0 * rec.step + starts[rec.step][rec.action],
+            }
+        )
     meta = base.meta.to_json() | ({"hosts": hosts} if hosts is not None else {})
     trace = trace_from_records(meta, recs, source=base.source)
     trace.true_delays = true  # type: ignore[attr-defined]
@@ -49,9 +65,15 @@ def timed_trace(schedule: str, pp: int, mb: int, delays, *, stage_scale=None, st
 
 # --- the estimation rule, by hand ----------------------------------------------------------------------
 
-GPIPE_2X2 = {"format": "timelyfreeze-trace/1", "schedule": "GPipe", "pp_degree": 2, "num_stages": 2,
-             "num_microbatches": 2, "stage_to_rank": [0, 1],
-             "rank_orders": {"0": ["0F0", "0F1", "0B0", "0B1"], "1": ["1F0", "1F1", "1B0", "1B1"]}}
+GPIPE_2X2 = {
+    "format": "timelyfreeze-trace/1",
+    "schedule": "GPipe",
+    "pp_degree": 2,
+    "num_stages": 2,
+    "num_microbatches": 2,
+    "stage_to_rank": [0, 1],
+    "rank_orders": {"0": ["0F0", "0F1", "0B0", "0B1"], "1": ["1F0", "1F1", "1B0", "1B1"]},
+}
 
 
 def layout(o: float, d_fwd: float, d_bwd: float) -> dict[str, tuple[float, float]]:
@@ -73,37 +95,47 @@ def hand_records(batches: list[tuple[int, str, dict[str, tuple[float, float]]]])
         for r, order in GPIPE_2X2["rank_orders"].items():
             for a in order:
                 start, ms = t[a]
-                recs[int(r)].append({"step": step, "action": a, "ms": ms, "phase": phase, "freeze_ratio": 0.0,
-                                     "start_ms": start})
+                recs[int(r)].append(
+                    {"step": step, "action": a, "ms": ms, "phase": phase, "freeze_ratio": 0.0, "start_ms": start}
+                )
     return recs
 
 
 def test_rule_by_hand_censoring_median_and_link() -> None:
-    batches = [(1, "warmup", layout(0, 50.0, 50.0)),  # other phases are ignored
-               (2, "upper", layout(100, 0.5, 0.5)), (3, "lower", layout(200, 0.9, 1.0)),
-               (4, "upper", layout(300, 0.3, 0.8))]
+    batches = [
+        (1, "warmup", layout(0, 50.0, 50.0)),  # other phases are ignored
+        (2, "upper", layout(100, 0.5, 0.5)),
+        (3, "lower", layout(200, 0.9, 1.0)),
+        (4, "upper", layout(300, 0.3, 0.8)),
+    ]
     got = estimate_edge_delays(trace_from_records(GPIPE_2X2, hand_records(batches)))
     # 1F0 is its rank's first action (end_p = -inf): samples 0.5, 0.9, 0.3; 0B0's rank predecessor 0F1 ended
     # long before 1B0: samples 0.5, 1.0, 0.8.  1F1 and 0B1 always waited for their own rank: censored, so
     # they get the link value, the median of all six uncensored samples (0.5 + 0.8) / 2.
-    assert got == pytest.approx({("0F0", "1F0"): 0.5, ("1B0", "0B0"): 0.8,
-                                 ("0F1", "1F1"): 0.65, ("1B1", "0B1"): 0.65}, abs=1e-9)
+    assert got == pytest.approx(
+        {("0F0", "1F0"): 0.5, ("1B0", "0B0"): 0.8, ("0F1", "1F1"): 0.65, ("1B1", "0B1"): 0.65}, abs=1e-9
+    )
 
 
 def test_rule_clamps_negative_medians() -> None:
     # 0B0 starts before 1B0's end (a negative gap): then 0B1's rank predecessor 0B0 ends before 1B1, so
     # 0B1's samples are uncensored and negative too.  Clamped to 0; the link (median -0.1) as well.
-    batches = [(2, "upper", layout(100, 0.5, -0.2)), (3, "upper", layout(200, 0.9, -0.1)),
-               (4, "lower", layout(300, 0.3, -0.3))]
+    batches = [
+        (2, "upper", layout(100, 0.5, -0.2)),
+        (3, "upper", layout(200, 0.9, -0.1)),
+        (4, "lower", layout(300, 0.3, -0.3)),
+    ]
     got = estimate_edge_delays(trace_from_records(GPIPE_2X2, hand_records(batches)))
-    assert got == pytest.approx({("0F0", "1F0"): 0.5, ("1B0", "0B0"): 0.0,
-                                 ("0F1", "1F1"): 0.0, ("1B1", "0B1"): 0.0}, abs=1e-9)
+    assert got == pytest.approx(
+        {("0F0", "1F0"): 0.5, ("1B0", "0B0"): 0.0, ("0F1", "1F1"): 0.0, ("1B1", "0B1"): 0.0}, abs=1e-9
+    )
 
 
 def test_rule_accumulation_batches_missing_records_and_other_replicas() -> None:
     # Two accumulation batches per step: the k-th record of an action in a step belongs to batch k.
-    recs = hand_records([(2, "upper", layout(100, 0.5, 0.5)), (2, "upper", layout(150, 0.7, 0.7)),
-                         (3, "upper", layout(200, 0.6, 0.6))])
+    recs = hand_records(
+        [(2, "upper", layout(100, 0.5, 0.5)), (2, "upper", layout(150, 0.7, 0.7)), (3, "upper", layout(200, 0.6, 0.6))]
+    )
     # Step 4 lacks 0F0 (edge 0F0->1F0 skips it) and 0F1 (0B0's rank predecessor: edge 1B0->0B0 skips it).
     extra = hand_records([(4, "upper", layout(300, 9.0, 9.0))])
     recs[0] += [x for x in extra[0] if x["action"] not in ("0F0", "0F1")]
@@ -146,9 +178,13 @@ def test_recovers_the_true_delays_of_a_simulated_run(schedule: str) -> None:
     gets exactly its delay, every other edge one common link value within the range of the true ones."""
     rng = random.Random(len(schedule))
     pp = 3
-    tr = timed_trace(schedule, pp, 2 * pp, lambda es: {e: rng.uniform(0.1, 3.0) for e in es},
-                     stage_scale=[rng.uniform(0.5, 2.0) for _ in range(len(schedule_meta(schedule, pp, 2 * pp)
-                                                                             ["stage_to_rank"]))])
+    tr = timed_trace(
+        schedule,
+        pp,
+        2 * pp,
+        lambda es: {e: rng.uniform(0.1, 3.0) for e in es},
+        stage_scale=[rng.uniform(0.5, 2.0) for _ in range(len(schedule_meta(schedule, pp, 2 * pp)["stage_to_rank"]))],
+    )
     true = tr.true_delays  # type: ignore[attr-defined]
     got = estimate_edge_delays(tr)
     assert set(got) == set(true)
@@ -209,13 +245,18 @@ def test_longest_path_with_delays_matches_networkx() -> None:
     assert longest_path(g, w.w_max, {}) == longest_path(g, w.w_max) == longest_path(g, w.w_max, None)
 
 
-@pytest.mark.parametrize("bad,msg", [({("0F0", "2F0"): 1.0}, "not an edge of the DAG"),
-                                     ({("0F0", "9F9"): 1.0}, "not an edge between two actions"),
-                                     ({(SOURCE, "0F0"): 1.0}, "not an edge between two actions"),
-                                     ({("0F0", "1F0"): -1.0}, ">= 0"),
-                                     ({("0F0", "1F0"): math.nan}, ">= 0"),
-                                     ({("0F0", "1F0"): "1"}, ">= 0")])
-def test_bad_delays_are_one_line_errors(bad, msg: str) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ({("0F0", "2F0"): 1.0}, "not an edge of the DAG"),
+        ({("0F0", "9F9"): 1.0}, "not an edge between two actions"),
+        ({(SOURCE, "0F0"): 1.0}, "not an edge between two actions"),
+        ({("0F0", "1F0"): -1.0}, ">= 0"),
+        ({("0F0", "1F0"): math.nan}, ">= 0"),
+        ({("0F0", "1F0"): "1"}, ">= 0"),
+    ],
+)
+def test_bad_delays_are_one_line_errors(bad, msg: str) -> None:
     meta = validate_meta(schedule_meta("GPipe", 3, 2), "m")
     g = build_dag(meta)
     w = synthetic_weights(meta)
@@ -285,7 +326,7 @@ def lp_case(seed: int) -> tuple[TraceMeta, nx.DiGraph, NodeWeights, float, dict]
     return meta, g, w, [0.2, 0.5, 0.8, 1.0][seed % 4], delays
 
 
-def total_freezing(sol, w: NodeWeights) -> float:  # noqa: ANN001
+def total_freezing(sol, w: NodeWeights) -> float:
     return sum((w.w_max[a] - d) / (w.w_max[a] - w.w_min[a]) for a, d in sol.durations.items() if a in w.freezable)
 
 
@@ -321,8 +362,11 @@ def test_lp_with_delays_on_same_rank_edges_is_exact() -> None:
     for seed in range(4):
         _, g, w, r_max, delays = lp_case(seed)
         rng = random.Random(seed)
-        same = [(u, v) for u, v in g.edges if u not in (SOURCE, SINK) and v not in (SOURCE, SINK)
-                and g.nodes[u]["rank"] == g.nodes[v]["rank"]]
+        same = [
+            (u, v)
+            for u, v in g.edges
+            if u not in (SOURCE, SINK) and v not in (SOURCE, SINK) and g.nodes[u]["rank"] == g.nodes[v]["rank"]
+        ]
         delays |= {e: rng.uniform(0.0, 20.0) for e in rng.sample(same, min(6, len(same)))}
         sol = solve_freeze_lp(g, w, r_max, solver="whole", edge_ms=delays)
         t_star, least = reference_lp(g, w, r_max, delays)
@@ -339,7 +383,11 @@ def test_no_delays_is_bit_for_bit_the_delay_free_solve(seed: int) -> None:
         for none in (None, {}):
             sol = solve_freeze_lp(g, w, r_max, solver=solver, edge_ms=none)
             assert (sol.durations, sol.starts, sol.makespan, sol.solver) == (
-                ref.durations, ref.starts, ref.makespan, ref.solver)
+                ref.durations,
+                ref.starts,
+                ref.makespan,
+                ref.solver,
+            )
     a, b = make_plan(meta, w, r_max), make_plan(meta, w, r_max, edge_ms={})
     for p in (a, b):
         p.solver.pop("seconds")

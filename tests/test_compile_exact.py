@@ -18,7 +18,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from tests.test_freezing_exact import MULTI_STAGE, N_MB, SEQ, V, BackwardOrder, build_parts, loss_fn
+from tests.test_freezing_exact import MULTI_STAGE, N_MB, SEQ, BackwardOrder, V, build_parts, loss_fn
 from timelyfreeze import stage_hooks
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod
@@ -55,8 +55,9 @@ def run(schedule: str, ac: bool):
     n_stages = 2 if multi else 1
     parts = compiled_parts(n_stages, ac)
     stages = [PipelineStage(p, i, n_stages, torch.device("cpu"), group=dist.group.WORLD) for i, p in enumerate(parts)]
-    sched = get_schedule_class(schedule)(stages if multi else stages[0], n_microbatches=N_MB, loss_fn=loss_fn,
-                                         scale_grads=False)
+    sched = get_schedule_class(schedule)(
+        stages if multi else stages[0], n_microbatches=N_MB, loss_fn=loss_fn, scale_grads=False
+    )
     views = build_stage_views(stages, n_layers=2 * n_stages, unit="block")
     method = RandomUnits(views, 0.5)
     hook = FreezingHook(views, method, lambda: 1)
@@ -98,8 +99,7 @@ def reference(parts, views, method, order, x, y, ac: bool):
     return out
 
 
-@pytest.mark.parametrize("schedule,ac", [("1F1B", False), ("1F1B", True), ("GPipe", False),
-                                         ("Interleaved1F1B", False)])
+@pytest.mark.parametrize("schedule,ac", [("1F1B", False), ("1F1B", True), ("GPipe", False), ("Interleaved1F1B", False)])
 def test_compiled_block_freezing_is_exact(schedule, ac):
     torch._dynamo.reset()  # graphs of earlier tests do not count against this one's cache
     parts, views, method, order, x, y = run(schedule, ac)
@@ -114,7 +114,8 @@ def test_compiled_block_freezing_is_exact(schedule, ac):
                 assert p.grad is None, f"{n} frozen in every microbatch but got a gradient"
             else:
                 assert torch.equal(p.grad, expected), (
-                    f"{schedule} ac={ac}: {n} (frozen in {frozen_in}) off by {(p.grad - expected).abs().max():.3e}")
+                    f"{schedule} ac={ac}: {n} (frozen in {frozen_in}) off by {(p.grad - expected).abs().max():.3e}"
+                )
         # whole units: every unit's tensors are frozen together, or not at all
         for m in range(N_MB):
             chosen = method.chosen[(view.stage, m)]

@@ -38,8 +38,11 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
     assert all(g <= 2 * r + 2 for g, r in zip(comp["graphs"], comp["regions"]))
     plan = load_plan(run.out / "plan.json")
     assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
-    records = [json.loads(line) for r in (0, 1)
-               for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for r in (0, 1)
+        for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()
+    ]
     # the last warm-up step froze everything (its graphs compile there), the monitoring windows as planned
     for rec in records:
         if parse_action(rec["action"]).kind in ("B", "W"):
@@ -60,7 +63,15 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
 
 
 def test_compile_without_freezing_exits_cleanly(tmp_path):
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path, "--compile.enable", "--freeze.no-enable",
-                   "--training.steps", "2", "--validation.no-enable", timeout=600)
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path,
+        "--compile.enable",
+        "--freeze.no-enable",
+        "--training.steps",
+        "2",
+        "--validation.no-enable",
+        timeout=600,
+    )
     assert run.rc == 0, run.tail()
     assert "ReferenceError" not in run.log

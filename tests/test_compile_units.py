@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze.config import COMPILE_REFUSED_SCHEDULES, Freeze, FreezeConfigError, check_compile_schedule, resolve_unit, validate
+from timelyfreeze.config import (
+    COMPILE_REFUSED_SCHEDULES,
+    Freeze,
+    FreezeConfigError,
+    check_compile_schedule,
+    resolve_unit,
+    validate,
+)
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.methods.common import Units
 from timelyfreeze.methods.registry import METHODS
@@ -65,11 +72,14 @@ def test_split_backward_schedules_are_refused_under_compile_in_one_line(schedule
 
 def _llama_like(first: bool, last: bool, blocks: list[int], compiled: bool) -> dict[str, torch.nn.Parameter]:
     mid = "._orig_mod" if compiled else ""
-    names = (["tok_embeddings.weight"] if first else [])
+    names = ["tok_embeddings.weight"] if first else []
     for k in blocks:
-        names += [f"layers.{k}{mid}.attention_norm.weight", f"layers.{k}{mid}.attention.wq.weight",
-                  f"layers.{k}{mid}.feed_forward.w1.weight"]
-    names += (["norm.weight", "output.weight"] if last else [])
+        names += [
+            f"layers.{k}{mid}.attention_norm.weight",
+            f"layers.{k}{mid}.attention.wq.weight",
+            f"layers.{k}{mid}.feed_forward.w1.weight",
+        ]
+    names += ["norm.weight", "output.weight"] if last else []
     size = {"tok_embeddings": 64, "attention_norm": 4, "wq": 16, "w1": 32, "norm": 4, "output": 64}
     return {n: torch.nn.Parameter(torch.zeros(next(v for k, v in size.items() if f"{k}." in n + "."))) for n in names}
 
@@ -96,9 +106,16 @@ def test_sampling_whole_units_meets_the_ratio_in_expectation():
     """TimelyFreeze's draw over block units: every element is frozen with probability r (the unit's), so the
     mean realised element share over many draws is r; every draw is a union of whole units."""
     params = _llama_like(False, True, list(range(8)), False)
-    view = StageView(stage=1, module=torch.nn.Module(), params=params,
-                     layer_of={n: layer_index(n, 8) for n in params}, layer_modules={}, is_first=False,
-                     is_last=True, units=freeze_units(params, {n: layer_index(n, 8) for n in params}, None, "block"))
+    view = StageView(
+        stage=1,
+        module=torch.nn.Module(),
+        params=params,
+        layer_of={n: layer_index(n, 8) for n in params},
+        layer_modules={},
+        is_first=False,
+        is_last=True,
+        units=freeze_units(params, {n: layer_index(n, 8) for n in params}, None, "block"),
+    )
     units = Units(view)
     total = sum(p.numel() for p in params.values())
     for r in (0.25, 0.5, 0.8):
@@ -117,15 +134,23 @@ def test_sampling_whole_units_meets_the_ratio_in_expectation():
 def test_tensor_units_draw_what_the_per_tensor_draw_drew():
     """With ``unit = "tensor"`` the methods' draws are the ones they made before units existed."""
     params = _llama_like(False, True, [0, 1], False)
-    view = StageView(stage=1, module=torch.nn.Module(), params=params, layer_of={n: 1 for n in params},
-                     layer_modules={}, is_first=False, is_last=True)
+    view = StageView(
+        stage=1,
+        module=torch.nn.Module(),
+        params=params,
+        layer_of={n: 1 for n in params},
+        layer_modules={},
+        is_first=False,
+        is_last=True,
+    )
     units = Units(view)
     names = list(params)
     numels = [p.numel() for p in params.values()]
     for step in range(50):
         g1, g2 = action_generator(3, step, 1, 2), action_generator(3, step, 1, 2)
         assert units.tensors(balanced_subset(units.names, units.numels, 0.4, g1)) == balanced_subset(
-            names, numels, 0.4, g2)
+            names, numels, 0.4, g2
+        )
 
 
 def test_mesh_release_reaches_every_mesh_torchtitan_built():

@@ -9,9 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.methods.registry import METHODS as REGISTRY
-
 from timelyfreeze.config import Freeze, FreezeConfigError, check_parallelism, knob_of, validate
+from timelyfreeze.methods.registry import METHODS as REGISTRY
 from timelyfreeze.phases import Phases, derive_phases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +25,24 @@ def test_paper_phases_from_lr_warmup():
 def test_explicit_phases_and_ramp():
     p = derive_phases(Freeze(warmup_steps=3, monitor_steps=4, ramp_steps=6), 30, 0)
     assert [p.phase(s) for s in (1, 3, 4, 7, 8, 11, 12, 17, 18)] == [
-        "warmup", "warmup", "upper", "upper", "lower", "lower", "progressive", "progressive", "stable"]
+        "warmup",
+        "warmup",
+        "upper",
+        "upper",
+        "lower",
+        "lower",
+        "progressive",
+        "progressive",
+        "stable",
+    ]
     assert p.ramp(11) == 0.0 and p.ramp(12) == pytest.approx(1 / 6) and p.ramp(17) == 1.0 and p.ramp(30) == 1.0
-    assert p.ranges(30) == {"warmup": (1, 3), "upper": (4, 7), "lower": (8, 11), "progressive": (12, 17),
-                            "stable": (18, 30)}
+    assert p.ranges(30) == {
+        "warmup": (1, 3),
+        "upper": (4, 7),
+        "lower": (8, 11),
+        "progressive": (12, 17),
+        "stable": (18, 30),
+    }
 
 
 def test_given_plan_skips_monitoring():
@@ -73,8 +86,13 @@ def test_random_ratio_checked():
 
 
 def _par(pp=2, shard=-1, rep=1, tp=1, cp=1):
-    return SimpleNamespace(pipeline_parallel_degree=pp, data_parallel_shard_degree=shard,
-                           data_parallel_replicate_degree=rep, tensor_parallel_degree=tp, context_parallel_degree=cp)
+    return SimpleNamespace(
+        pipeline_parallel_degree=pp,
+        data_parallel_shard_degree=shard,
+        data_parallel_replicate_degree=rep,
+        tensor_parallel_degree=tp,
+        context_parallel_degree=cp,
+    )
 
 
 def test_parallelism_checks():
@@ -102,8 +120,9 @@ def test_microbatch_checks():
     from timelyfreeze.config import check_microbatches
 
     def par(schedule, pp=2, mbs=1):
-        return SimpleNamespace(pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule,
-                               pipeline_parallel_microbatch_size=mbs)
+        return SimpleNamespace(
+            pipeline_parallel_degree=pp, pipeline_parallel_schedule=schedule, pipeline_parallel_microbatch_size=mbs
+        )
 
     check_microbatches(par("DualPipeV"), 4)  # 4 stages, 4 microbatches
     with pytest.raises(FreezeConfigError, match=r"gives 3 microbatches; DualPipeV needs.*\(4 stages\).*to 4 or more"):
@@ -130,17 +149,25 @@ def test_toml_and_cli_reach_the_section():
     cpu_shims.apply_if_needed()
     from torchtitan.config import ConfigManager
 
-    cfg = ConfigManager().parse_args([
-        "--job.config_file", "torchtitan_configs/llama3_debug_zbv_cpu.toml",
-        "--freeze.r_max", "0.5", "--freeze.apf.threshold", "0.2", "--freeze.smartpipe.lam", "0.75",
-        "--freeze.estimator", "pooled",
-    ])
+    cfg = ConfigManager().parse_args(
+        [
+            "--job.config_file",
+            "torchtitan_configs/llama3_debug_zbv_cpu.toml",
+            "--freeze.r_max",
+            "0.5",
+            "--freeze.apf.threshold",
+            "0.2",
+            "--freeze.smartpipe.lam",
+            "0.75",
+            "--freeze.estimator",
+            "pooled",
+        ]
+    )
     assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
     assert cfg.freeze.r_max == 0.5 and cfg.freeze.monitor_steps == 4
     assert cfg.freeze.apf.threshold == 0.2 and cfg.freeze.smartpipe.lam == 0.75
     assert cfg.freeze.estimator == "pooled"
     assert cfg.activation_checkpoint.mode == "none"
-
 
 
 def test_the_gpu_debug_config_parses_and_splits_into_8_microbatches():
@@ -154,6 +181,7 @@ def test_the_gpu_debug_config_parses_and_splits_into_8_microbatches():
     assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
     assert cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size == 8
     assert cfg.parallelism.pipeline_parallel_schedule == "1F1B"
+
 
 def test_knob_of_each_method():
     f = Freeze(method="smartpipe")
@@ -252,8 +280,13 @@ def _wrong_type_cases():
                 if isinstance(value, list):
                     bad = next(i for i, v in enumerate(value) if not isinstance(v, float))
                     label, shown = f"{name}[{bad}]", value[bad]
-                yield pytest.param(path, name, value, f"[{section}] {label} = {shown!r}: must be {noun}",
-                                   id=f"{section}.{name}={value!r}")
+                yield pytest.param(
+                    path,
+                    name,
+                    value,
+                    f"[{section}] {label} = {shown!r}: must be {noun}",
+                    id=f"{section}.{name}={value!r}",
+                )
 
 
 @pytest.mark.parametrize("path,name,value,message", list(_wrong_type_cases()))

@@ -40,7 +40,8 @@ def test_every_imported_package_is_a_declared_dependency():
     declared = {_normalise(re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0]) for d in project["dependencies"]}
     dists = importlib.metadata.packages_distributions()
     missing = {
-        module: where for module, where in _imported_top_level_modules().items()
+        module: where
+        for module, where in _imported_top_level_modules().items()
         if not any(_normalise(d) in declared for d in dists.get(module, [module]))
     }
     assert not missing, f"imported but not in [project] dependencies: {missing}"

@@ -35,8 +35,16 @@ def test_pair_names_parse_and_print_as_torch_spells_them():
     assert str(act) == PAIR_NAME and action_kind(PAIR_NAME) == PAIR and PAIR in FREEZABLE_KINDS
     assert [str(p) for p in act.parts] == ["0F3", "3B1"]
     assert parse_action("2B5").parts == (Action(2, "B", 5),)
-    for bad in ("(0F3;3I1)OVERLAP_F_B", "(0B3;3F1)OVERLAP_F_B", "(0F3,3B1)OVERLAP_F_B", "(0F3;3B1)", "3OVERLAP_F_B1",
-                "(0F3;3B1)OVERLAP_F_B ", "2X5", 7):
+    for bad in (
+        "(0F3;3I1)OVERLAP_F_B",
+        "(0B3;3F1)OVERLAP_F_B",
+        "(0F3,3B1)OVERLAP_F_B",
+        "(0F3;3B1)",
+        "3OVERLAP_F_B1",
+        "(0F3;3B1)OVERLAP_F_B ",
+        "2X5",
+        7,
+    ):
         with pytest.raises(ValueError, match="not an action name"):
             parse_action(bad)
         with pytest.raises(ValueError, match="not an action name"):
@@ -86,16 +94,20 @@ def test_pair_freezes_through_its_backward_part_in_the_plan():
     tr = synthetic_trace("DualPipeV", 2, 8, stage_scale=[1.0, 1.5, 0.8, 1.2])
     w = node_weights(tr)
     common = dict(f_ms=1.0, b_ms=2.0, w_share=0.5, lower_share=0.3)
-    assert w.w_max[PAIR_NAME] == pytest.approx(model_ms("0F3", **common, scale=1.0, freeze_ratio=0)
-                                               + model_ms("3B1", **common, scale=1.2, freeze_ratio=0))
+    assert w.w_max[PAIR_NAME] == pytest.approx(
+        model_ms("0F3", **common, scale=1.0, freeze_ratio=0) + model_ms("3B1", **common, scale=1.2, freeze_ratio=0)
+    )
     assert w.w_max[PAIR_NAME] - w.w_min[PAIR_NAME] == pytest.approx(w.w_max["3B6"] - w.w_min["3B6"])
     plan = plan_from_trace(tr, 0.5)
     pairs = [a for a in plan.actions if parse_action(a).kind == PAIR]
     assert len(pairs) >= 8 and any(plan.actions[a].freeze_ratio > 0 for a in pairs)
     assert all(m <= 0.5 + 1e-6 for m in stage_mean_ratios(plan).values())
     # every (stage, microbatch) has exactly one freezable action: B, W or a pair's backward part
-    owners = [(parse_action(a).stage, parse_action(a).microbatch) for a in plan.actions
-              if parse_action(a).kind in FREEZABLE_KINDS]
+    owners = [
+        (parse_action(a).stage, parse_action(a).microbatch)
+        for a in plan.actions
+        if parse_action(a).kind in FREEZABLE_KINDS
+    ]
     assert sorted(owners) == [(s, m) for s in range(4) for m in range(8)]
     durations = {a: ap.duration for a, ap in plan.actions.items()}
     assert simulate_batch(tr.meta, durations) == pytest.approx(plan.batch_time_ms["planned"], rel=1e-9)
@@ -105,8 +117,13 @@ def test_comm_delays_of_a_simulated_dualpipev_run():
     """The estimation rule on a DualPipeV run simulated with known delays: exact where observed, one link
     value elsewhere (as for the other schedules in ``tests/test_comm.py``)."""
     rng = random.Random(5)
-    tr = timed_trace("DualPipeV", 3, 6, lambda es: {e: rng.uniform(0.1, 3.0) for e in es},
-                     stage_scale=[rng.uniform(0.5, 2.0) for _ in range(6)])
+    tr = timed_trace(
+        "DualPipeV",
+        3,
+        6,
+        lambda es: {e: rng.uniform(0.1, 3.0) for e in es},
+        stage_scale=[rng.uniform(0.5, 2.0) for _ in range(6)],
+    )
     true = tr.true_delays  # type: ignore[attr-defined]
     got = estimate_edge_delays(tr)
     assert set(got) == set(true)

@@ -11,7 +11,12 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.estimate import (
-    ESTIMATORS, MAD_TO_SIGMA, MEDIAN_SE_FACTOR, check_estimator, estimate_weights, pooled_estimates,
+    ESTIMATORS,
+    MAD_TO_SIGMA,
+    MEDIAN_SE_FACTOR,
+    check_estimator,
+    estimate_weights,
+    pooled_estimates,
 )
 from planner.plan import load_plan, plan_from_trace, write_plan
 from planner.schedules import schedule_meta
@@ -33,14 +38,21 @@ def make_trace(ms, *, schedule: str = "1F1B", pp: int = 2, n: int = 8, steps: in
             for i, phase in enumerate(("upper", "lower")):
                 for k in range(steps):
                     for a in order:
-                        out.append({"step": 1 + i * steps + k, "action": a, "ms": ms(d, a, phase, k),
-                                    "phase": phase, "freeze_ratio": 1.0 if phase == "lower" and "B" in a else 0.0})
+                        out.append(
+                            {
+                                "step": 1 + i * steps + k,
+                                "action": a,
+                                "ms": ms(d, a, phase, k),
+                                "phase": phase,
+                                "freeze_ratio": 1.0 if phase == "lower" and "B" in a else 0.0,
+                            }
+                        )
     return trace_from_records(meta, recs, source="mem")
 
 
 def kind_mb(a: str) -> tuple[int, str, int]:
     i = next(j for j, c in enumerate(a) if c.isalpha())
-    return int(a[:i]), a[i], int(a[i + 1:])
+    return int(a[:i]), a[i], int(a[i + 1 :])
 
 
 def slow_first(d: int, a: str, phase: str, k: int, offsets: tuple[float, ...] = (0.0,)) -> float:

@@ -42,17 +42,34 @@ def worker_pid(dump: Path, rank: int) -> int | None:
             env = b"\0" + (d / "environ").read_bytes()
         except OSError:
             continue
-        if b"timelyfreeze.train" in cmd and str(dump).encode() in cmd and f"\0RANK={rank}\0".encode() in env \
-                and b"TORCHELASTIC_RUN_ID" in env:
+        if (
+            b"timelyfreeze.train" in cmd
+            and str(dump).encode() in cmd
+            and f"\0RANK={rank}\0".encode() in env
+            and b"TORCHELASTIC_RUN_ID" in env
+        ):
             return int(d.name)
     return None
 
 
 def launch(dump: Path, log: Path) -> subprocess.Popen:
-    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), "--checkpoint.enable", "--checkpoint.interval", "1",
-            "--checkpoint.keep_latest_k", "3", "--checkpoint.no-last-save-model-only"]
-    return subprocess.Popen(command("llama3_debug_1f1b_cpu.toml", dump, *args), cwd=ROOT, env=ENV,
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    args = [
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "1",
+        "--checkpoint.keep_latest_k",
+        "3",
+        "--checkpoint.no-last-save-model-only",
+    ]
+    return subprocess.Popen(
+        command("llama3_debug_1f1b_cpu.toml", dump, *args),
+        cwd=ROOT,
+        env=ENV,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def kill_after_checkpoint(proc: subprocess.Popen, dump: Path, step: int, timeout: float = 300) -> None:
@@ -75,7 +92,7 @@ def kill_after_checkpoint(proc: subprocess.Popen, dump: Path, step: int, timeout
 
 
 def restored_step(log: Path) -> int:
-    lines = [l for l in log.read_text().splitlines() if "restored freezing state at step" in l]
+    lines = [line for line in log.read_text().splitlines() if "restored freezing state at step" in line]
     assert lines, log.read_text()[-3000:]
     return int(lines[-1].rsplit("step", 1)[1].split()[0])
 
@@ -101,7 +118,7 @@ def test_sigkill_and_restart_in_every_phase(tmp_path):
     assert proc.wait(timeout=600) == 0, log.read_text()[-5000:]
 
     logs = [(tmp_path / f"launch{i}.log") for i in range(4)]
-    resumed = [restored_step(l) for l in logs[1:]]
+    resumed = [restored_step(line) for line in logs[1:]]
     # each restart restores a checkpoint of the phase the kill interrupted (metrics below: and goes on in it)
     assert [phase_of(s) for s in resumed] == list(KILLS), resumed
     # planned once (third launch), never again after the restart in the stable phase
@@ -111,14 +128,14 @@ def test_sigkill_and_restart_in_every_phase(tmp_path):
     final = trace_lines(out)
     for snap, step in zip(snapshots, resumed):
         for r in range(2):
-            kept = [l for l in snap[r] if json.loads(l)["step"] <= step]
-            assert [l for l in final[r] if json.loads(l)["step"] <= step] == kept
+            kept = [line for line in snap[r] if json.loads(line)["step"] <= step]
+            assert [line for line in final[r] if json.loads(line)["step"] <= step] == kept
     # ... and no (step, action) appears twice, none is missing
     meta = json.loads((out / "trace" / "meta.json").read_text())
     for r in range(2):
         seen: dict[tuple[int, str], int] = {}
-        for l in final[r]:
-            rec = json.loads(l)
+        for line in final[r]:
+            rec = json.loads(line)
             seen[(rec["step"], rec["action"])] = seen.get((rec["step"], rec["action"]), 0) + 1
             assert rec["phase"] == phase_of(rec["step"]), rec
         assert set(seen.values()) == {1}
@@ -126,10 +143,10 @@ def test_sigkill_and_restart_in_every_phase(tmp_path):
     # the stable steps after the last restart freeze what the plan in force says: plan.json, or the latest
     # re-plan of the final metrics (a loaded machine can drift past the re-planning threshold), which
     # applies from the step after it
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     replanned = sorted(m["step"] for m in rows if m.get("replan"))
-    for l in final[0]:
-        rec = json.loads(l)
+    for line in final[0]:
+        rec = json.loads(line)
         if rec["step"] > resumed[2] and rec["action"].startswith("0B"):
             before = [n for n in replanned if n < rec["step"]]
             plan = load_plan(out / "replans" / f"plan_step{before[-1]}.json" if before else out / "plan.json")

@@ -28,7 +28,7 @@ def table(doc: str, heading: str) -> dict[str, bool]:
     lines = doc.splitlines()
     assert heading in lines, f"docs/formats.md has no heading {heading!r}"
     out: dict[str, bool] = {}
-    for line in lines[lines.index(heading) + 1:]:
+    for line in lines[lines.index(heading) + 1 :]:
         if line.startswith("#"):
             break
         m = _ROW.match(line)
@@ -49,9 +49,15 @@ def test_versions_and_backticked_fields(doc: str) -> None:
     for version in (trace_mod.TRACE_FORMAT, plan_mod.PLAN_FORMAT):
         assert version in doc
     fields = (
-        meta_mod._META_FIELDS + meta_mod._OPTIONAL_META_FIELDS + trace_mod._RECORD_FIELDS
-        + trace_mod._OPTIONAL_RECORD_FIELDS + plan_mod._PLAN_FIELDS + plan_mod._ACTION_FIELDS
-        + plan_mod._BATCH_TIME_FIELDS + plan_mod._SOLVER_FIELDS + ("format",)
+        meta_mod._META_FIELDS
+        + meta_mod._OPTIONAL_META_FIELDS
+        + trace_mod._RECORD_FIELDS
+        + trace_mod._OPTIONAL_RECORD_FIELDS
+        + plan_mod._PLAN_FIELDS
+        + plan_mod._ACTION_FIELDS
+        + plan_mod._BATCH_TIME_FIELDS
+        + plan_mod._SOLVER_FIELDS
+        + ("format",)
     )
     for name in fields:
         assert f"`{name}`" in doc, f"docs/formats.md does not mention `{name}`"

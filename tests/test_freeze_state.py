@@ -18,8 +18,14 @@ def test_round_trip_keeps_types_exactly():
         "plain": [1, 2.5, "x", None, True],
         "tuple": (1, (2, 3)),
         7: {"int keys": {(0, 3): 0.25}},
-        "tensors": [torch.randn(3, 4), torch.arange(5), torch.tensor(True), torch.zeros(0, 2),
-                    torch.randn(2, dtype=torch.bfloat16), torch.tensor(1.5)],
+        "tensors": [
+            torch.randn(3, 4),
+            torch.arange(5),
+            torch.tensor(True),
+            torch.zeros(0, 2),
+            torch.randn(2, dtype=torch.bfloat16),
+            torch.tensor(1.5),
+        ],
         "nan": float("nan"),
     }
     back = decode(encode(value))
@@ -81,16 +87,28 @@ def test_tampered_values_are_refused(raw, match):
         decode(raw)
 
 
-IDENTITY = {"method": "timelyfreeze", "schedule": "1F1B", "num_stages": 2, "num_microbatches": 8,
-            "pp_rank": 0, "pp_size": 2}
+IDENTITY = {
+    "method": "timelyfreeze",
+    "schedule": "1F1B",
+    "num_stages": 2,
+    "num_microbatches": 8,
+    "pp_rank": 0,
+    "pp_size": 2,
+}
 
 
 def good_state(step: int = 9) -> dict:
     return {
-        "format": STATE_FORMAT, "step": step, "run": dict(IDENTITY), "method": {},
+        "format": STATE_FORMAT,
+        "step": step,
+        "run": dict(IDENTITY),
+        "method": {},
         "monitor_records": [{"step": 3, "action": "0F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0}],
-        "plan_batch_ms": {"no_freeze": 12.0, "all_frozen": 9.0, "planned": 10.0, "note": "v2"}, "history": [{"step": s, "phase": "x"} for s in range(1, step + 1)],
-        "val_curve": [[4, 5.5]], "meta": None, "failures": [],
+        "plan_batch_ms": {"no_freeze": 12.0, "all_frozen": 9.0, "planned": 10.0, "note": "v2"},
+        "history": [{"step": s, "phase": "x"} for s in range(1, step + 1)],
+        "val_curve": [[4, 5.5]],
+        "meta": None,
+        "failures": [],
     }
 
 
@@ -160,19 +178,39 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
     from timelyfreeze.run_info import RunInfo
     from timelyfreeze.summary import format_summary
 
-    info = RunInfo(schedule="1F1B", num_microbatches=4, total_steps=20, tokens_per_step=1, lr_warmup_steps=0,
-                   dump_folder=str(tmp_path), n_layers=2, use_cuda=False)
+    info = RunInfo(
+        schedule="1F1B",
+        num_microbatches=4,
+        total_steps=20,
+        tokens_per_step=1,
+        lr_warmup_steps=0,
+        dump_folder=str(tmp_path),
+        n_layers=2,
+        use_cuda=False,
+    )
     job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
     state = FreezeState(meta={"schedule": "1F1B"})  # meta the planner rejects
     logged = []
-    plans = PlanCoordinator(Freeze(enable=True, r_max=0.8), info, 2, job=job, method=make(), state=state,
-                            log=logged.append)
+    plans = PlanCoordinator(
+        Freeze(enable=True, r_max=0.8), info, 2, job=job, method=make(), state=state, log=logged.append
+    )
     plans.make_plan(6)
     assert plans.method.plan_failed and plans.method.phase(12) == "noplan"
     failures = state.failures
     assert len(failures) == 1 and failures[0].startswith("planning failed") and "step 6" in failures[0]
     assert any("ERROR planning failed" in m for m in logged)
-    summary = {"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2,
-               "num_microbatches": 8, "steps": 12, "phases": {}, "mean_batch_ms": {}, "tokens_per_s": {
-                   "all": None, "stable": None}, "avg_freeze_ratio": 0.0, "loss_curve": [], "failures": state.failures}
+    summary = {
+        "method": "timelyfreeze",
+        "schedule": "1F1B",
+        "pp_degree": 2,
+        "num_stages": 2,
+        "num_microbatches": 8,
+        "steps": 12,
+        "phases": {},
+        "mean_batch_ms": {},
+        "tokens_per_s": {"all": None, "stable": None},
+        "avg_freeze_ratio": 0.0,
+        "loss_curve": [],
+        "failures": state.failures,
+    }
     assert "  FAILED: planning failed" in format_summary(summary)

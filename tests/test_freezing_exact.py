@@ -30,8 +30,8 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
 from timelyfreeze import stage_hooks
 from timelyfreeze.freezing import FreezingHook
-from timelyfreeze.profiler import ActionProfiler
 from timelyfreeze.methods.base import FreezeMethod
+from timelyfreeze.profiler import ActionProfiler
 from timelyfreeze.selection import action_generator, uniform_subset
 from timelyfreeze.stage_layout import build_stage_views
 
@@ -222,8 +222,9 @@ def test_dualpipev_pairs_are_one_action_each(overlap):
     from planner.schedules import rank_orders
 
     got: list[ActionProfiler] = []
-    parts, views, method, order, hook, x, y = run_pipeline("DualPipeV", ratio=0.5, ac=False, overlap=overlap,
-                                                           profiler=got)
+    parts, views, method, order, hook, x, y = run_pipeline(
+        "DualPipeV", ratio=0.5, ac=False, overlap=overlap, profiler=got
+    )
     (prof,) = got
     expected = rank_orders("DualPipeV", 1, N_MB)[0]
     assert prof.order == expected

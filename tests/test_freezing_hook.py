@@ -50,10 +50,13 @@ def test_each_accumulation_batch_draws_its_own_masks():
             assert count == len(expect)
             assert ratio == sum(view.params[n].numel() for n in expect) / sum(p.numel() for p in view.params.values())
         assert m.frozen_tensors(stable, 0, mb, accum=1) == uniform_subset(
-            names, 0.5, action_generator(0, stable, 0, mb, 1))
+            names, 0.5, action_generator(0, stable, 0, mb, 1)
+        )
     # the batches of a step draw differently (deterministic: fixed seeds) ...
-    assert any(len({uniform_subset(names, 0.5, action_generator(0, stable, 0, mb, b)) for b in range(3)}) > 1
-               for mb in range(4))
+    assert any(
+        len({uniform_subset(names, 0.5, action_generator(0, stable, 0, mb, b)) for b in range(3)}) > 1
+        for mb in range(4)
+    )
     # ... and batch 0 keeps the seed of a run without accumulation: blake2b("seed/step/stage/mb")
     import hashlib
 

@@ -12,9 +12,22 @@ from timelyfreeze import launch
 
 def test_torchrun_command_puts_the_config_and_dump_before_the_arguments():
     cmd = launch.torchrun_command("c.toml", "--training.steps", "3", nproc=4, dump_folder="d", python="py")
-    assert cmd == ["py", "-m", "torch.distributed.run", "--nproc_per_node=4", "--rdzv-backend=c10d",
-                   "--rdzv-endpoint=localhost:0", "-m", "timelyfreeze.train", "--job.config_file", "c.toml",
-                   "--job.dump_folder", "d", "--training.steps", "3"]
+    assert cmd == [
+        "py",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=4",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+        "-m",
+        "timelyfreeze.train",
+        "--job.config_file",
+        "c.toml",
+        "--job.dump_folder",
+        "d",
+        "--training.steps",
+        "3",
+    ]
     other = launch.torchrun_command("c.toml", target=("x.py",), python="py")
     assert other[6:] == ["x.py", "--job.config_file", "c.toml"]
 
@@ -31,20 +44,29 @@ def test_run_logs_the_output_and_reports_lines_and_metrics_rows(tmp_path):
     metrics, seen = tmp_path / "metrics.jsonl", tmp_path / "seen"
     metrics.write_text('{"step": 0}\n')  # left by an earlier run: not reported
     # the job writes a row and waits (up to 60 s) until the launcher has reported it
-    job = ("import json, os, sys, time\n"
-           "print('hello'); print('to stderr', file=sys.stderr)\n"
-           f"open({str(metrics)!r}, 'a').write(json.dumps({{'step': 1}}) + '\\n')\n"
-           f"t = time.time()\nwhile not os.path.exists({str(seen)!r}) and time.time() < t + 60:\n"
-           "    time.sleep(0.05)\n"
-           "sys.exit(int(os.environ['CODE']))\n")
+    job = (
+        "import json, os, sys, time\n"
+        "print('hello'); print('to stderr', file=sys.stderr)\n"
+        f"open({str(metrics)!r}, 'a').write(json.dumps({{'step': 1}}) + '\\n')\n"
+        f"t = time.time()\nwhile not os.path.exists({str(seen)!r}) and time.time() < t + 60:\n"
+        "    time.sleep(0.05)\n"
+        "sys.exit(int(os.environ['CODE']))\n"
+    )
     lines, rows = [], []
 
     def on_row(row):
         rows.append(row)
         seen.touch()
 
-    rc = launch.run([sys.executable, "-c", job], tmp_path / "log" / "job.log", env={"CODE": "3"}, header="# hi",
-                    on_line=lines.append, metrics=metrics, on_row=on_row)
+    rc = launch.run(
+        [sys.executable, "-c", job],
+        tmp_path / "log" / "job.log",
+        env={"CODE": "3"},
+        header="# hi",
+        on_line=lines.append,
+        metrics=metrics,
+        on_row=on_row,
+    )
     log = (tmp_path / "log" / "job.log").read_text()
     assert rc == 3 and log.splitlines()[0] == "# hi" and "hello" in log and "to stderr" in log
     assert "hello\n" in lines and rows == [{"step": 1}]

@@ -13,8 +13,16 @@ def _view(**shapes: int) -> StageView:
     for name, n in shapes.items():
         setattr(mod, name, nn.Parameter(torch.zeros(n)))
     params = dict(mod.named_parameters())
-    return StageView(stage=0, module=mod, params=params, layer_of={n: 0 for n in params},
-                     layer_modules={}, is_first=True, is_last=True, anchor="anchor" if "anchor" in params else None)
+    return StageView(
+        stage=0,
+        module=mod,
+        params=params,
+        layer_of={n: 0 for n in params},
+        layer_modules={},
+        is_first=True,
+        is_last=True,
+        anchor="anchor" if "anchor" in params else None,
+    )
 
 
 def test_effective_perturbation_hand_computed_and_oscillation_vs_trend():
@@ -90,8 +98,8 @@ def test_period_grows_additively_halves_and_expires():
     periods = [p for _, p, _ in log]
     first = next(i for i, p in enumerate(periods) if p > 0)
     # additive growth while stable: c, 2c, 3c
-    assert periods[first:first + 3] == [c, 2 * c, 3 * c]
-    for (t, p, until), (t_next, _, _) in zip(log[first:first + 3], log[first + 1:first + 4]):
+    assert periods[first : first + 3] == [c, 2 * c, 3 * c]
+    for (t, p, until), (t_next, _, _) in zip(log[first : first + 3], log[first + 1 : first + 4]):
         assert until == t + p
         # frozen for exactly (t, t + period]; active again (and evaluated) at the next check after
         assert {x for x in frozen_steps if t < x < t_next} == set(range(t + 1, t + p + 1))

@@ -1,7 +1,14 @@
 """AutoFreeze: percentile + prefix rule, accumulation between checks, multi-rank agreement."""
 
 import numpy as np
-from test_methods_common import LockStep, make_cfg, make_ctx, make_stages, same_set_for_every_microbatch, set_layer_grads
+from test_methods_common import (
+    LockStep,
+    make_cfg,
+    make_ctx,
+    make_stages,
+    same_set_for_every_microbatch,
+    set_layer_grads,
+)
 
 from timelyfreeze.methods.autofreeze import AutoFreeze, AutoFreezeConfig, autofreeze_boundary
 
@@ -59,8 +66,9 @@ def test_autofreeze_accumulates_between_checks_and_freezes_prefix():
 
 def test_autofreeze_warmup_blocks_decisions():
     stages = make_stages(4)
-    m = AutoFreeze(make_cfg(autofreeze=AutoFreezeConfig(percentile=80, check_every=1), warmup_steps=10),
-                   make_ctx(stages))
+    m = AutoFreeze(
+        make_cfg(autofreeze=AutoFreezeConfig(percentile=80, check_every=1), warmup_steps=10), make_ctx(stages)
+    )
     for t in range(1, 10):
         _drive(m, stages, t, {k: 1.0 / t if k < 3 else float(t) for k in range(6)})
         assert m.frozen_tensors(t, 0, 0) == frozenset()

@@ -17,8 +17,8 @@ from timelyfreeze.errors import FreezeConfigError
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.base import MethodContext, StageView
-from timelyfreeze.methods.egeria import EgeriaConfig
 from timelyfreeze.methods.common import freezable_names
+from timelyfreeze.methods.egeria import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
 
@@ -31,9 +31,7 @@ class TinyStage(nn.Module):
         torch.manual_seed(seed + blocks.start)
         self.first, self.last = blocks.start == 0, blocks.stop == n_blocks
         self.tok = nn.Embedding(VOCAB, DIM) if self.first else None
-        self.layers = nn.ModuleDict(
-            {str(k): nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for k in blocks}
-        )
+        self.layers = nn.ModuleDict({str(k): nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh()) for k in blocks})
         self.norm = nn.LayerNorm(DIM) if self.last else None
         self.out = nn.Linear(DIM, VOCAB) if self.last else None
 
@@ -65,8 +63,14 @@ def make_view(mod: TinyStage, stage: int, n_blocks: int) -> StageView:
     if mod.out is not None:
         layer_modules[n_blocks + 1] = mod.out
     return StageView(
-        stage=stage, module=mod, params=params, layer_of=layer_of, layer_modules=layer_modules,
-        is_first=mod.first, is_last=mod.last, anchor="tok.weight" if mod.first else None,
+        stage=stage,
+        module=mod,
+        params=params,
+        layer_of=layer_of,
+        layer_modules=layer_modules,
+        is_first=mod.first,
+        is_last=mod.last,
+        anchor="tok.weight" if mod.first else None,
     )
 
 
@@ -78,9 +82,14 @@ def make_stages(n_blocks: int = 4, splits: tuple[int, ...] = ()) -> list[StageVi
 
 def make_cfg(**sections) -> SimpleNamespace:
     cfg = SimpleNamespace(
-        seed=0, warmup_steps=0, resample_every=1,
-        apf=APFConfig(), autofreeze=AutoFreezeConfig(), egeria=EgeriaConfig(),
-        smartpipe=SmartPipeConfig(), random=RandomConfig(),
+        seed=0,
+        warmup_steps=0,
+        resample_every=1,
+        apf=APFConfig(),
+        autofreeze=AutoFreezeConfig(),
+        egeria=EgeriaConfig(),
+        smartpipe=SmartPipeConfig(),
+        random=RandomConfig(),
     )
     for k, v in sections.items():
         setattr(cfg, k, v)
@@ -93,11 +102,23 @@ def same_set_for_every_microbatch(m, stages, steps=range(1, 41), n_mb: int = 4) 
     return all(len({m.frozen_tensors(t, v.stage, mb) for mb in range(n_mb)}) == 1 for t in steps for v in stages)
 
 
-def make_ctx(stages: list[StageView], all_gather=None, lr=lambda: 1.0, total_steps: int = 100,
-             num_stages: int | None = None, **fields) -> MethodContext:
+def make_ctx(
+    stages: list[StageView],
+    all_gather=None,
+    lr=lambda: 1.0,
+    total_steps: int = 100,
+    num_stages: int | None = None,
+    **fields,
+) -> MethodContext:
     return MethodContext(
-        stages=stages, num_stages=num_stages or len(stages), num_microbatches=2, schedule="GPipe",
-        total_steps=total_steps, all_gather=all_gather or (lambda o: [o]), get_lr=lr, **fields,
+        stages=stages,
+        num_stages=num_stages or len(stages),
+        num_microbatches=2,
+        schedule="GPipe",
+        total_steps=total_steps,
+        all_gather=all_gather or (lambda o: [o]),
+        get_lr=lr,
+        **fields,
     )
 
 
@@ -139,7 +160,7 @@ class LockStep:
         def go(i, f):
             try:
                 results[i] = f()
-            except BaseException as e:  # noqa: BLE001 - re-raised below
+            except BaseException as e:
                 errors.append(e)
                 self._barrier.abort()
 

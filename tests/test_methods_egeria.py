@@ -153,7 +153,7 @@ def test_worker_never_blocks_and_skips_when_busy():
         time.sleep(0.02)
     assert m.worker.completed == 1 and m.worker.failed == 0, m.worker.errors
     assert m.worker.quantized is True and m.worker.refreshes == 1
-    (module, gen, rstep, value), = m.worker.drain()
+    ((module, gen, rstep, value),) = m.worker.drain()
     assert (module, gen, rstep) == (0, 0, 1) and value >= 0.0
     m.close()
 
@@ -182,7 +182,7 @@ def test_end_to_end_reading_uses_int8_reference_and_refreshes_every_w():
     _train_step(stages, fp, 1, x)
     while fp.worker.busy():
         time.sleep(0.01)
-    (_, _, _, v), = fp.worker.drain()
+    ((_, _, _, v),) = fp.worker.drain()
     assert v < 1e-10 and fp.worker.quantized is False
     m.close()
     fp.close()
@@ -192,8 +192,7 @@ def test_two_ranks_agree_on_readings_from_the_owner_and_freeze_the_prefix():
     views = make_stages(4, (2,))
     cfg = make_cfg(egeria=EgeriaConfig(eval_every=2, window=2, tolerance_readings=1))
     ls = LockStep(2)
-    ranks = [Egeria(cfg, make_ctx([views[r]], all_gather=ls.gather(r), num_stages=2, last_loss=2.0))
-             for r in (0, 1)]
+    ranks = [Egeria(cfg, make_ctx([views[r]], all_gather=ls.gather(r), num_stages=2, last_loss=2.0)) for r in (0, 1)]
     ls.run(*(lambda m=m: m.begin_step(1) for m in ranks))
     assert [m.num_layers for m in ranks] == [6, 6] and [m.n for m in ranks] == [2, 2]
     for m in ranks:

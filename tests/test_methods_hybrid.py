@@ -5,11 +5,11 @@ import math
 import torch
 from test_methods_common import make_cfg, make_ctx, make_stages, set_layer_grads
 
-from timelyfreeze.phases import Phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze, hybrid_probabilities, hybrid_select
 from timelyfreeze.methods.registry import method_class
+from timelyfreeze.phases import Phases
 from timelyfreeze.selection import action_generator
 
 NAMES = [f"t{i}" for i in range(20)]
@@ -28,8 +28,13 @@ def test_element_budget_rule():
         p = hybrid_probabilities(NAMES, SIZES, marked, ratio)
         assert abs(math.fsum(x * n for x, n in zip(p, SIZES)) - ratio * sum(SIZES)) <= 1e-9 * sum(SIZES)
         trials = 2000
-        mean = sum(_frozen_share(hybrid_select(NAMES, SIZES, marked, ratio, action_generator(0, s, 0, 0)))
-                   for s in range(trials)) / trials
+        mean = (
+            sum(
+                _frozen_share(hybrid_select(NAMES, SIZES, marked, ratio, action_generator(0, s, 0, 0)))
+                for s in range(trials)
+            )
+            / trials
+        )
         assert abs(mean - ratio) <= 7 * math.sqrt(ratio * (1 - ratio) / trials)  # share in [0, 1], mean ratio
     assert hybrid_select(NAMES, SIZES, marked, 1.0, action_generator(0, 1, 0, 0)) == frozenset(NAMES)
     assert hybrid_select(NAMES, SIZES, marked, 0.0, action_generator(0, 1, 0, 0)) == frozenset()
@@ -106,7 +111,8 @@ def test_timely_autofreeze_uses_the_plan_budget_and_the_prefix():
         shares.append(sum(v.params[n].numel() for n in s) / total)
         if step < 50:
             assert m.frozen_tensors(step, 0, 1) == hybrid_select(
-                names, numels, marked, 0.25, action_generator(m.cfg.seed, step, 0, 1))
+                names, numels, marked, 0.25, action_generator(m.cfg.seed, step, 0, 1)
+            )
     assert abs(sum(shares) / trials - 0.5) <= 7 * math.sqrt(0.25 / trials)
     # ramp: half the budget at step 5
     assert m.action_ratio(5, 0, 0) == 0.25

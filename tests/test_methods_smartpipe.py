@@ -1,7 +1,14 @@
 """SmartPipe: gradient-norm difference, tau prefix, lambda cap, never the head, multi-rank agreement."""
 
 import torch
-from test_methods_common import same_set_for_every_microbatch, LockStep, make_cfg, make_ctx, make_stages, set_layer_grads
+from test_methods_common import (
+    LockStep,
+    make_cfg,
+    make_ctx,
+    make_stages,
+    same_set_for_every_microbatch,
+    set_layer_grads,
+)
 
 from timelyfreeze.methods.smartpipe import SmartPipe, SmartPipeConfig, smartpipe_boundary
 

@@ -16,20 +16,57 @@ from tests.torchrun_util import torchrun
 pytestmark = pytest.mark.torchrun
 
 STEPS, WARMUP = 14, 4
-COMMON = ["--training.steps", str(STEPS), "--freeze.warmup_steps", str(WARMUP), "--validation.freq", str(STEPS),
-          "--validation.steps", "2"]
+COMMON = [
+    "--training.steps",
+    str(STEPS),
+    "--freeze.warmup_steps",
+    str(WARMUP),
+    "--validation.freq",
+    str(STEPS),
+    "--validation.steps",
+    "2",
+]
 
 CASES = {
     "random": ["--freeze.random.ratio", "0.5"],
     "apf": ["--freeze.apf.threshold", "1.01", "--freeze.apf.check_every", "2"],  # P <= 1: every tensor is "stable"
     "autofreeze": ["--freeze.autofreeze.check_every", "2"],
-    "smartpipe": ["--freeze.smartpipe.tau", "2.0", "--freeze.smartpipe.lam", "0.5", "--freeze.smartpipe.check_every", "2"],
-    "egeria": ["--freeze.egeria.eval_every", "1", "--freeze.egeria.window", "2", "--freeze.egeria.tolerance_coef", "1.0",
-               "--freeze.egeria.bootstrap_loss_rate", "1.0"],
-    "timelyfreeze_apf": ["--freeze.monitor_steps", "2", "--freeze.ramp_steps", "2", "--freeze.apf.check_every", "2",
-                         "--freeze.apf.threshold", "1.01"],
-    "timelyfreeze_autofreeze": ["--freeze.monitor_steps", "2", "--freeze.ramp_steps", "2",
-                                "--freeze.autofreeze.check_every", "2"],
+    "smartpipe": [
+        "--freeze.smartpipe.tau",
+        "2.0",
+        "--freeze.smartpipe.lam",
+        "0.5",
+        "--freeze.smartpipe.check_every",
+        "2",
+    ],
+    "egeria": [
+        "--freeze.egeria.eval_every",
+        "1",
+        "--freeze.egeria.window",
+        "2",
+        "--freeze.egeria.tolerance_coef",
+        "1.0",
+        "--freeze.egeria.bootstrap_loss_rate",
+        "1.0",
+    ],
+    "timelyfreeze_apf": [
+        "--freeze.monitor_steps",
+        "2",
+        "--freeze.ramp_steps",
+        "2",
+        "--freeze.apf.check_every",
+        "2",
+        "--freeze.apf.threshold",
+        "1.01",
+    ],
+    "timelyfreeze_autofreeze": [
+        "--freeze.monitor_steps",
+        "2",
+        "--freeze.ramp_steps",
+        "2",
+        "--freeze.autofreeze.check_every",
+        "2",
+    ],
 }
 
 

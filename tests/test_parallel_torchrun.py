@@ -31,8 +31,16 @@ from timelyfreeze.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
 
-SMALL = ["--training.local_batch_size", "4", "--training.seq_len", "128",
-         "--validation.local_batch_size", "4", "--validation.seq_len", "128"]
+SMALL = [
+    "--training.local_batch_size",
+    "4",
+    "--training.seq_len",
+    "128",
+    "--validation.local_batch_size",
+    "4",
+    "--validation.seq_len",
+    "128",
+]
 WARMUP, MONITOR, RAMP, STABLE = 1, 2, 1, 2
 STEPS = WARMUP + 2 * MONITOR + RAMP + STABLE
 FSDP2 = ["--parallelism.data_parallel_shard_degree", "2"]
@@ -41,8 +49,14 @@ FSDP2 = ["--parallelism.data_parallel_shard_degree", "2"]
 @pytest.mark.parametrize("schedule,ac", [("1F1B", "ac"), ("ZBVZeroBubble", "noac")])
 def test_fsdp2_gradients_are_exact(tmp_path, schedule, ac):
     out = tmp_path / "result.json"
-    p = subprocess.run([*torchrun_prefix(4), str(ROOT / "tests" / "fsdp_exact_job.py"), str(out), schedule, ac],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [*torchrun_prefix(4), str(ROOT / "tests" / "fsdp_exact_job.py"), str(out), schedule, ac],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.exists(), (p.stdout + p.stderr)[-6000:]
     result = json.loads(out.read_text())
     assert result["problems"] == [] and p.returncode == 0
@@ -59,7 +73,8 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     plan = load_plan(run.out / "plan.json")
     offline = plan_from_trace(trace, plan.r_max)
     assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
-        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9)
+        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
+    )
     assert offline.batch_time_ms == pytest.approx(plan.batch_time_ms)
     # every replica froze the same number of tensors in every backward action (the same masks)
     frozen: dict[tuple[int, str], set] = {}
@@ -76,20 +91,24 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     assert summary["replicas"] == replicas and not summary["failures"]
     assert len(summary["replica_mean_batch_ms"]["stable"]) == replicas
     assert summary["avg_freeze_ratio"] > 0
-    assert all(math.isfinite(l) for _, l in summary["loss_curve"]) and len(summary["loss_curve"]) == STEPS
+    assert all(math.isfinite(line) for _, line in summary["loss_curve"]) and len(summary["loss_curve"]) == STEPS
     rows = [m for m in run.metrics() if "phase" in m]
     assert len(rows) == STEPS and all(len(m["replica_batch_ms"]) == replicas for m in rows)
 
 
-@pytest.mark.parametrize("config,schedule,num_stages", [
-    ("llama3_debug_1f1b_cpu.toml", "1F1B", 2),
-    # ZBV's gradients under FSDP2 stay in the suite (test_fsdp2_gradients_are_exact); its 4-rank full cycle is
-    # kept out of `make test` for the 20-minute budget (`pytest -m slow`)
-    pytest.param("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4, marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "config,schedule,num_stages",
+    [
+        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2),
+        # ZBV's gradients under FSDP2 stay in the suite (test_fsdp2_gradients_are_exact); its 4-rank full cycle is
+        # kept out of `make test` for the 20-minute budget (`pytest -m slow`)
+        pytest.param("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4, marks=pytest.mark.slow),
+    ],
+)
 def test_pp2_x_fsdp2_full_cycle(tmp_path, config, schedule, num_stages):
-    run = torchrun(config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, *FSDP2,
-                   nproc=4, timeout=600)
+    run = torchrun(
+        config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, *FSDP2, nproc=4, timeout=600
+    )
     check_replicated_cycle(run, schedule, num_stages, replicas=2)
 
 
@@ -98,8 +117,15 @@ def test_resume_under_fsdp2(tmp_path):
     the upper-bound measurements of both pipelines are restored, the plan is made once, the trace is
     complete and free of duplicates for every (replica, rank)."""
     ckpt_step = WARMUP + MONITOR + 1
-    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, *FSDP2, "--checkpoint.enable",
-            "--checkpoint.interval", str(ckpt_step), "--checkpoint.no-last-save-model-only"]
+    args = [
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        *SMALL,
+        *FSDP2,
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        str(ckpt_step),
+        "--checkpoint.no-last-save-model-only",
+    ]
     first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, nproc=4, timeout=600)
     assert first.rc == 0, first.tail()
     ckpt = tmp_path / "run" / "checkpoint"
@@ -120,24 +146,45 @@ def test_resume_under_fsdp2(tmp_path):
     # steps before the plan are deterministic (seeded weights, no or all tensors frozen): bit for bit
     before = dict(map(tuple, first.summary()["loss_curve"]))
     after = dict(map(tuple, second.summary()["loss_curve"]))
-    assert [after[s] for s in range(1, WARMUP + 2 * MONITOR + 1)] == [before[s] for s in range(1, WARMUP + 2 * MONITOR + 1)]
+    assert [after[s] for s in range(1, WARMUP + 2 * MONITOR + 1)] == [
+        before[s] for s in range(1, WARMUP + 2 * MONITOR + 1)
+    ]
 
 
 @pytest.mark.slow  # 45 s: `pytest -m slow tests/test_parallel_torchrun.py`
 def test_tp2_x_pp2_short_cycle(tmp_path):
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-                   *SMALL, "--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
-                   nproc=4, timeout=600)
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        *SMALL,
+        "--parallelism.tensor_parallel_degree",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "1",
+        nproc=4,
+        timeout=600,
+    )
     check_replicated_cycle(run, "1F1B", 2, replicas=2)
 
 
 def test_replicate_only_with_pp_is_refused(tmp_path):
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--parallelism.data_parallel_replicate_degree", "2",
-                   "--parallelism.data_parallel_shard_degree", "1", nproc=4, timeout=180)
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        "--parallelism.data_parallel_replicate_degree",
+        "2",
+        "--parallelism.data_parallel_shard_degree",
+        "1",
+        nproc=4,
+        timeout=180,
+    )
     assert run.rc != 0
-    lines = [l for l in run.log.splitlines() if l.startswith("error:")]
+    lines = [line for line in run.log.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "use HSDP" in lines[0], run.tail()
-    assert not any(l.startswith("[rank") and "Traceback" in l for l in run.log.splitlines())  # (torchrun's own is there)
+    assert not any(
+        line.startswith("[rank") and "Traceback" in line for line in run.log.splitlines()
+    )  # (torchrun's own is there)
 
 
 def _free_port() -> int:
@@ -154,14 +201,18 @@ def test_two_nodes_on_this_host(tmp_path):
     dump = tmp_path / "run"
     procs = []
     for node in range(2):
-        cmd = command("llama3_debug_1f1b_cpu.toml", dump, *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL,
-                      nproc=1)
+        cmd = command("llama3_debug_1f1b_cpu.toml", dump, *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, nproc=1)
         i = cmd.index("--rdzv-endpoint=localhost:0")
-        cmd[i:i + 1] = [f"--rdzv-endpoint=localhost:{port}", "--nnodes=2", f"--node_rank={node}",
-                        "--rdzv-id=tf-two-nodes"]
+        cmd[i : i + 1] = [
+            f"--rdzv-endpoint=localhost:{port}",
+            "--nnodes=2",
+            f"--node_rank={node}",
+            "--rdzv-id=tf-two-nodes",
+        ]
         env = dict(ENV, TORCHELASTIC_ERROR_FILE=str(tmp_path / f"err{node}.json"))
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
     logs, rcs = [], []
     try:
         for p in procs:

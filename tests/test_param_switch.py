@@ -8,7 +8,6 @@ multi-rank exactness of freezing under FSDP2 is ``tests/fsdp_exact_job.py``.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 import torch.nn as nn

@@ -29,7 +29,11 @@ from planner.trace import NodeWeights, TraceMeta
 
 def gpipe_2x2() -> TraceMeta:
     return TraceMeta(
-        "GPipe", 2, 2, 2, [0, 1],
+        "GPipe",
+        2,
+        2,
+        2,
+        [0, 1],
         {0: ["0F0", "0F1", "0B0", "0B1"], 1: ["1F0", "1F1", "1B0", "1B1"]},
     )
 
@@ -49,9 +53,22 @@ def weights_2x2(b00: tuple[float, float] = (2.0, 4.0)) -> NodeWeights:
 def test_dag_edges_gpipe_2x2() -> None:
     g = build_dag(gpipe_2x2())
     expected = {
-        ("0F0", "0F1"), ("0F1", "0B0"), ("0B0", "0B1"), ("1F0", "1F1"), ("1F1", "1B0"), ("1B0", "1B1"),
-        ("0F0", "1F0"), ("0F1", "1F1"), ("1B0", "0B0"), ("1B1", "0B1"), ("0F0", "0B0"), ("0F1", "0B1"),
-        ("1F0", "1B0"), ("1F1", "1B1"), (SOURCE, "0F0"), ("0B1", SINK),
+        ("0F0", "0F1"),
+        ("0F1", "0B0"),
+        ("0B0", "0B1"),
+        ("1F0", "1F1"),
+        ("1F1", "1B0"),
+        ("1B0", "1B1"),
+        ("0F0", "1F0"),
+        ("0F1", "1F1"),
+        ("1B0", "0B0"),
+        ("1B1", "0B1"),
+        ("0F0", "0B0"),
+        ("0F1", "0B1"),
+        ("1F0", "1B0"),
+        ("1F1", "1B1"),
+        (SOURCE, "0F0"),
+        ("0B1", SINK),
     }
     assert set(g.edges) == expected
     assert g.nodes["1B0"] == {"stage": 1, "kind": "B", "microbatch": 0, "rank": 1}
@@ -122,7 +139,7 @@ def random_case(seed: int) -> tuple[TraceMeta, NodeWeights]:
     kind = rng.choice(["looped", "v", "random"])
     if kind == "random":
         s2r = [rng.randrange(pp) for _ in range(pp * spr)]
-        s2r[: pp] = range(pp)  # every rank holds a stage
+        s2r[:pp] = range(pp)  # every rank holds a stage
         rng.shuffle(s2r)
     else:
         s2r = placement(pp, spr, kind)
@@ -176,7 +193,10 @@ def test_random_plan_properties(seed: int) -> None:
 
 
 def scipy_lexicographic(
-    meta: TraceMeta, w: NodeWeights, r_max: float | list[float], slack: float = 1e-9,
+    meta: TraceMeta,
+    w: NodeWeights,
+    r_max: float | list[float],
+    slack: float = 1e-9,
 ) -> tuple[float, float]:
     """Independent straightforward model: a start and a duration for every node, every DAG edge a row.
 
@@ -300,8 +320,15 @@ def _broken(d: dict, how: str) -> dict:
 
 @pytest.mark.parametrize(
     "how,msg",
-    [("format", "format"), ("missing", "r_max"), ("duration", "outside"), ("ratio", "freeze_ratio"),
-     ("budget", "exceeds r_max"), ("type", "start"), ("action", "9F0")],
+    [
+        ("format", "format"),
+        ("missing", "r_max"),
+        ("duration", "outside"),
+        ("ratio", "freeze_ratio"),
+        ("budget", "exceeds r_max"),
+        ("type", "start"),
+        ("action", "9F0"),
+    ],
 )
 def test_load_plan_rejects_broken(tmp_path, how: str, msg: str) -> None:
     plan = make_plan(gpipe_2x2(), weights_2x2(), 0.5)
@@ -404,8 +431,14 @@ def test_region_falls_back_to_the_whole_lp_when_it_grows_too_large() -> None:
 def test_region_matches_whole_lp_on_a_long_pipeline() -> None:
     from planner import schedules
 
-    meta = TraceMeta("ZBVZeroBubble", 8, 16, 128, schedules.stage_to_rank("ZBVZeroBubble", 8, 2),
-                     schedules.rank_orders("ZBVZeroBubble", 8, 128, 2))
+    meta = TraceMeta(
+        "ZBVZeroBubble",
+        8,
+        16,
+        128,
+        schedules.stage_to_rank("ZBVZeroBubble", 8, 2),
+        schedules.rank_orders("ZBVZeroBubble", 8, 128, 2),
+    )
     w = synthetic_weights(meta, seed=5)
     g = build_dag(meta)
     stats: dict = {}
@@ -432,8 +465,14 @@ def test_bounded_region_is_certified_against_the_exact_lp(schedule: str, monkeyp
 
     monkeypatch.setattr(lp_region, "_REGION_MAX_FRACTION", 1.0)
     pp, spr = 4, schedules.stages_per_rank(schedule)
-    meta = TraceMeta(schedule, pp, pp * spr, 16, schedules.stage_to_rank(schedule, pp, spr),
-                     schedules.rank_orders(schedule, pp, 16, spr))
+    meta = TraceMeta(
+        schedule,
+        pp,
+        pp * spr,
+        16,
+        schedules.stage_to_rank(schedule, pp, spr),
+        schedules.rank_orders(schedule, pp, 16, spr),
+    )
     g = build_dag(meta)
     bounded = 0
     for seed, r_max in [(0, 0.2), (1, 0.5), (2, 0.8), (3, [0.3, 0.9] * (pp * spr // 2))]:
@@ -468,8 +507,14 @@ def test_rebalance_certifies_a_nearly_balanced_pipeline(monkeypatch) -> None:
     from planner.lp_arrays import Paths, dag_arrays, stage_counts
     from planner.synthetic import real_like_weights
 
-    meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
-                     schedules.rank_orders("ZBVZeroBubble", 4, 16, 2))
+    meta = TraceMeta(
+        "ZBVZeroBubble",
+        4,
+        8,
+        16,
+        schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
+        schedules.rank_orders("ZBVZeroBubble", 4, 16, 2),
+    )
     g = build_dag(meta)
     w = real_like_weights(meta, seed=1, spread=0.05)
     exact = solve_freeze_lp(g, w, 0.5, solver="whole")
@@ -486,14 +531,14 @@ def test_rebalance_certifies_a_nearly_balanced_pipeline(monkeypatch) -> None:
     assert all(sum(rs) <= 0.5 * len(rs) + 1e-6 for rs in per_stage.values())
 
     # rebalance itself: never worse than its input, its time is its plan's longest path, budgets held
-    ar = dag_arrays(g, w)
-    paths = Paths(ar)
-    r0 = np.where(ar.delta > 0, 0.5, 0.0)
-    t0 = lp_region._longest(ar, paths, r0)[0]
-    r1, t1, passes = lp_region.rebalance(ar, paths, r0, 0.5, exact.makespan, 0.001)
-    assert passes >= 1 and t1 <= t0 and t1 == pytest.approx(lp_region._longest(ar, paths, r1)[0], rel=1e-12)
-    used = np.bincount(ar.stage[ar.delta > 0], weights=r1[ar.delta > 0])
-    for s_, c in stage_counts(ar).items():
+    arrays = dag_arrays(g, w)
+    paths = Paths(arrays)
+    r0 = np.where(arrays.delta > 0, 0.5, 0.0)
+    t0 = lp_region._longest(arrays, paths, r0)[0]
+    r1, t1, passes = lp_region.rebalance(arrays, paths, r0, 0.5, exact.makespan, 0.001)
+    assert passes >= 1 and t1 <= t0 and t1 == pytest.approx(lp_region._longest(arrays, paths, r1)[0], rel=1e-12)
+    used = np.bincount(arrays.stage[arrays.delta > 0], weights=r1[arrays.delta > 0])
+    for s_, c in stage_counts(arrays).items():
         assert used[s_] <= 0.5 * c + 1e-9
 
     monkeypatch.setattr(lp_region, "_REBALANCE_PASSES", 0)  # without it: the region gives up
@@ -514,7 +559,7 @@ def test_gap_is_validated_and_auto_uses_it_only_on_large_batches() -> None:
     assert sol.gap_target is None
 
 
-def _freeze_ratios(g, w, sol) -> dict[int, list[float]]:  # noqa: ANN001
+def _freeze_ratios(g, w, sol) -> dict[int, list[float]]:
     per_stage: dict[int, list[float]] = {}
     for a, d in sol.durations.items():
         if a in w.freezable:
@@ -534,8 +579,9 @@ def test_fallback_gap_returns_the_best_certified_plan_where_the_gap_is_not_reach
     monkeypatch.setattr(lp_region, "_REBALANCE_PASSES", 0)  # the region method alone gives up on these
     used = 0
     for schedule in ("ZBVZeroBubble", "Interleaved1F1B"):
-        meta = TraceMeta(schedule, 4, 8, 16, schedules.stage_to_rank(schedule, 4, 2),
-                         schedules.rank_orders(schedule, 4, 16, 2))
+        meta = TraceMeta(
+            schedule, 4, 8, 16, schedules.stage_to_rank(schedule, 4, 2), schedules.rank_orders(schedule, 4, 16, 2)
+        )
         g = build_dag(meta)
         for seed in (1, 2):
             w = real_like_weights(meta, seed=seed, spread=0.05)
@@ -561,25 +607,31 @@ def test_freeze_and_give_back_holds_every_budget_and_meets_its_target_where_no_s
     from planner.lp_arrays import Paths, dag_arrays, stage_counts
     from planner.synthetic import real_like_weights
 
-    meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
-                     schedules.rank_orders("ZBVZeroBubble", 4, 16, 2))
+    meta = TraceMeta(
+        "ZBVZeroBubble",
+        4,
+        8,
+        16,
+        schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
+        schedules.rank_orders("ZBVZeroBubble", 4, 16, 2),
+    )
     g = build_dag(meta)
     for r_max in (0.3, 0.5, [0.2, 0.9] * 4):
         w = real_like_weights(meta, seed=3, spread=0.05)
         exact = solve_freeze_lp(g, w, r_max, solver="whole")
-        ar = dag_arrays(g, w)
-        paths = Paths(ar)
-        frz = ar.delta > 0
+        arrays = dag_arrays(g, w)
+        paths = Paths(arrays)
+        frz = arrays.delta > 0
         for target in (exact.makespan, exact.makespan * 1.01):
-            r = lp_region.freeze_and_give_back(ar, paths, r_max, target)
+            r = lp_region.freeze_and_give_back(arrays, paths, r_max, target)
             assert ((r >= 0) & (r <= 1)).all() and (r[~frz] == 0).all()
-            used = np.bincount(ar.stage[frz], weights=r[frz])
+            used = np.bincount(arrays.stage[frz], weights=r[frz])
             tight = False
-            for s_, c in stage_counts(ar).items():
+            for s_, c in stage_counts(arrays).items():
                 cap = r_max if isinstance(r_max, float) else r_max[s_]
                 assert used[s_] <= cap * c + 1e-9
                 tight |= used[s_] >= cap * c - 1e-9
-            t = lp_region._longest(ar, paths, r)[0]
+            t = lp_region._longest(arrays, paths, r)[0]
             assert t >= exact.makespan * (1 - 1e-9)  # a feasible plan: never below the optimum
             if not tight:  # nothing scaled down: the give-back kept the target
                 assert t <= target * (1 + 1e-9)
@@ -593,8 +645,14 @@ def test_replay_weights_resample_a_measured_trace_onto_a_larger_pipeline() -> No
 
     src = synthetic_trace("ZBVZeroBubble", 2, 4, stage_scale=[1.0, 1.5, 0.7, 1.2], jitter=0.1, seed=3)
     sw = node_weights(src)
-    meta = TraceMeta("ZBVZeroBubble", 4, 8, 16, schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
-                     schedules.rank_orders("ZBVZeroBubble", 4, 16, 2))
+    meta = TraceMeta(
+        "ZBVZeroBubble",
+        4,
+        8,
+        16,
+        schedules.stage_to_rank("ZBVZeroBubble", 4, 2),
+        schedules.rank_orders("ZBVZeroBubble", 4, 16, 2),
+    )
     w = replay_weights(sw, src.meta, meta, seed=1)
     assert set(w.w_max) == set(meta.all_actions())
     for a, hi in w.w_max.items():  # every pair is one measured pair of the same kind of stage % 4

@@ -28,7 +28,9 @@ def places(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="the committed checkpoint is for Python 3.11")
 def test_the_committed_checkpoint_wins_when_its_tokenizer_matches(places):
-    assert corpus.pretrained_checkpoint() is None and "no committed checkpoint" in corpus.committed_pretrained_mismatch()
+    assert (
+        corpus.pretrained_checkpoint() is None and "no committed checkpoint" in corpus.committed_pretrained_mismatch()
+    )
     _checkpoint(places, 10)
     step = _checkpoint(places, 240)
     (places / "tokenizer.sha256").write_text("a" * 64 + "  tokenizer.json\n")
@@ -62,8 +64,16 @@ def test_fine_tuning_starts_from_the_committed_checkpoint(tmp_path):
     why_not = corpus.committed_pretrained_mismatch()
     if why_not is not None:
         pytest.skip(f"the committed checkpoint does not apply on this machine: {why_not}")
-    run = torchrun("llama3_debug_finetune_cpu.toml", tmp_path / "dump", "--training.steps", "2",
-                   "--freeze.method", "none", "--checkpoint.interval", "100000")
+    run = torchrun(
+        "llama3_debug_finetune_cpu.toml",
+        tmp_path / "dump",
+        "--training.steps",
+        "2",
+        "--freeze.method",
+        "none",
+        "--checkpoint.interval",
+        "100000",
+    )
     assert run.rc == 0, run.tail()
     step = corpus.last_checkpoint(corpus.COMMITTED_PRETRAINED / "checkpoint")
     assert f"Loading the checkpoint from {step}" in run.log

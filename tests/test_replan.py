@@ -37,8 +37,9 @@ def test_group_and_expected_time():
 
 
 def test_step_scales_are_medians_per_group():
-    w = NodeWeights({"0B0": 5.0, "0B1": 5.0, "0B2": 5.0, "0F0": 2.0},
-                    {"0B0": 10.0, "0B1": 10.0, "0B2": 10.0, "0F0": 2.0})
+    w = NodeWeights(
+        {"0B0": 5.0, "0B1": 5.0, "0B2": 5.0, "0F0": 2.0}, {"0B0": 10.0, "0B1": 10.0, "0B2": 10.0, "0F0": 2.0}
+    )
     samples = [("0B0", 10.0, 0.0), ("0B1", 15.0, 0.0), ("0B2", 5.5, 1.0), ("0F0", 3.0, 0.0), ("9X9", 1.0, 0.0)]
     assert drift.step_scales(samples, w) == {"0B": pytest.approx(1.1), "0F": pytest.approx(1.5)}
     assert drift.max_scales([{"0B": 1.2}, None, {"0B": 0.9, "1F": 2.0}]) == {"0B": 1.2, "1F": 2.0}
@@ -115,11 +116,26 @@ def test_replanner_state_round_trips_through_the_checkpoint_codec():
 
 
 def test_freeze_state_carries_the_replan_state_and_accepts_older_states():
-    identity = {"method": "timelyfreeze", "schedule": "1F1B", "num_stages": 2, "num_microbatches": 4,
-                "pp_rank": 0, "pp_size": 2}
-    state = dict(step=2, run=identity, method={}, monitor_records=[], plan_batch_ms=None,
-                 history=[{"step": 1, "phase": "warmup"}, {"step": 2, "phase": "warmup"}], val_curve=[],
-                 meta=None, failures=[], replan={"weights": {}})
+    identity = {
+        "method": "timelyfreeze",
+        "schedule": "1F1B",
+        "num_stages": 2,
+        "num_microbatches": 4,
+        "pp_rank": 0,
+        "pp_size": 2,
+    }
+    state = dict(
+        step=2,
+        run=identity,
+        method={},
+        monitor_records=[],
+        plan_batch_ms=None,
+        history=[{"step": 1, "phase": "warmup"}, {"step": 2, "phase": "warmup"}],
+        val_curve=[],
+        meta=None,
+        failures=[],
+        replan={"weights": {}},
+    )
     phases = validate(Freeze(warmup_steps=2, monitor_steps=1, ramp_steps=1), total_steps=10, lr_warmup_steps=0)
     assert freeze_state.unpack(freeze_state.pack(**state), identity, 2, phases)["replan"] == {"weights": {}}
     old = state_codec.decode(freeze_state.pack(**state))
@@ -129,27 +145,45 @@ def test_freeze_state_carries_the_replan_state_and_accepts_older_states():
         freeze_state.unpack(freeze_state.pack(**dict(state, replan=[1])), identity, 2, phases)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("replan_threshold", 0.0, "replan_threshold"), ("replan_threshold", float("inf"), "replan_threshold"),
-    ("replan_patience", 0, "replan_patience"), ("replan_patience", 1.5, "replan_patience"),
-])
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("replan_threshold", 0.0, "replan_threshold"),
+        ("replan_threshold", float("inf"), "replan_threshold"),
+        ("replan_patience", 0, "replan_patience"),
+        ("replan_patience", 1.5, "replan_patience"),
+    ],
+)
 def test_bad_replan_settings_name_the_field(field, value, match):
     with pytest.raises(FreezeConfigError, match=match):
         validate(Freeze(**{field: value}), total_steps=100, lr_warmup_steps=20)
 
 
 def test_summary_lists_the_replans():
-    event = {"step": 8, "reason": "drift +185.4% (beyond 10%) for 2 stable steps", "scales": {"1F": 5.9},
-             "old_planned_ms": 337.3, "new_planned_ms": 944.3, "plan": "replans/plan_step8.json"}
-    s = build(history=[{"step": 1, "phase": "stable", "step_ms": 10.0, "batch_ms": 9.0, "freeze_ratio": 0.5,
-                        "loss": 1.0}],
-              steady_phases=("stable",), tokens_per_step=8, run={"method": "timelyfreeze", "schedule": "1F1B",
-                                                                 "pp_degree": 2, "num_stages": 2,
-                                                                 "num_microbatches": 4},
-              predicted_batch_ms=None, val_curve=[], method_summary={}, failures=[], replans=[event])
+    event = {
+        "step": 8,
+        "reason": "drift +185.4% (beyond 10%) for 2 stable steps",
+        "scales": {"1F": 5.9},
+        "old_planned_ms": 337.3,
+        "new_planned_ms": 944.3,
+        "plan": "replans/plan_step8.json",
+    }
+    s = build(
+        history=[{"step": 1, "phase": "stable", "step_ms": 10.0, "batch_ms": 9.0, "freeze_ratio": 0.5, "loss": 1.0}],
+        steady_phases=("stable",),
+        tokens_per_step=8,
+        run={"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2, "num_microbatches": 4},
+        predicted_batch_ms=None,
+        val_curve=[],
+        method_summary={},
+        failures=[],
+        replans=[event],
+    )
     assert s["replans"] == [event]
-    assert "re-planned after step 8: drift +185.4% (beyond 10%) for 2 stable steps; predicted batch 337.3 -> 944.3 ms" \
+    assert (
+        "re-planned after step 8: drift +185.4% (beyond 10%) for 2 stable steps; predicted batch 337.3 -> 944.3 ms"
         in format_summary(s)
+    )
 
 
 def test_delays_on_cross_rank_edges_stay_fixed_in_the_drift_and_travel_with_the_state():

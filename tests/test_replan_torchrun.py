@@ -29,12 +29,24 @@ BUDGETS = (0.8, 0.6)  # per-stage budgets ([freeze] r_max_per_stage) ride along 
 
 
 def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-                   "--training.local_batch_size", "4", "--training.seq_len", "128", "--validation.no-enable",
-                   "--freeze.replan_patience", str(PATIENCE), "--freeze.replan_threshold", "0.1",
-                   "--freeze.r_max_per_stage", *map(str, BUDGETS),
-                   target=(str(ROOT / "tests" / "slow_stage_job.py"),),
-                   env={"SLOW_FROM": str(SLOW_FROM), "SLOW_MS": "150", "SLOW_RANK": "1"})
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--training.local_batch_size",
+        "4",
+        "--training.seq_len",
+        "128",
+        "--validation.no-enable",
+        "--freeze.replan_patience",
+        str(PATIENCE),
+        "--freeze.replan_threshold",
+        "0.1",
+        "--freeze.r_max_per_stage",
+        *map(str, BUDGETS),
+        target=(str(ROOT / "tests" / "slow_stage_job.py"),),
+        env={"SLOW_FROM": str(SLOW_FROM), "SLOW_MS": "150", "SLOW_RANK": "1"},
+    )
     assert run.rc == 0, run.tail()
     summary = run.summary()
     replans = summary["replans"]
@@ -69,8 +81,11 @@ def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     trace = load_trace(run.out / "trace")
     n = {int(s): k for s, k in trace.meta.extra["freezable_tensors"].items()}
     checked = set()
-    raw = [json.loads(line) for r in (0, 1)
-           for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()]
+    raw = [
+        json.loads(line)
+        for r in (0, 1)
+        for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()
+    ]
     for rec in raw:
         if first["step"] < rec["step"] <= until and rec["action"][1] == "B":
             target = again.actions[rec["action"]].freeze_ratio * n[int(rec["action"][0])]

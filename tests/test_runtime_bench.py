@@ -12,18 +12,37 @@ from timelyfreeze.experiments.runtime_analysis import decompose
 
 
 def opts(**kw):
-    o = SimpleNamespace(schedules=["1F1B", "ZBVZeroBubble"], repeats=2, skip_overhead=False, load_change=["1F1B"],
-                        load_repeats=1, pinning_ab=["1F1B"], layout_key=rb.DEFAULT_LAYOUT, nproc=2,
-                        layout_text="PP=2", size_text="seq 256, 8 microbatches", r_max=0.8, monitor=4, ramp=3,
-                        stable=12, load_core=None)
+    o = SimpleNamespace(
+        schedules=["1F1B", "ZBVZeroBubble"],
+        repeats=2,
+        skip_overhead=False,
+        load_change=["1F1B"],
+        load_repeats=1,
+        pinning_ab=["1F1B"],
+        layout_key=rb.DEFAULT_LAYOUT,
+        nproc=2,
+        layout_text="PP=2",
+        size_text="seq 256, 8 microbatches",
+        r_max=0.8,
+        monitor=4,
+        ramp=3,
+        stable=12,
+        load_core=None,
+    )
     o.__dict__.update(kw)
     return o
 
 
 def test_jobs_are_interleaved_repeat_by_repeat():
     jobs = rb.plan_jobs(opts())
-    assert jobs[:6] == [("overhead", "1F1B", 0), ("phases", "1F1B", 0), ("overhead", "ZBVZeroBubble", 0),
-                        ("phases", "ZBVZeroBubble", 0), ("load", "1F1B", 0), ("unpinned", "1F1B", 0)]
+    assert jobs[:6] == [
+        ("overhead", "1F1B", 0),
+        ("phases", "1F1B", 0),
+        ("overhead", "ZBVZeroBubble", 0),
+        ("phases", "ZBVZeroBubble", 0),
+        ("load", "1F1B", 0),
+        ("unpinned", "1F1B", 0),
+    ]
     assert ("load", "1F1B", 1) not in jobs and ("unpinned", "1F1B", 1) in jobs and len(jobs) == 11
 
 
@@ -41,14 +60,42 @@ def test_other_layouts_get_their_own_files_and_dirs():
 
 def test_report_has_one_row_per_schedule_and_the_extra_tables():
     def phases(s, i, share):
-        return {"kind": "phases", "schedule": s, "repeat": i, "stable_ms": 100.0, "pred_planned_ms": 95.0,
-                "error_pct": 5.0, "model_gap_pct": 2.0, "action_drift_pct": 3.0, "speedup_measured": 1.2,
-                "speedup_predicted": 1.25, "share_pct": share, "replans": 1, "avg_freeze_ratio": 0.5, "upper_ms": 120.0}
-    rows = [phases("1F1B", 0, 80.0), phases("1F1B", 1, 90.0), phases("ZBVZeroBubble", 0, 70.0),
-            {"kind": "overhead", "schedule": "1F1B", "repeat": 0, "overhead_pct": 0.5},
-            {"kind": "load", "schedule": "1F1B", "repeat": 0, "share_pct": 10.0, "replans": 2, "replan_step": 20,
-             "stable_after_ms": 150.0, "pred_after_planned_ms": 140.0, "error_after_pct": 7.0, "share_after_pct": 60.0},
-            dict(phases("1F1B", 0, 50.0), kind="unpinned")]
+        return {
+            "kind": "phases",
+            "schedule": s,
+            "repeat": i,
+            "stable_ms": 100.0,
+            "pred_planned_ms": 95.0,
+            "error_pct": 5.0,
+            "model_gap_pct": 2.0,
+            "action_drift_pct": 3.0,
+            "speedup_measured": 1.2,
+            "speedup_predicted": 1.25,
+            "share_pct": share,
+            "replans": 1,
+            "avg_freeze_ratio": 0.5,
+            "upper_ms": 120.0,
+        }
+
+    rows = [
+        phases("1F1B", 0, 80.0),
+        phases("1F1B", 1, 90.0),
+        phases("ZBVZeroBubble", 0, 70.0),
+        {"kind": "overhead", "schedule": "1F1B", "repeat": 0, "overhead_pct": 0.5},
+        {
+            "kind": "load",
+            "schedule": "1F1B",
+            "repeat": 0,
+            "share_pct": 10.0,
+            "replans": 2,
+            "replan_step": 20,
+            "stable_after_ms": 150.0,
+            "pred_after_planned_ms": 140.0,
+            "error_after_pct": 7.0,
+            "share_after_pct": 60.0,
+        },
+        dict(phases("1F1B", 0, 50.0), kind="unpinned"),
+    ]
     text = rb.report(rows, opts())
     assert "| 1F1B | 2 | +0.50 % | 100 [100, 100] / 95 [95, 95] |" in text
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
@@ -60,9 +107,14 @@ def test_decompose_without_a_trace_is_empty(tmp_path):
     assert decompose(tmp_path) == {}
 
 
-@pytest.mark.parametrize("argv,needle", [(["--schedules", "Nope"], "error: --schedules: unknown schedule 'Nope'"),
-                                         (["--repeats", "0"], "error: --repeats: must be >= 1"),
-                                         (["--r-max", "2"], "error: --r-max: must lie in [0, 1]")])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (["--schedules", "Nope"], "error: --schedules: unknown schedule 'Nope'"),
+        (["--repeats", "0"], "error: --repeats: must be >= 1"),
+        (["--r-max", "2"], "error: --r-max: must lie in [0, 1]"),
+    ],
+)
 def test_bad_options_are_one_error_line(capsys, argv, needle):
     with pytest.raises(SystemExit) as e:
         rb.main(argv)

@@ -41,8 +41,13 @@ def ramp(step: int, lower_end: int = LOWER_END, ramp_steps: int = RAMP) -> float
     return min(1.0, (step - lower_end) / ramp_steps)
 
 
-def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8,
-                     cycle: tuple[int, int, int, int] = (WARMUP, MONITOR, RAMP, STABLE)):
+def check_full_cycle(
+    run,
+    schedule: str,
+    num_stages: int,
+    r_max: float = 0.8,
+    cycle: tuple[int, int, int, int] = (WARMUP, MONITOR, RAMP, STABLE),
+):
     """``cycle``: the run's (warm-up, monitoring, ramp, stable) steps, as given to ``short_cycle``."""
     warmup, monitor, ramp_steps, stable = cycle
     lower_end = warmup + 2 * monitor
@@ -63,11 +68,19 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8,
     steps = lower_end + ramp_steps + stable
     assert sorted(phases) == list(range(1, steps + 1))
     assert [phases[s] for s in (1, warmup + 1, warmup + monitor + 1, lower_end + 1, ramp_end + 1)] == [
-        "warmup", "upper", "lower", "progressive", "stable"]
+        "warmup",
+        "upper",
+        "lower",
+        "progressive",
+        "stable",
+    ]
     # applied ratios follow the ramp: tensor count within floor/ceil of ratio * freezable tensors
     n_tensors = {int(s): n for s, n in trace.meta.extra["freezable_tensors"].items()}
-    raw = [json.loads(l) for r in range(trace.meta.pp_degree)
-           for l in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()]
+    raw = [
+        json.loads(line)
+        for r in range(trace.meta.pp_degree)
+        for line in (run.out / "trace" / f"actions_rank{r}.jsonl").read_text().splitlines()
+    ]
     checked = 0
     for rec in raw:
         a = rec["action"]
@@ -92,8 +105,8 @@ def check_full_cycle(run, schedule: str, num_stages: int, r_max: float = 0.8,
     assert summary["predicted_batch_ms"]["planned"] == pytest.approx(plan.batch_time_ms["planned"])
     assert (run.out / "timeline.png").stat().st_size > 10_000
     # the loss is finite (see the module docstring for why nothing noisier is asserted)
-    losses = [l for _, l in summary["loss_curve"]]
-    assert len(losses) == steps and all(math.isfinite(l) for l in losses)
+    losses = [line for _, line in summary["loss_curve"]]
+    assert len(losses) == steps and all(math.isfinite(line) for line in losses)
     assert not summary["failures"]
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
     metrics = run.metrics()
@@ -163,8 +176,12 @@ def test_full_cycle_more_schedules(tmp_path, config, schedule):
     plan, trace = check_full_cycle(run, schedule, 4, cycle=SHORTER)
     assert trace.meta.rank_orders == rank_orders(schedule, 2, 8)
     kinds = {parse_action(a).kind for a in plan.actions}
-    assert kinds == {"DualPipeV": {"F", "B", "I", "W", PAIR}, "LoopedBFS": {"F", "B"},
-                     "InterleavedZeroBubble": {"F", "I", "W"}}[schedule]
+    assert (
+        kinds
+        == {"DualPipeV": {"F", "B", "I", "W", PAIR}, "LoopedBFS": {"F", "B"}, "InterleavedZeroBubble": {"F", "I", "W"}}[
+            schedule
+        ]
+    )
     if schedule == "DualPipeV":  # the pairs freeze by the plan (checked per record in check_full_cycle)
         assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if parse_action(a).kind == PAIR)
 
@@ -172,8 +189,13 @@ def test_full_cycle_more_schedules(tmp_path, config, schedule):
 @pytest.mark.slow  # ~40 s, 4 ranks: `pytest -m slow` (kept out of `make test` for the 20-minute budget)
 def test_full_cycle_pp4(tmp_path):
     run = torchrun(
-        "llama3_debug_1f1b_cpu.toml", tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-        "--parallelism.pipeline_parallel_degree", "4", nproc=4, timeout=600,
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--parallelism.pipeline_parallel_degree",
+        "4",
+        nproc=4,
+        timeout=600,
     )
     check_full_cycle(run, "1F1B", 4)
 
@@ -182,8 +204,13 @@ def test_full_cycle_pp4(tmp_path):
 def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     """A run resumed from a checkpoint taken during lower-bound monitoring restores the upper-bound
     measurements, finishes monitoring, plans, and ends with a complete, duplicate-free trace."""
-    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), "--checkpoint.enable", "--checkpoint.interval", "7",
-            "--checkpoint.no-last-save-model-only"]
+    args = [
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "7",
+        "--checkpoint.no-last-save-model-only",
+    ]
     first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
     assert first.rc == 0, first.tail()
     first_plan = load_plan(first.out / "plan.json")
@@ -215,15 +242,20 @@ def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     assert summary["steps"] == steps
     # the resumed run recomputes step 8 (lower bound, before the plan: deterministic) bit for bit; steps 1-7
     # come from the restored history
-    before = dict((s, l) for s, l in first.summary()["loss_curve"])
-    after = dict((s, l) for s, l in summary["loss_curve"])
-    assert all(math.isfinite(l) for l in after.values())
+    before = dict((s, line) for s, line in first.summary()["loss_curve"])
+    after = dict((s, line) for s, line in summary["loss_curve"])
+    assert all(math.isfinite(line) for line in after.values())
     assert [after[s] for s in range(1, LOWER_END + 1)] == [before[s] for s in range(1, LOWER_END + 1)]
 
 
 def test_resume_after_plan_keeps_the_plan(tmp_path):
-    args = [*short_cycle(WARMUP, MONITOR, RAMP, STABLE), "--checkpoint.enable", "--checkpoint.interval", "10",
-            "--checkpoint.no-last-save-model-only"]
+    args = [
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        "--checkpoint.enable",
+        "--checkpoint.interval",
+        "10",
+        "--checkpoint.no-last-save-model-only",
+    ]
     first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
     assert first.rc == 0, first.tail()
     ratios = {a: ap.freeze_ratio for a, ap in load_plan(first.out / "plan.json").actions.items()}
@@ -235,7 +267,7 @@ def test_resume_after_plan_keeps_the_plan(tmp_path):
     assert second.rc == 0, second.tail()
     assert "restored freezing state at step 10" in second.log
     assert "plan written" not in second.log  # no re-planning
-    raw = [json.loads(l) for l in (second.out / "trace" / "actions_rank0.jsonl").read_text().splitlines()]
+    raw = [json.loads(line) for line in (second.out / "trace" / "actions_rank0.jsonl").read_text().splitlines()]
     n0 = json.loads((second.out / "trace" / "meta.json").read_text())["freezable_tensors"]["0"]
     for rec in raw:
         if rec["step"] > 10 and rec["action"].startswith("0B"):
@@ -246,7 +278,7 @@ def test_resume_after_plan_keeps_the_plan(tmp_path):
     summary_before = (second.out / "summary.json").read_bytes()
     third = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, "--freeze.monitor_steps", "2")
     assert third.rc != 0
-    lines = [l for l in third.log.splitlines() if l.startswith("error:")]
+    lines = [line for line in third.log.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "saved freezing state" in lines[0], third.tail()
     assert (second.out / "summary.json").read_bytes() == summary_before
 
@@ -254,9 +286,9 @@ def test_resume_after_plan_keeps_the_plan(tmp_path):
 def test_bad_freeze_setting_fails_with_one_line(tmp_path):
     run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "bad", "--freeze.r_max", "1.5", timeout=120)
     assert run.rc != 0
-    lines = [l for l in run.log.splitlines() if l.startswith("error:")]
+    lines = [line for line in run.log.splitlines() if line.startswith("error:")]
     assert lines == ["error: [freeze] r_max = 1.5: must lie in [0, 1]"]
-    assert not any(l.startswith("[rank") and "Traceback" in l for l in run.log.splitlines())
+    assert not any(line.startswith("[rank") and "Traceback" in line for line in run.log.splitlines())
 
 
 def test_plan_for_another_schedule_is_refused(tmp_path):
@@ -265,10 +297,17 @@ def test_plan_for_another_schedule_is_refused(tmp_path):
 
     plan = plan_from_trace(synthetic_trace("GPipe", 2, 8), 0.8)
     write_plan(plan, tmp_path / "gpipe_plan.json")
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--freeze.plan", str(tmp_path / "gpipe_plan.json"),
-                   "--training.steps", "12", timeout=180)
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        "--freeze.plan",
+        str(tmp_path / "gpipe_plan.json"),
+        "--training.steps",
+        "12",
+        timeout=180,
+    )
     assert run.rc != 0
-    lines = [l for l in run.log.splitlines() if l.startswith("error:")]
+    lines = [line for line in run.log.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "gpipe_plan.json" in lines[0] and "GPipe" in lines[0], lines
 
 
@@ -283,8 +322,15 @@ def test_given_plan_with_gradient_accumulation(tmp_path):
     write_plan(given, tmp_path / "plan.json")
     warmup, ramp_steps, stable = 2, 2, 2
     steps = warmup + ramp_steps + stable
-    run = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", "--freeze.plan", str(tmp_path / "plan.json"),
-                   *short_cycle(warmup, 0, ramp_steps, stable), "--training.global_batch_size", "16")
+    run = torchrun(
+        "llama3_debug_1f1b_cpu.toml",
+        tmp_path / "run",
+        "--freeze.plan",
+        str(tmp_path / "plan.json"),
+        *short_cycle(warmup, 0, ramp_steps, stable),
+        "--training.global_batch_size",
+        "16",
+    )
     assert run.rc == 0, run.tail()
     assert "plan written" not in run.log
     summary = run.summary()

@@ -108,10 +108,41 @@ def test_known_orders():
     )
     # torch's own names for its OVERLAP_F_B actions: one forward and one full backward of the rank's two stages
     assert rank_orders("DualPipeV", 2, 4) == {
-        0: ["0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "(0F3;3B1)OVERLAP_F_B", "(3F2;0B0)OVERLAP_F_B",
-            "3B2", "(3F3;0B1)OVERLAP_F_B", "3B3", "0I2", "0W2", "0I3", "0W3"],
-        1: ["1F0", "2F0", "1F1", "2F1", "1F2", "2B0", "(2F2;1B0)OVERLAP_F_B", "(1F3;2B1)OVERLAP_F_B",
-            "(2F3;1B1)OVERLAP_F_B", "2B2", "1B2", "2I3", "1I3", "2W3", "1W3"],
+        0: [
+            "0F0",
+            "0F1",
+            "0F2",
+            "3F0",
+            "3I0",
+            "3W0",
+            "3F1",
+            "(0F3;3B1)OVERLAP_F_B",
+            "(3F2;0B0)OVERLAP_F_B",
+            "3B2",
+            "(3F3;0B1)OVERLAP_F_B",
+            "3B3",
+            "0I2",
+            "0W2",
+            "0I3",
+            "0W3",
+        ],
+        1: [
+            "1F0",
+            "2F0",
+            "1F1",
+            "2F1",
+            "1F2",
+            "2B0",
+            "(2F2;1B0)OVERLAP_F_B",
+            "(1F3;2B1)OVERLAP_F_B",
+            "(2F3;1B1)OVERLAP_F_B",
+            "2B2",
+            "1B2",
+            "2I3",
+            "1I3",
+            "2W3",
+            "1W3",
+        ],
     }
 
 
@@ -214,8 +245,9 @@ def test_orders_equal_torch_pipeline_order(torch_pp, schedule):
     assert checked >= 40
 
 
-@pytest.mark.parametrize("schedule", ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble",
-                                      "DualPipeV"))
+@pytest.mark.parametrize(
+    "schedule", ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+)
 def test_orders_equal_torch_runtime_order_with_comms(torch_pp, schedule):
     """Multi-stage schedules execute the comms-lowered IR action by action: its compute part is ours."""
     vis, _ = torch_pp

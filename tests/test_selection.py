@@ -39,8 +39,8 @@ def test_marginals_meet_the_element_budget_exactly():
         for x, w in zip(p, weights):
             if c is not None:
                 assert math.isclose(x, min(1.0, c * w), rel_tol=1e-12, abs_tol=1e-15)
-        for (xa, wa) in zip(p, weights):
-            for (xb, wb) in zip(p, weights):
+        for xa, wa in zip(p, weights):
+            for xb, wb in zip(p, weights):
                 if wa > wb:
                     assert xa >= xb
 

@@ -32,15 +32,18 @@ FAKE = f"{sys.executable} {REPO / 'tests' / 'fake_job.py'}"
 @pytest.fixture
 def base_toml(tmp_path):
     p = tmp_path / "base.toml"
-    p.write_text('[training]\nsteps = 20\n[parallelism]\npipeline_parallel_degree = 2\n')
+    p.write_text("[training]\nsteps = 20\n[parallelism]\npipeline_parallel_degree = 2\n")
     return p
 
 
 # ------------------------------------------------------------------------------------------ grid
 def test_expand_grid_counts_ids_and_knobs(base_toml):
-    grid = {"schedules": ["1F1B", "GPipe"], "seeds": [0, 1],
-            "methods": {"none": True, "timelyfreeze": [0.4, 0.8], "apf": [0.05], "egeria": [2]},
-            "overrides": {"training.steps": 40}}
+    grid = {
+        "schedules": ["1F1B", "GPipe"],
+        "seeds": [0, 1],
+        "methods": {"none": True, "timelyfreeze": [0.4, 0.8], "apf": [0.05], "egeria": [2]},
+        "overrides": {"training.steps": 40},
+    }
     jobs = expand_grid(grid)
     assert len(jobs) == 2 * 2 * (1 + 2 + 1 + 1)
     ids = [j.job_id for j in jobs]
@@ -55,10 +58,17 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     assert [j.seed for j in jobs] == [0] * (len(jobs) // 2) + [1] * (len(jobs) // 2)
 
     by_id = {j.job_id: j for j in jobs}
-    cmd = build_command(by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python",
-                              dump_folder="/o/jobs/x/dump")
-    assert cmd[:6] == ["/venv/python", "-m", "torch.distributed.run", "--nproc_per_node=2",
-                       "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+    cmd = build_command(
+        by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"], base_toml, "/venv/python", dump_folder="/o/jobs/x/dump"
+    )
+    assert cmd[:6] == [
+        "/venv/python",
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+    ]
     assert cmd[6:8] == ["-m", "timelyfreeze.train"]
     tail = " ".join(cmd[8:])
     assert f"--job.config_file {base_toml} --job.dump_folder /o/jobs/x/dump" in tail
@@ -92,32 +102,54 @@ timelyfreeze_apf = {{values = [0.8], overrides = {{"freeze.apf.threshold" = 0.05
     grid = load_grid_file(g)
     assert grid["config"] == str(base_toml)
     jobs = expand_grid(grid)
-    assert [j.job_id for j in jobs] == ["1F1B__timelyfreeze_apf__r_max=0.8__seed=0",
-                                        "Interleaved1F1B__timelyfreeze_apf__r_max=0.8__seed=0"]
+    assert [j.job_id for j in jobs] == [
+        "1F1B__timelyfreeze_apf__r_max=0.8__seed=0",
+        "Interleaved1F1B__timelyfreeze_apf__r_max=0.8__seed=0",
+    ]
     c1, c2 = (build_command(j, base_toml, "py") for j in jobs)
     assert "--validation.no-enable" in c1 and "--freeze.apf.threshold" in c1
     assert "--parallelism.pipeline_parallel_layers_per_stage" not in c1 and "--nproc_per_node=2" in c1
     assert "--parallelism.pipeline_parallel_layers_per_stage" in c2 and "--nproc_per_node=4" in c2
 
 
-@pytest.mark.parametrize("grid, msg", [
-    ({"schedules": ["1F1B"], "methods": {"freezeall": [1]}}, "unknown method"),
-    ({"schedules": ["1F1B"], "methods": {"none": [0.5]}}, "no knob"),
-    ({"schedules": ["1F1B"], "methods": {"timelyfreeze": []}}, "r_max values"),
-    ({"schedules": ["1F1B"], "methods": {"apf": ["x"]}}, "not a number"),
-    ({"schedules": ["1F1B"], "methods": {}}, "no methods"),
-    ({"methods": {"none": True}}, "no schedules"),
-    ({"schedules": ["1F1B", "1F1B"], "methods": {"none": True}}, "repeats"),
-])
+@pytest.mark.parametrize(
+    "grid, msg",
+    [
+        ({"schedules": ["1F1B"], "methods": {"freezeall": [1]}}, "unknown method"),
+        ({"schedules": ["1F1B"], "methods": {"none": [0.5]}}, "no knob"),
+        ({"schedules": ["1F1B"], "methods": {"timelyfreeze": []}}, "r_max values"),
+        ({"schedules": ["1F1B"], "methods": {"apf": ["x"]}}, "not a number"),
+        ({"schedules": ["1F1B"], "methods": {}}, "no methods"),
+        ({"methods": {"none": True}}, "no schedules"),
+        ({"schedules": ["1F1B", "1F1B"], "methods": {"none": True}}, "repeats"),
+    ],
+)
 def test_grid_errors(grid, msg):
     with pytest.raises(GridError, match=msg):
         expand_grid(grid)
 
 
 def test_cli_flags_dry_run(base_toml, tmp_path, capsys):
-    rc = main(["run", "--config", str(base_toml), "--out", str(tmp_path / "o"), "--schedule", "1F1B",
-                     "--method", "none", "--method", "timelyfreeze=0.5,1", "--seed", "3", "--set",
-                     "training.steps=7", "--dry-run"])
+    rc = main(
+        [
+            "run",
+            "--config",
+            str(base_toml),
+            "--out",
+            str(tmp_path / "o"),
+            "--schedule",
+            "1F1B",
+            "--method",
+            "none",
+            "--method",
+            "timelyfreeze=0.5,1",
+            "--seed",
+            "3",
+            "--set",
+            "training.steps=7",
+            "--dry-run",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "3 jobs" in out
     assert "1F1B__timelyfreeze__r_max=1__seed=3" in out and "--training.steps 7" in out
@@ -126,9 +158,27 @@ def test_cli_flags_dry_run(base_toml, tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------- runner
 def _run(base_toml, out, *extra):
-    return main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B",
-                       "--method", "none", "--method", "timelyfreeze=0.5", "--method", "apf=0.1",
-                       "--launcher", FAKE, "--no-report", *extra])
+    return main(
+        [
+            "run",
+            "--config",
+            str(base_toml),
+            "--out",
+            str(out),
+            "--schedule",
+            "1F1B",
+            "--method",
+            "none",
+            "--method",
+            "timelyfreeze=0.5",
+            "--method",
+            "apf=0.1",
+            "--launcher",
+            FAKE,
+            "--no-report",
+            *extra,
+        ]
+    )
 
 
 def test_grid_record_adds_up_runs_of_one_schedule_each(base_toml, tmp_path):
@@ -136,8 +186,25 @@ def test_grid_record_adds_up_runs_of_one_schedule_each(base_toml, tmp_path):
     folder instead of replacing it."""
     out = tmp_path / "o"
     for schedule in ("1F1B", "GPipe"):
-        assert main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", schedule,
-                     "--method", "none", "--launcher", FAKE, "--no-report"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--config",
+                    str(base_toml),
+                    "--out",
+                    str(out),
+                    "--schedule",
+                    schedule,
+                    "--method",
+                    "none",
+                    "--launcher",
+                    FAKE,
+                    "--no-report",
+                ]
+            )
+            == 0
+        )
     rec = json.loads((out / "grid.json").read_text())
     assert rec["schedules"] == ["1F1B", "GPipe"]
     assert rec["jobs"] == ["1F1B__none__seed=0", "GPipe__none__seed=0"]
@@ -214,9 +281,13 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_JOB_SLEEP", "30")
     job = Job("1F1B", "none", None, 0)
     lines = []
-    res = run_sweep([job], tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE,
-                                                                             dump_folder=d),
-                          timeout_s=1.0, print_fn=lines.append)
+    res = run_sweep(
+        [job],
+        tmp_path,
+        lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+        timeout_s=1.0,
+        print_fn=lines.append,
+    )
     rec = json.loads((tmp_path / "jobs" / job.job_id / "job.json").read_text())
     assert rec["status"] == "timeout" and rec["duration_s"] < 20 and res.failed == [job.job_id]
     assert "TIMEOUT" in lines[1]
@@ -229,9 +300,12 @@ def test_timeout_and_interrupt(base_toml, tmp_path, monkeypatch):
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE,
-                                                                                dump_folder=d),
-                              print_fn=lines.append)
+        res = run_sweep(
+            jobs,
+            tmp_path,
+            lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+            print_fn=lines.append,
+        )
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
@@ -250,8 +324,12 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does(base_toml, tmp_path, monkeypatch):
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
-        res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
-                        print_fn=lambda line: None)
+        res = run_sweep(
+            jobs,
+            tmp_path,
+            lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+            print_fn=lambda line: None,
+        )
     finally:
         timer.cancel()
     assert res.interrupted == jobs[0].job_id and res.exit_code == 130
@@ -273,11 +351,22 @@ def write_job(out, job_id, summary=None, status="ok", metrics=None, timeline=Fal
         if len(rest) == 2:
             k, v = rest[0].split("=")
             knob = {"name": k, "value": float(v)}
-        full = {"format": "timelyfreeze-run/1", "method": method, "knob": knob, "schedule": schedule,
-                "seed": int(rest[-1].split("=")[1]), "steps": 30, "tokens_per_step": 1000,
-                "tokens_per_s": {"all": None, "stable": None}, "mean_batch_ms": {"all": 100.0, "stable": 90.0},
-                "predicted_batch_ms": None, "avg_freeze_ratio": 0.0, "final_loss": 6.0, "val_loss": None,
-                "val_curve": []}
+        full = {
+            "format": "timelyfreeze-run/1",
+            "method": method,
+            "knob": knob,
+            "schedule": schedule,
+            "seed": int(rest[-1].split("=")[1]),
+            "steps": 30,
+            "tokens_per_step": 1000,
+            "tokens_per_s": {"all": None, "stable": None},
+            "mean_batch_ms": {"all": 100.0, "stable": 90.0},
+            "predicted_batch_ms": None,
+            "avg_freeze_ratio": 0.0,
+            "final_loss": 6.0,
+            "val_loss": None,
+            "val_curve": [],
+        }
         full.update(summary)
         (tf / "summary.json").write_text(json.dumps(full))
     if metrics is not None:
@@ -300,29 +389,69 @@ def fabricated(tmp_path):
     random (1600, 5.25); GPipe: none (900, 5.0), tf 0.8 of another length; one failed job."""
     out = tmp_path / "sweep"
     nf_curve = [[10, 6.0], [20, 5.5], [30, 5.0]]
+
     def steps(ms):  # 30 steps of ``ms`` each (the wall clock of time to accuracy)
-        return [{"step": k, "step_ms": ms, "batch_ms": ms - 10, "tokens_per_s": 1e6 / ms, "loss": 6.0,
-                 "freeze_ratio": 0.0} for k in range(1, 31)]
+        return [
+            {"step": k, "step_ms": ms, "batch_ms": ms - 10, "tokens_per_s": 1e6 / ms, "loss": 6.0, "freeze_ratio": 0.0}
+            for k in range(1, 31)
+        ]
 
     write_job(out, "1F1B__none__seed=0", {**tps(1000), "val_loss": 5.0, "val_curve": nf_curve}, metrics=steps(100.0))
-    write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=0",
-              {**tps(1250), "val_loss": 4.95, "val_curve": [[10, 5.8], [20, 5.2], [30, 4.95]],
-               "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 100.0},
-               "avg_freeze_ratio": 0.3}, timeline=True, metrics=steps(80.0))
-    write_job(out, "1F1B__timelyfreeze__r_max=0.5__seed=1",
-              {**tps(1350), "val_loss": 4.85, "val_curve": [[10, 5.7], [30, 4.85]]})
-    write_job(out, "1F1B__timelyfreeze__r_max=0.8__seed=0",
-              {**tps(1600), "val_loss": 5.2, "val_curve": [[10, 6.2], [20, 5.6], [30, 5.2]],
-               "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 90.0}}, timeline=True)
+    write_job(
+        out,
+        "1F1B__timelyfreeze__r_max=0.5__seed=0",
+        {
+            **tps(1250),
+            "val_loss": 4.95,
+            "val_curve": [[10, 5.8], [20, 5.2], [30, 4.95]],
+            "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 100.0},
+            "avg_freeze_ratio": 0.3,
+        },
+        timeline=True,
+        metrics=steps(80.0),
+    )
+    write_job(
+        out,
+        "1F1B__timelyfreeze__r_max=0.5__seed=1",
+        {**tps(1350), "val_loss": 4.85, "val_curve": [[10, 5.7], [30, 4.85]]},
+    )
+    write_job(
+        out,
+        "1F1B__timelyfreeze__r_max=0.8__seed=0",
+        {
+            **tps(1600),
+            "val_loss": 5.2,
+            "val_curve": [[10, 6.2], [20, 5.6], [30, 5.2]],
+            "predicted_batch_ms": {"no_freeze": 120.0, "all_frozen": 80.0, "planned": 90.0},
+        },
+        timeline=True,
+    )
     write_job(out, "1F1B__apf__threshold=0.1__seed=0", {**tps(1100), "val_loss": 5.3, "val_curve": [[30, 5.3]]})
     write_job(out, "1F1B__random__ratio=0.3__seed=0", {**tps(1600), "val_loss": 5.25, "val_curve": [[30, 5.25]]})
     write_job(out, "GPipe__none__seed=0", {**tps(900), "val_loss": 5.0, "val_curve": [[20, 5.0]]})
-    write_job(out, "GPipe__timelyfreeze__r_max=0.8__seed=0",
-              {**tps(1000), "steps": 20, "val_loss": 5.1, "val_curve": [[20, 5.1]]})
-    write_job(out, "GPipe__apf__threshold=0.1__seed=0", None, status="failed", metrics=[
-        {"step": 1, "step_ms": 100.0, "batch_ms": 80.0, "tokens_per_s": 1000.0, "loss": 7.0, "freeze_ratio": 0.0},
-        {"step": 2, "step_ms": 300.0, "batch_ms": 280.0, "tokens_per_s": 2000.0, "loss": 6.5, "freeze_ratio": 0.2,
-         "val_loss": 6.8}])
+    write_job(
+        out,
+        "GPipe__timelyfreeze__r_max=0.8__seed=0",
+        {**tps(1000), "steps": 20, "val_loss": 5.1, "val_curve": [[20, 5.1]]},
+    )
+    write_job(
+        out,
+        "GPipe__apf__threshold=0.1__seed=0",
+        None,
+        status="failed",
+        metrics=[
+            {"step": 1, "step_ms": 100.0, "batch_ms": 80.0, "tokens_per_s": 1000.0, "loss": 7.0, "freeze_ratio": 0.0},
+            {
+                "step": 2,
+                "step_ms": 300.0,
+                "batch_ms": 280.0,
+                "tokens_per_s": 2000.0,
+                "loss": 6.5,
+                "freeze_ratio": 0.2,
+                "val_loss": 6.8,
+            },
+        ],
+    )
     return out
 
 
@@ -351,8 +480,14 @@ def test_report_tables_on_fabricated_outputs(fabricated):
         rows = {r["job_id"]: r for r in csv.DictReader(f)}
     assert len(rows) == 9
     r = rows["1F1B__timelyfreeze__r_max=0.5__seed=0"]
-    assert (r["method"], r["knob_name"], float(r["knob_value"]), r["schedule"], r["seed"], r["steps"]) == \
-        ("timelyfreeze", "r_max", 0.5, "1F1B", "0", "30")
+    assert (r["method"], r["knob_name"], float(r["knob_value"]), r["schedule"], r["seed"], r["steps"]) == (
+        "timelyfreeze",
+        "r_max",
+        0.5,
+        "1F1B",
+        "0",
+        "30",
+    )
     assert float(r["tokens_per_s_stable"]) == 1250 and float(r["tokens_per_s_all"]) == 1000
     assert float(r["mean_batch_ms_stable"]) == 90 and float(r["predicted_batch_ms"]) == 100
     assert float(r["avg_freeze_ratio"]) == 0.3 and float(r["val_loss"]) == 4.95 and r["status"] == "ok"
@@ -368,8 +503,12 @@ def test_report_tables_on_fabricated_outputs(fabricated):
     tf05 = configs[("1F1B", "timelyfreeze", 0.5)]
     assert tf05["seeds"] == 2 and tf05["tokens_per_s"] == 1300 and tf05["loss"] == pytest.approx(4.9)
     front = {k for k, c in configs.items() if c["pareto"]}
-    assert front == {("1F1B", "timelyfreeze", 0.5), ("1F1B", "timelyfreeze", 0.8),
-                     ("GPipe", "none", None), ("GPipe", "timelyfreeze", 0.8)}  # 900 @ 5.0 vs 1000 @ 5.1
+    assert front == {
+        ("1F1B", "timelyfreeze", 0.5),
+        ("1F1B", "timelyfreeze", 0.8),
+        ("GPipe", "none", None),
+        ("GPipe", "timelyfreeze", 0.8),
+    }  # 900 @ 5.0 vs 1000 @ 5.1
     assert ("GPipe", "apf", 0.1) not in configs  # failed jobs are not configurations
     with open(fabricated / "report" / "configs.csv") as f:
         assert sum(1 for r in csv.DictReader(f) if r["pareto"] == "True") == 4
@@ -403,8 +542,9 @@ def test_report_tables_on_fabricated_outputs(fabricated):
     assert t["target_loss"] == pytest.approx(5.75) and t["steps_nf"] == pytest.approx(15.0)
     assert t["steps_method"] == pytest.approx(10 + 0.05 / 0.6 * 10)
     with open(fabricated / "report" / "tta.csv") as f:
-        assert {r["job_id"]: r["note"] for r in csv.DictReader(f)}["1F1B__timelyfreeze__r_max=0.8__seed=0"] == \
-            "not reached within 30 steps"
+        assert {r["job_id"]: r["note"] for r in csv.DictReader(f)}[
+            "1F1B__timelyfreeze__r_max=0.8__seed=0"
+        ] == "not reached within 30 steps"
     md = (fabricated / "report" / "report.md").read_text()
     assert "| 1F1B__timelyfreeze__r_max=0.5__seed=0 | timelyfreeze | r_max | 0.5 | 1F1B |" in md
     assert "not reached" in md and "![" in md
@@ -445,8 +585,9 @@ def test_plots_with_planner(fabricated):
     # one planner sweep per TimelyFreeze job with a trace, over 0..1 plus the grid's r_max values
     assert len(planner.sweeps) == 2 and {0.0, 0.5, 0.8, 1.0} <= set(planner.sweeps[0][1])
     # the timeline is of the largest-r_max plain TimelyFreeze run
-    assert planner.gantts == [fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" /
-                              "timelyfreeze" / "plan.json"]
+    assert planner.gantts == [
+        fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "plan.json"
+    ]
     assert "throughput_vs_rmax.png" in (d / "report.md").read_text()
     assert any("no trace" in w for w in rep["warnings"])
 
@@ -465,8 +606,25 @@ def test_report_with_real_planner_sweep(fabricated):
     """The real planner sweep (in process) on a synthetic trace feeds the throughput-vs-r_max plot."""
     trace = fabricated / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump" / "timelyfreeze" / "trace"
     shutil.rmtree(trace)
-    subprocess.run([sys.executable, "-m", "planner", "simulate", "--schedule", "1F1B", "--pp", "2",
-                    "--microbatches", "4", "--out", str(trace)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "simulate",
+            "--schedule",
+            "1F1B",
+            "--pp",
+            "2",
+            "--microbatches",
+            "4",
+            "--out",
+            str(trace),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     rows = Planner().sweep(trace, [0.0, 0.5, 1.0])
     assert [r["r_max"] for r in rows] == [0.0, 0.5, 1.0] and rows[0]["speedup"] == pytest.approx(1.0)
     assert rows[2]["speedup"] > rows[1]["speedup"] > 1.0
@@ -488,7 +646,11 @@ def test_mean_ci_hand_checked_and_verdicts():
 
     # 1, 2, 3: mean 2, sd 1, t(0.975, 2) = 4.302653 -> half width 4.302653 / sqrt(3) = 2.484138
     m, lo, hi, n = mean_ci([1.0, 2.0, None, 3.0])
-    assert (m, n) == (2.0, 3) and lo == pytest.approx(2 - 2.484138, abs=1e-6) and hi == pytest.approx(2 + 2.484138, abs=1e-6)
+    assert (
+        (m, n) == (2.0, 3)
+        and lo == pytest.approx(2 - 2.484138, abs=1e-6)
+        and hi == pytest.approx(2 + 2.484138, abs=1e-6)
+    )
     assert mean_ci([1.5]) == (1.5, None, None, 1) and mean_ci([]) == (None, None, None, 0)
     assert verdict(1.01, 1.2, 1.0, "faster", "slower") == "faster"
     assert verdict(0.8, 0.99, 1.0, "faster", "slower") == "slower"
@@ -500,9 +662,21 @@ def test_mean_ci_hand_checked_and_verdicts():
 def test_cell_stats_over_three_seeds():
     from timelyfreeze.experiments.stats import cell_stats
 
-    paired = [{"schedule": "1F1B", "method": "timelyfreeze", "knob_name": "r_max", "knob_value": 0.8,
-               "kappa": k, "speedup_in_run": 1.2, "dval": d, "steps_ratio": s, "tta_ratio": s and s / k,
-               "steps_method": s} for k, d, s in ((1.2, 0.01, 1.0), (1.3, 0.02, 1.1), (1.25, 0.015, None))]
+    paired = [
+        {
+            "schedule": "1F1B",
+            "method": "timelyfreeze",
+            "knob_name": "r_max",
+            "knob_value": 0.8,
+            "kappa": k,
+            "speedup_in_run": 1.2,
+            "dval": d,
+            "steps_ratio": s,
+            "tta_ratio": s and s / k,
+            "steps_method": s,
+        }
+        for k, d, s in ((1.2, 0.01, 1.0), (1.3, 0.02, 1.1), (1.25, 0.015, None))
+    ]
     (c,) = cell_stats(paired)
     assert c["seeds"] == 3 and c["reached"] == 2 and c["kappa_mean"] == pytest.approx(1.25)
     assert c["throughput"] == "faster" and c["accuracy"] == "worse"
@@ -513,8 +687,13 @@ def test_cell_stats_over_three_seeds():
 def test_extend_to_target_grid_and_overrides(base_toml, tmp_path):
     from timelyfreeze.experiments.extend import extension_overrides
 
-    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0], "extend_to_target": 2,
-            "methods": {"timelyfreeze": [0.8], "none": True}}
+    grid = {
+        "config": str(base_toml),
+        "schedules": ["1F1B"],
+        "seeds": [0],
+        "extend_to_target": 2,
+        "methods": {"timelyfreeze": [0.8], "none": True},
+    }
     jobs = expand_grid(grid)
     assert [j.method for j in jobs] == ["none", "timelyfreeze"]  # the target's run first
     assert jobs[0].extend is None and jobs[1].extend == 2.0 and jobs[1].spec()["extend_to_target"] == 2.0
@@ -538,8 +717,26 @@ def test_extend_to_target_grid_and_overrides(base_toml, tmp_path):
 
 def test_sweep_extends_freezing_jobs_from_the_no_freezing_result(base_toml, tmp_path):
     out = tmp_path / "sweep"
-    rc = main(["run", "--config", str(base_toml), "--out", str(out), "--schedule", "1F1B", "--method", "none",
-               "--method", "timelyfreeze=0.8", "--launcher", FAKE, "--extend-to-target", "1.5", "--no-report"])
+    rc = main(
+        [
+            "run",
+            "--config",
+            str(base_toml),
+            "--out",
+            str(out),
+            "--schedule",
+            "1F1B",
+            "--method",
+            "none",
+            "--method",
+            "timelyfreeze=0.8",
+            "--launcher",
+            FAKE,
+            "--extend-to-target",
+            "1.5",
+            "--no-report",
+        ]
+    )
     assert rc == 0
     rec = json.loads((out / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "job.json").read_text())
     nf = json.loads((out / "jobs" / "1F1B__none__seed=0" / "dump" / "timelyfreeze" / "summary.json").read_text())
@@ -553,8 +750,18 @@ def test_knob_trend_slope_and_interval():
     from timelyfreeze.experiments.stats import knob_trends
 
     # dval = 0.01 * r_max exactly, plus a seed offset of +-0.001: slope 0.01; speed-up flat
-    paired = [{"schedule": "1F1B", "method": "timelyfreeze", "knob_value": r, "dval": 0.01 * r + e,
-               "speedup_in_run": 1.1, "kappa": None} for r in (0.0, 0.5, 1.0) for e in (-0.001, 0.001)]
+    paired = [
+        {
+            "schedule": "1F1B",
+            "method": "timelyfreeze",
+            "knob_value": r,
+            "dval": 0.01 * r + e,
+            "speedup_in_run": 1.1,
+            "kappa": None,
+        }
+        for r in (0.0, 0.5, 1.0)
+        for e in (-0.001, 0.001)
+    ]
     (d, s) = knob_trends(paired)
     assert d["quantity"] == "dval" and d["runs"] == 6 and d["slope"] == pytest.approx(0.01)
     assert d["slope_lo"] < 0.01 < d["slope_hi"] and d["verdict"] == "rises"
@@ -569,16 +776,26 @@ def test_jobs_from_another_pretrained_checkpoint_are_stale_unpaired_and_give_no_
     from timelyfreeze.experiments.results import load_rows
     from timelyfreeze.experiments.runner import job_spec, resume_state
 
-    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0], "extend_to_target": 2,
-            "methods": {"timelyfreeze": [0.8], "none": True}}
+    grid = {
+        "config": str(base_toml),
+        "schedules": ["1F1B"],
+        "seeds": [0],
+        "extend_to_target": 2,
+        "methods": {"timelyfreeze": [0.8], "none": True},
+    }
     none_job, tf_job = expand_grid(grid)
-    d = write_job(tmp_path, none_job.job_id, {"val_loss": 4.5, "val_curve": [[20, 4.5]],
-                                              "tokens_per_s": {"all": 100.0, "stable": 100.0}})
+    d = write_job(
+        tmp_path,
+        none_job.job_id,
+        {"val_loss": 4.5, "val_curve": [[20, 4.5]], "tokens_per_s": {"all": 100.0, "stable": 100.0}},
+    )
     rec = {"job_id": none_job.job_id, "status": "ok", "spec": job_spec(none_job, "abc", "old-start")}
     (d / "job.json").write_text(json.dumps(rec))
     assert resume_state(d, job_spec(none_job, "abc", "old-start")) == (True, "done")
     assert resume_state(d, job_spec(none_job, "abc", "new-start")) == (
-        False, "stale (started from another pre-trained checkpoint)")
+        False,
+        "stale (started from another pre-trained checkpoint)",
+    )
     assert resume_state(d, job_spec(none_job, "other-config", "new-start"))[1] == "stale (spec or base config changed)"
     assert job_spec(none_job, "abc") == {**none_job.spec(), "base_config_sha256": "abc"}  # no fine-tuning: as before
 
@@ -586,14 +803,19 @@ def test_jobs_from_another_pretrained_checkpoint_are_stale_unpaired_and_give_no_
     assert loss is None and "started from another pre-trained checkpoint" in why
     assert target_loss(tmp_path / "jobs", tf_job, "old-start") == (4.5, None)
 
-    t = write_job(tmp_path, tf_job.job_id, {"val_loss": 4.6, "val_curve": [[20, 4.6]],
-                                            "tokens_per_s": {"all": 110.0, "stable": 110.0}})
-    (t / "job.json").write_text(json.dumps({"job_id": tf_job.job_id, "status": "ok",
-                                            "spec": job_spec(tf_job, "abc", "new-start")}))
+    t = write_job(
+        tmp_path,
+        tf_job.job_id,
+        {"val_loss": 4.6, "val_curve": [[20, 4.6]], "tokens_per_s": {"all": 110.0, "stable": 110.0}},
+    )
+    (t / "job.json").write_text(
+        json.dumps({"job_id": tf_job.job_id, "status": "ok", "spec": job_spec(tf_job, "abc", "new-start")})
+    )
     (paired,) = [r for r in tta_rows(load_rows(tmp_path)) if r["method"] == "timelyfreeze"]
     assert paired["kappa"] is None and "same pre-trained checkpoint" in paired["note"]
-    (t / "job.json").write_text(json.dumps({"job_id": tf_job.job_id, "status": "ok",
-                                            "spec": job_spec(tf_job, "abc", "old-start")}))
+    (t / "job.json").write_text(
+        json.dumps({"job_id": tf_job.job_id, "status": "ok", "spec": job_spec(tf_job, "abc", "old-start")})
+    )
     (paired,) = [r for r in tta_rows(load_rows(tmp_path)) if r["method"] == "timelyfreeze"]
     assert paired["kappa"] == pytest.approx(1.1) and paired["dval"] == pytest.approx(0.1)
 
@@ -604,22 +826,33 @@ def test_a_whole_seed_from_another_checkpoint_is_kept_a_partial_one_reruns(base_
     its finished job from "old" included, so that no seed mixes checkpoints."""
     from timelyfreeze.experiments.runner import job_spec, run_sweep, whole_seeds_from_other_checkpoints
 
-    grid = {"config": str(base_toml), "schedules": ["1F1B"], "seeds": [0, 1],
-            "methods": {"timelyfreeze": [0.8], "none": True}}
+    grid = {
+        "config": str(base_toml),
+        "schedules": ["1F1B"],
+        "seeds": [0, 1],
+        "methods": {"timelyfreeze": [0.8], "none": True},
+    }
     jobs = expand_grid(grid)
     done = [j for j in jobs if j.seed == 0] + [j for j in jobs if j.seed == 1 and j.method == "none"]
     for job in done:
         d = write_job(tmp_path, job.job_id, {"val_loss": 4.5})
-        (d / "job.json").write_text(json.dumps({"job_id": job.job_id, "status": "ok",
-                                                "spec": job_spec(job, "abc", "old")}))
+        (d / "job.json").write_text(
+            json.dumps({"job_id": job.job_id, "status": "ok", "spec": job_spec(job, "abc", "old")})
+        )
     kept = whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "abc", "new")
     assert kept == {j.job_id: "old" for j in jobs if j.seed == 0}
     assert whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "other-config", "new") == {}
     assert whole_seeds_from_other_checkpoints(jobs, tmp_path / "jobs", "abc", "old") == {}  # current: resume as usual
 
     lines = []
-    res = run_sweep(jobs, tmp_path, lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
-                    base_config_sha="abc", print_fn=lines.append, start_sha="new")
+    res = run_sweep(
+        jobs,
+        tmp_path,
+        lambda j, d: build_command(j, base_toml, launcher=FAKE, dump_folder=d),
+        base_config_sha="abc",
+        print_fn=lines.append,
+        start_sha="new",
+    )
     assert sorted(res.skipped) == sorted(j.job_id for j in jobs if j.seed == 0)
     assert sorted(res.ok) == sorted(j.job_id for j in jobs if j.seed == 1)
     assert any("started from another pre-trained checkpoint" in line for line in lines)

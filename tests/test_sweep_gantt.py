@@ -20,8 +20,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_synthetic_model_numbers():
-    w = node_weights(synthetic_trace("1F1B", 2, 2, f_ms=1.0, b_ms=2.0, w_share=0.5, lower_share=0.3,
-                                     stage_scale=[1.0, 2.0]))
+    w = node_weights(
+        synthetic_trace("1F1B", 2, 2, f_ms=1.0, b_ms=2.0, w_share=0.5, lower_share=0.3, stage_scale=[1.0, 2.0])
+    )
     assert w.w_max["0F1"] == w.w_min["0F1"] == 1.0
     assert w.w_max["1F0"] == 2.0
     assert w.w_max["0B0"] == 2.0 and w.w_min["0B0"] == pytest.approx(1.0 + 0.3 * 1.0)
@@ -77,8 +78,11 @@ def test_write_trace_round_trip(tmp_path):
     assert [(r.rank, r.step, r.action, r.ms, r.phase, r.freeze_ratio) for r in sorted(back.records, key=key)] == [
         (r.rank, r.step, r.action, r.ms, r.phase, r.freeze_ratio) for r in sorted(tr.records, key=key)
     ]
-    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == ["actions_rank0.jsonl", "actions_rank1.jsonl",
-                                                                  "meta.json"]
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == [
+        "actions_rank0.jsonl",
+        "actions_rank1.jsonl",
+        "meta.json",
+    ]
     blocker = tmp_path / "file"
     blocker.write_text("x")
     with pytest.raises(PlannerError, match="cannot create trace directory"):

@@ -5,19 +5,35 @@ from __future__ import annotations
 import torch
 
 from timelyfreeze.config import Freeze
-from timelyfreeze.phases import Phases
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.timely import TimelyFreezeMethod
+from timelyfreeze.phases import Phases
 
 PH = Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=10)
 
 
 def make(resample_every: int = 1) -> TimelyFreezeMethod:
     params = {f"t{i}": torch.nn.Parameter(torch.zeros(4)) for i in range(10)}
-    view = StageView(stage=0, module=torch.nn.Module(), params=params, layer_of={n: 1 for n in params},
-                     layer_modules={}, is_first=True, is_last=False, anchor="t0")
-    ctx = MethodContext(stages=[view], num_stages=2, num_microbatches=4, schedule="1F1B", total_steps=20,
-                        all_gather=lambda x: [x], get_lr=lambda: 1e-3, phases=PH)
+    view = StageView(
+        stage=0,
+        module=torch.nn.Module(),
+        params=params,
+        layer_of={n: 1 for n in params},
+        layer_modules={},
+        is_first=True,
+        is_last=False,
+        anchor="t0",
+    )
+    ctx = MethodContext(
+        stages=[view],
+        num_stages=2,
+        num_microbatches=4,
+        schedule="1F1B",
+        total_steps=20,
+        all_gather=lambda x: [x],
+        get_lr=lambda: 1e-3,
+        phases=PH,
+    )
     return TimelyFreezeMethod(Freeze(resample_every=resample_every), ctx)
 
 

@@ -111,10 +111,8 @@ def _meta_cases() -> list[tuple[str, dict, str]]:
     case("wrong-rank", "stage_to_rank", rank_orders={"0": ro["0"] + ["1F0"], "1": ro["1"][1:]})
     case("duplicate", "more than once", rank_orders={"0": ro["0"] + ["0F0"], "1": ro["1"]})
     case("missing-action", "stage 1 microbatch 1", rank_orders={"0": ro["0"], "1": ro["1"][:-1]})
-    case("B-and-I", "stage 0 microbatch 1",
-         rank_orders={"0": ["0F0", "0F1", "0B0", "0B1", "0I1"], "1": ro["1"]})
-    case("I-without-W", "stage 0 microbatch 1",
-         rank_orders={"0": ["0F0", "0F1", "0B0", "0I1"], "1": ro["1"]})
+    case("B-and-I", "stage 0 microbatch 1", rank_orders={"0": ["0F0", "0F1", "0B0", "0B1", "0I1"], "1": ro["1"]})
+    case("I-without-W", "stage 0 microbatch 1", rank_orders={"0": ["0F0", "0F1", "0B0", "0I1"], "1": ro["1"]})
     case("bad-rank-key", "rank", rank_orders={"0": ro["0"], "x": ro["1"]})
     return cases
 
@@ -129,8 +127,9 @@ def test_bad_meta(tmp_path, name: str, meta: dict, msg: str) -> None:
 
 
 def test_split_backward_meta_accepted() -> None:
-    d = good_meta() | {"rank_orders": {"0": ["0F0", "0F1", "0I0", "0W0", "0B1"],
-                                       "1": ["1F0", "1F1", "1I0", "1I1", "1W1", "1W0"]}}
+    d = good_meta() | {
+        "rank_orders": {"0": ["0F0", "0F1", "0I0", "0W0", "0B1"], "1": ["1F0", "1F1", "1I0", "1I1", "1W1", "1W0"]}
+    }
     m = validate_meta(d, "x/meta.json")
     assert m.rank_orders[1][-1] == "1W0"
 
@@ -303,8 +302,11 @@ def test_trace_meta_replicas_attribute() -> None:
 def test_missing_replica_file(tmp_path) -> None:
     root = write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, two_replica_recs())
     (root / "actions_rank1_replica1.jsonl").unlink()
-    with pytest.raises(PlannerError, match=r"actions_rank1_replica1\.jsonl: missing \(pp_degree=2, replicas=2 "
-                                           r"need one file per rank and replica\)"):
+    with pytest.raises(
+        PlannerError,
+        match=r"actions_rank1_replica1\.jsonl: missing \(pp_degree=2, replicas=2 "
+        r"need one file per rank and replica\)",
+    ):
         load_trace(root)
 
 
@@ -329,8 +331,16 @@ def test_bad_replica_record_names_replica_file(tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "key, needle",
-    [((2, 0), "replica 2 rank 0"), ((0, 2), "replica 0 rank 2"), ((-1, 0), "replica -1 rank 0"), (2, "rank 2"),
-     ("0", "'0'"), ((0,), "(0,)"), ((0, 1, 0), "(0, 1, 0)"), ((True, 3), "(True, 3)")],
+    [
+        ((2, 0), "replica 2 rank 0"),
+        ((0, 2), "replica 0 rank 2"),
+        ((-1, 0), "replica -1 rank 0"),
+        (2, "rank 2"),
+        ("0", "'0'"),
+        ((0,), "(0,)"),
+        ((0, 1, 0), "(0, 1, 0)"),
+        ((True, 3), "(True, 3)"),
+    ],
 )
 def test_replica_key_out_of_range(key, needle) -> None:
     recs: dict = dict(two_replica_recs())
@@ -355,13 +365,19 @@ def test_replica_keys_missing_or_twice() -> None:
 def test_replica_weights_need_records_in_every_replica() -> None:
     recs = two_replica_recs()
     recs[1, 0] = [x for x in recs[1, 0] if not (x["action"] == "0B1" and x["phase"] == "lower")]
-    with pytest.raises(PlannerError, match=r"actions_rank0_replica1\.jsonl: action '0B1' has no record with "
-                                           r"phase 'lower'"):
+    with pytest.raises(
+        PlannerError,
+        match=r"actions_rank0_replica1\.jsonl: action '0B1' has no record with "
+        r"phase 'lower'",
+    ):
         node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))
     recs = two_replica_recs()
     recs[1, 1] = [x for x in recs[1, 1] if not (x["action"] == "1F0" and x["phase"] == "upper")]
-    with pytest.raises(PlannerError, match=r"actions_rank1_replica1\.jsonl: action '1F0' has no record with "
-                                           r"phase 'upper'"):
+    with pytest.raises(
+        PlannerError,
+        match=r"actions_rank1_replica1\.jsonl: action '1F0' has no record with "
+        r"phase 'upper'",
+    ):
         node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))
 
 
@@ -370,8 +386,10 @@ def test_replica_weights_need_records_in_every_replica() -> None:
 
 def test_start_ms_and_hosts_are_optional_and_kept(tmp_path) -> None:
     meta = good_meta() | {"hosts": ["node-a", "node-a"]}
-    recs = {int(r): [x | {"start_ms": 100.0 * x["step"] + i} for i, x in enumerate(records(o))]
-            for r, o in meta["rank_orders"].items()}
+    recs = {
+        int(r): [x | {"start_ms": 100.0 * x["step"] + i} for i, x in enumerate(records(o))]
+        for r, o in meta["rank_orders"].items()
+    }
     recs[1][0]["start_ms"] = -5  # any finite number (an int too) on the monotonic clock
     tr = load_trace(write_trace(tmp_path / "t", meta, recs))
     assert tr.meta.hosts == ["node-a", "node-a"] and tr.meta.to_json() == meta
@@ -387,8 +405,9 @@ def test_bad_hosts_value(tmp_path, value) -> None:
     root = write_trace(tmp_path / "t", good_meta() | {"hosts": value})
     with pytest.raises(PlannerError) as e:
         load_trace(root)
-    assert str(e.value) == (f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 host-name "
-                            f"strings, got {value!r}")
+    assert str(e.value) == (
+        f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 host-name strings, got {value!r}"
+    )
 
 
 def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
@@ -411,10 +430,13 @@ def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     assert fast[1].ms == 3.0 and fast[1].start_ms == 12.0
 
 
-@pytest.mark.parametrize("text,msg", [
-    ('{"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0} {"step": 9}', "invalid JSON"),
-    (b"\xff\xfe", "not UTF-8"),
-])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ('{"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0} {"step": 9}', "invalid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
+    ],
+)
 def test_two_values_on_a_line_or_bad_bytes(tmp_path, text, msg) -> None:
     root = write_trace(tmp_path / "t", good_meta())
     path = root / "actions_rank1.jsonl"

@@ -23,7 +23,7 @@ def _with_setting(tmp_path: Path, config: str, key: str, value: str, table: str 
     text = (CONFIGS / config).read_text()
     head, rest = text.split(f"[{table}]\n", 1)
     section, sep, tail = rest.partition("\n[")
-    lines = [l for l in section.splitlines() if not re.match(rf"{re.escape(key)}\s*=", l)]
+    lines = [line for line in section.splitlines() if not re.match(rf"{re.escape(key)}\s*=", line)]
     path = tmp_path / config
     path.write_text(head + f"[{table}]\n" + f"{key} = {value}\n" + "\n".join(lines) + sep + tail)
     return path
@@ -34,9 +34,9 @@ def _main_error(monkeypatch, capsys, config: Path, *flags: str) -> str:
     ``error:`` line on stderr, and return that line."""
     import faulthandler
 
-    from timelyfreeze.train import main
-
     from torchtitan.config import ConfigManager
+
+    from timelyfreeze.train import main
 
     monkeypatch.setattr(faulthandler, "enable", lambda **kwargs: None)  # needs a real stderr file; pytest has its own
     monkeypatch.setenv("WORLD_SIZE", "2")  # the layout torchrun would give (PP=2); rank 0 prints the error
@@ -49,7 +49,7 @@ def _main_error(monkeypatch, capsys, config: Path, *flags: str) -> str:
     err = capsys.readouterr().err
     assert e.value.code == 2, err
     assert "Traceback" not in err
-    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, err
     return lines[0]
 
@@ -91,18 +91,33 @@ def test_interleaved_1f1b_with_microbatches_torch_would_refuse(monkeypatch, caps
     """5 microbatches on PP=2: 2 rounds, and 5 is not a multiple of 2 (torch's ScheduleInterleaved1F1B raises)."""
     config = CONFIGS / "llama3_debug_interleaved1f1b_cpu.toml"
     line = _main_error(monkeypatch, capsys, config, "--training.local_batch_size", "5")
-    assert line.startswith("error: [training] local_batch_size = 5 / [parallelism] pipeline_parallel_microbatch_size "
-                           "= 1 gives 5 microbatches; Interleaved1F1B needs the number of microbatches to be a "
-                           "multiple of the number of rounds"), line
+    assert line.startswith(
+        "error: [training] local_batch_size = 5 / [parallelism] pipeline_parallel_microbatch_size "
+        "= 1 gives 5 microbatches; Interleaved1F1B needs the number of microbatches to be a "
+        "multiple of the number of rounds"
+    ), line
     assert "4 or 6" in line
 
 
 def test_the_command_line_itself(tmp_path):
     """``python -m timelyfreeze.train`` (what torchrun starts on each rank) in a process of its own."""
     config = _with_setting(tmp_path, "llama3_debug_1f1b_cpu.toml", "monitor_steps", "2.5")
-    proc = subprocess.run([sys.executable, "-m", "timelyfreeze.train", "--job.config_file", str(config),
-                           "--metrics.no-enable-tensorboard"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "timelyfreeze.train",
+            "--job.config_file",
+            str(config),
+            "--metrics.no-enable-tensorboard",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert [l for l in proc.stderr.splitlines() if l.startswith("error:")] == [
-        "error: [freeze] monitor_steps = 2.5: must be an integer"]
+    assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
+        "error: [freeze] monitor_steps = 2.5: must be an integer"
+    ]

@@ -38,7 +38,9 @@ def test_val_heads_span_many_files():
     cfg = text_datasets.DATASETS["pystdlib_val_heads"]
     heads = cfg.loader(cfg.path)["text"]
     texts = corpus.read_texts("val")
-    assert len(heads) == len(texts) and all(t.startswith(h) and len(h) <= corpus.HEAD_CHARS for h, t in zip(heads, texts))
+    assert len(heads) == len(texts) and all(
+        t.startswith(h) and len(h) <= corpus.HEAD_CHARS for h, t in zip(heads, texts)
+    )
 
 
 def test_trainer_gets_its_validator_and_metrics_processor_from_torchtitans_train_spec():

@@ -25,27 +25,34 @@ class Run:
         return json.loads((self.out / "summary.json").read_text())
 
     def metrics(self) -> list[dict]:
-        return [json.loads(l) for l in (self.out / "metrics.jsonl").read_text().splitlines() if l.strip()]
+        return [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
     def tail(self) -> str:
         """The failing rank's traceback (lines from ``[rankN]:``) and the end of the log."""
-        lines = [l for l in self.log.splitlines() if "lspci" not in l]
-        errors = [l for l in lines if l.startswith("[rank") or "Error" in l][:80]
+        lines = [line for line in self.log.splitlines() if "lspci" not in line]
+        errors = [line for line in lines if line.startswith("[rank") or "Error" in line][:80]
         return "\n".join(errors)[-8000:] + "\n...\n" + "\n".join(lines)[-3000:]
 
 
-def command(config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False,
-            target: tuple[str, ...] = TRAIN) -> list[str]:
+def command(
+    config: str, dump: Path, *args: str, nproc: int = 2, tensorboard: bool = False, target: tuple[str, ...] = TRAIN
+) -> list[str]:
     """The ``torchrun ... -m timelyfreeze.train`` command line of a test run (``target``: another entry
     point, e.g. a test job script). The model's initial weights are seeded (``--debug.seed 0``), so
     everything before the plan is the same in every run."""
     return torchrun_command(
         CONFIGS / config,
         "--metrics.enable-tensorboard" if tensorboard else "--metrics.no-enable-tensorboard",
-        "--debug.seed", "0",
-        "--comm.init_timeout_seconds", "120",
-        "--comm.train_timeout_seconds", "120",
-        *args, nproc=nproc, dump_folder=dump, target=target,
+        "--debug.seed",
+        "0",
+        "--comm.init_timeout_seconds",
+        "120",
+        "--comm.train_timeout_seconds",
+        "120",
+        *args,
+        nproc=nproc,
+        dump_folder=dump,
+        target=target,
     )
 
 
@@ -55,8 +62,16 @@ ENV = dict(os.environ, PYTHONUNBUFFERED="1", **TEST_ENV)
 """The whole environment, for the tests that start ``command`` with their own ``subprocess`` call."""
 
 
-def torchrun(config: str, dump: Path, *args: str, nproc: int = 2, timeout: int = 420,
-             tensorboard: bool = False, target: tuple[str, ...] = TRAIN, env: dict | None = None) -> Run:
+def torchrun(
+    config: str,
+    dump: Path,
+    *args: str,
+    nproc: int = 2,
+    timeout: int = 420,
+    tensorboard: bool = False,
+    target: tuple[str, ...] = TRAIN,
+    env: dict | None = None,
+) -> Run:
     """Run ``timelyfreeze.train`` (or ``target``) on ``nproc`` CPU processes; returns exit code, log and
     dump folder (the whole log is kept in ``<dump>/torchrun.log`` for a failure's post-mortem). ``env``:
     variables added to the job's environment."""
@@ -70,10 +85,16 @@ def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 
     """CLI overrides for a compact full TimelyFreeze cycle."""
     steps = warmup + 2 * monitor + ramp + stable
     return [
-        "--training.steps", str(steps),
-        "--freeze.warmup_steps", str(warmup),
-        "--freeze.monitor_steps", str(monitor),
-        "--freeze.ramp_steps", str(ramp),
-        "--validation.freq", str(steps),
-        "--validation.steps", "2",
+        "--training.steps",
+        str(steps),
+        "--freeze.warmup_steps",
+        str(warmup),
+        "--freeze.monitor_steps",
+        str(monitor),
+        "--freeze.ramp_steps",
+        str(ramp),
+        "--validation.freq",
+        str(steps),
+        "--validation.steps",
+        "2",
     ]

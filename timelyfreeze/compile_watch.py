@@ -33,5 +33,8 @@ class CompileWatch:
     def stats(self) -> dict:
         """This rank's figures for the summary (``docs/run-outputs.md``)."""
         total = graphs_compiled()
-        return {"regions": self.regions, "graphs": total,
-                "graphs_after_warmup": None if self.at_warmup_end is None else total - self.at_warmup_end}
+        return {
+            "regions": self.regions,
+            "graphs": total,
+            "graphs_after_warmup": None if self.at_warmup_end is None else total - self.at_warmup_end,
+        }

@@ -9,22 +9,20 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from planner.estimate import ESTIMATORS
 from planner.errors import PlannerError
+from planner.estimate import ESTIMATORS
 from planner.lp import SOLVERS
 from planner.schedules import check_microbatch_count, min_microbatches
-
 from timelyfreeze.errors import FreezeConfigError
 from timelyfreeze.fields import check_types, fail
-from timelyfreeze.methods.registry import METHODS as _REGISTRY
-from timelyfreeze.phases import Phases, derive_phases
-from timelyfreeze.stage_layout import UNITS
-
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.egeria import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig
+from timelyfreeze.methods.registry import METHODS as _REGISTRY
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
+from timelyfreeze.phases import Phases, derive_phases
+from timelyfreeze.stage_layout import UNITS
 
 METHODS: tuple[str, ...] = tuple(_REGISTRY)
 """Every ``[freeze] method`` name (the table is ``timelyfreeze.methods.registry.METHODS``)."""
@@ -117,8 +115,8 @@ class Freeze:
     """Time-to-accuracy runs: when > 0, the run stops after the first validation at or below this loss, once
     it has trained the length its LR schedule is made for (``lr_scheduler.total_steps``, else
     ``training.steps``); ``training.steps`` is then the most it may train, and past ``total_steps`` the LR
-    holds the schedule's end value (``min_lr_factor`` of the peak). Needs ``[validation] enable``. 0 (the default): train ``training.steps``. The
-    sweep sets it from the no-freezing run (``extend_to_target`` in a grid)."""
+    holds the schedule's end value (``min_lr_factor`` of the peak). Needs ``[validation] enable``. 0 (the default):
+    train ``training.steps``. The sweep sets it from the no-freezing run (``extend_to_target`` in a grid)."""
 
     cpu_pinning: bool = False
     """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
@@ -249,14 +247,15 @@ def check_parallelism(parallelism, world_size: int, *, freezing: bool = True, me
     if pp > 1 and rep > 1 and shard <= 1:
         raise FreezeConfigError(
             f"[parallelism] data_parallel_replicate_degree = {rep} with pipeline parallelism: TorchTitan 0.2.2 "
-            "cannot combine DDP with PP (\"DDP has not supported > 1D parallelism\"); use HSDP instead "
+            'cannot combine DDP with PP ("DDP has not supported > 1D parallelism"); use HSDP instead '
             "(data_parallel_shard_degree > 1, optionally with data_parallel_replicate_degree)"
         )
     if not freezing:
         return
     if pp < 2:
         raise FreezeConfigError(
-            f"[freeze] enable = true needs pipeline parallelism: [parallelism] pipeline_parallel_degree = {pp}, set it >= 2"
+            "[freeze] enable = true needs pipeline parallelism: "
+            f"[parallelism] pipeline_parallel_degree = {pp}, set it >= 2"
         )
     if cp > 1:
         raise FreezeConfigError(
@@ -292,11 +291,14 @@ def check_microbatches(parallelism, local_batch_size: int) -> None:
     except PlannerError:
         return  # a schedule the planner does not know: TorchTitan's own checks apply
     n = local_batch_size // mbs
-    gives = (f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
-             f"{mbs} gives {n} microbatches")
+    gives = (
+        f"[training] local_batch_size = {local_batch_size} / [parallelism] pipeline_parallel_microbatch_size = "
+        f"{mbs} gives {n} microbatches"
+    )
     if n < need:
         raise FreezeConfigError(
-            f"{gives}; {name} needs at least one per stage ({need} stages): raise local_batch_size to {need * mbs} or more"
+            f"{gives}; {name} needs at least one per stage ({need} "
+            f"stages): raise local_batch_size to {need * mbs} or more"
         )
     try:
         check_microbatch_count(name, pp, n)

@@ -51,8 +51,7 @@ def field_docstrings(cls: type) -> dict[str, str]:
         for node, nxt in zip(body, body[1:] + [None]):
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
                 continue
-            if (isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 out[node.target.id] = inspect.cleandoc(nxt.value.value)
     return out
 
@@ -110,11 +109,14 @@ def sections(cls: type, prefix: str = "") -> list[tuple[str, type, list[FieldDoc
             nested.extend(sections(tp, path + "."))
             continue
         default = _default(f)
-        plain.append(FieldDoc(
-            path=path, type=_type_name(tp),
-            default="(required)" if default is dataclasses.MISSING else toml_value(default),
-            doc=markdown_text(docs.get(f.name, "")),
-        ))
+        plain.append(
+            FieldDoc(
+                path=path,
+                type=_type_name(tp),
+                default="(required)" if default is dataclasses.MISSING else toml_value(default),
+                doc=markdown_text(docs.get(f.name, "")),
+            )
+        )
     return [(prefix.rstrip("."), cls, plain)] + nested
 
 
@@ -159,8 +161,11 @@ def render(root: type | None = None) -> str:
         lines.append((intro + " " if intro else "") + f"Defined in {_source_of(cls)}.")
         for fd in fields:
             lines += [
-                "", f"### `{fd.path}`", "",
-                f"`{fd.type}`, default `{fd.default}`; flag `--freeze.{fd.path}`.", "",
+                "",
+                f"### `{fd.path}`",
+                "",
+                f"`{fd.type}`, default `{fd.default}`; flag `--freeze.{fd.path}`.",
+                "",
                 fd.doc or "*(no docstring)*",
             ]
     return "\n".join(lines) + "\n"

@@ -183,9 +183,11 @@ from this one."""
 
 def last_checkpoint(ckpt: Path) -> Path | None:
     """The highest ``step-<n>`` folder under a TorchTitan checkpoint folder, or None."""
-    steps = sorted(
-        (int(d.name.split("-")[1]), d) for d in ckpt.glob("step-*") if d.name.split("-")[1].isdigit()
-    ) if ckpt.is_dir() else []
+    steps = (
+        sorted((int(d.name.split("-")[1]), d) for d in ckpt.glob("step-*") if d.name.split("-")[1].isdigit())
+        if ckpt.is_dir()
+        else []
+    )
     return steps[-1][1] if steps else None
 
 
@@ -198,7 +200,11 @@ def committed_pretrained_mismatch() -> str | None:
     """Why the committed checkpoint does not apply here (None when it does): another Python (another stdlib
     corpus) or another tokenizer than the one it was trained with."""
     marker = COMMITTED_PRETRAINED / "tokenizer.sha256"
-    if sys.version_info[:2] != (3, 11) or not marker.is_file() or last_checkpoint(COMMITTED_PRETRAINED / "checkpoint") is None:
+    if (
+        sys.version_info[:2] != (3, 11)
+        or not marker.is_file()
+        or last_checkpoint(COMMITTED_PRETRAINED / "checkpoint") is None
+    ):
         return f"no committed checkpoint for Python {sys.version_info.major}.{sys.version_info.minor}"
     want = marker.read_text().split()[0]
     have = tokenizer_sha256()
@@ -265,8 +271,7 @@ def _load_heads(split: str):
 
 def register_datasets() -> None:
     """Make ``pystdlib_<split>`` and ``pystdlib_val_heads`` known to TorchTitan's text dataset registry."""
-    from torchtitan.hf_datasets import DatasetConfig
-    from torchtitan.hf_datasets import text_datasets
+    from torchtitan.hf_datasets import DatasetConfig, text_datasets
 
     for split in SPLITS:
         text_datasets.DATASETS[f"{ASSETS_MARKER}_{split}"] = DatasetConfig(

@@ -84,7 +84,7 @@ def pin_cpu_cores() -> list[int] | None:
     if n < 2 or len(cores) < n or not 0 <= i < n:
         return None
     k = len(cores) // n
-    mine = cores[i * k:(i + 1) * k]
+    mine = cores[i * k : (i + 1) * k]
     # sched_setaffinity(0) sets the calling thread only: every thread of the process, then later ones inherit
     for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["0"]:
         try:

@@ -69,8 +69,11 @@ def _mismatch(value: Any, kind: Any, label: str) -> tuple[str, Any, str] | None:
             return None
         return label, value, "must be " + " or ".join(_noun(arm) for arm in args)
     if origin is Literal:
-        return None if value in args and type(value) in {type(a) for a in args} else (
-            label, value, "must be one of " + ", ".join(map(repr, args)))
+        return (
+            None
+            if value in args and type(value) in {type(a) for a in args}
+            else (label, value, "must be one of " + ", ".join(map(repr, args)))
+        )
     if origin in (list, tuple) or kind in (list, tuple):
         if not isinstance(value, (list, tuple)):
             return label, value, f"must be {_noun(kind)}"

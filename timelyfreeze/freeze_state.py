@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
-
 from timelyfreeze import state_codec
 from timelyfreeze.config import Freeze
 from timelyfreeze.methods.base import FreezeMethod
@@ -34,8 +33,18 @@ from timelyfreeze.planning import one_line
 from timelyfreeze.replan import Replanner
 from timelyfreeze.state_codec import FreezeStateError
 
-FIELDS = ("step", "run", "method", "monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures",
-          "replan")
+FIELDS = (
+    "step",
+    "run",
+    "method",
+    "monitor_records",
+    "plan_batch_ms",
+    "history",
+    "val_curve",
+    "meta",
+    "failures",
+    "replan",
+)
 
 
 @dataclass
@@ -60,10 +69,18 @@ class FreezeState:
 
     def pack(self, *, step: int, run: dict, method: dict) -> str:
         """JSON text of this state saved at ``step`` by a run with identity ``run``."""
-        return pack(step=step, run=run, method=method, monitor_records=self.monitor_records,
-                    plan_batch_ms=self.plan_batch_ms, history=self.history, val_curve=self.val_curve,
-                    meta=self.meta, failures=self.failures,
-                    replan=self.replanner.state_dict() if self.replanner is not None else None)
+        return pack(
+            step=step,
+            run=run,
+            method=method,
+            monitor_records=self.monitor_records,
+            plan_batch_ms=self.plan_batch_ms,
+            history=self.history,
+            val_curve=self.val_curve,
+            meta=self.meta,
+            failures=self.failures,
+            replan=self.replanner.state_dict() if self.replanner is not None else None,
+        )
 
     def restore(self, st: dict, replanner: Replanner | None) -> None:
         """Take the fields of ``unpack``'s checked state ``st``, and ``restore_replanner``'s re-planner."""
@@ -86,12 +103,14 @@ def unpack(text: Any, identity: dict, step: int, phases: Phases) -> dict:
         if phases.phase(rec["step"]) != rec["phase"]:
             raise FreezeStateError(
                 f"saved freezing state: a {rec['phase']} measurement of step {rec['step']}, which is in the "
-                f"{phases.phase(rec['step'])} phase of this run's [freeze] settings (changed since the checkpoint?)")
+                f"{phases.phase(rec['step'])} phase of this run's [freeze] settings (changed since the checkpoint?)"
+            )
     return st
 
 
-def load(text: Any, identity: dict, step: int, phases: Phases, cfg: Freeze,
-         method: FreezeMethod) -> tuple[dict, Replanner | None]:
+def load(
+    text: Any, identity: dict, step: int, phases: Phases, cfg: Freeze, method: FreezeMethod
+) -> tuple[dict, Replanner | None]:
     """``unpack``'s checked state, after ``method`` loaded its part, and the saved re-planner
     (``restore_replanner``). Whatever does not load, a method state included, raises ``FreezeStateError``
     naming what is wrong (one line, not a traceback)."""
@@ -101,7 +120,7 @@ def load(text: Any, identity: dict, step: int, phases: Phases, cfg: Freeze,
         return st, restore_replanner(st, cfg)
     except FreezeStateError:
         raise
-    except Exception as e:  # noqa: BLE001 -- a tampered method state: one error line, not a traceback
+    except Exception as e:
         raise FreezeStateError(f"the {cfg.method} method state does not load: {one_line(e)}") from None
 
 
@@ -125,6 +144,7 @@ _RECORD_TYPES = {"step": int, "action": str, "ms": (int, float), "phase": str, "
 
 def check(st: Any, identity: dict, step: int) -> None:
     """Structure and consistency of a decoded freezing state (see ``FreezeState.pack``)."""
+
     def fail(msg: str):
         raise FreezeStateError(f"saved freezing state: {msg}")
 
@@ -133,9 +153,18 @@ def check(st: Any, identity: dict, step: int) -> None:
     if st.get("format") != state_codec.STATE_FORMAT:
         fail(f"format {st.get('format')!r}, expected {state_codec.STATE_FORMAT!r}")
     st.setdefault("replan", None)  # (saved before online re-planning existed)
-    fields = {"step": int, "run": dict, "method": dict, "monitor_records": list, "plan_batch_ms": (dict, type(None)),
-              "history": list, "val_curve": list, "meta": (dict, type(None)), "failures": list,
-              "replan": (dict, type(None))}
+    fields = {
+        "step": int,
+        "run": dict,
+        "method": dict,
+        "monitor_records": list,
+        "plan_batch_ms": (dict, type(None)),
+        "history": list,
+        "val_curve": list,
+        "meta": (dict, type(None)),
+        "failures": list,
+        "replan": (dict, type(None)),
+    }
     for name, typ in fields.items():
         if name not in st:
             fail(f"field {name!r} is missing")
@@ -147,8 +176,9 @@ def check(st: Any, identity: dict, step: int) -> None:
     if st["step"] != step:
         fail(f"saved at step {st['step']}, but the checkpoint restores step {step}")
     for i, rec in enumerate(st["monitor_records"]):
-        if not isinstance(rec, dict) or any(not isinstance(rec.get(f), t) or isinstance(rec.get(f), bool)
-                                            for f, t in _RECORD_TYPES.items()):
+        if not isinstance(rec, dict) or any(
+            not isinstance(rec.get(f), t) or isinstance(rec.get(f), bool) for f, t in _RECORD_TYPES.items()
+        ):
             fail(f"monitor_records[{i}] is not a trace record ({', '.join(_RECORD_TYPES)})")
         if rec["phase"] not in ("upper", "lower") or not 1 <= rec["step"] <= step or not math.isfinite(rec["ms"]):
             fail(f"monitor_records[{i}] = {rec}: must be an upper/lower record of a step <= {step} with finite ms")
@@ -163,8 +193,9 @@ def check(st: Any, identity: dict, step: int) -> None:
         if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], (int, float))):
             fail(f"val_curve[{i}] must be [step, loss]")
     if st["plan_batch_ms"] is not None and not all(
-            isinstance(st["plan_batch_ms"].get(k), (int, float)) and math.isfinite(st["plan_batch_ms"][k])
-            for k in ("no_freeze", "all_frozen", "planned")):
+        isinstance(st["plan_batch_ms"].get(k), (int, float)) and math.isfinite(st["plan_batch_ms"][k])
+        for k in ("no_freeze", "all_frozen", "planned")
+    ):
         fail("plan_batch_ms needs finite no_freeze, all_frozen and planned times")
     if not all(isinstance(f, str) for f in st["failures"]):
         fail("failures must be strings")

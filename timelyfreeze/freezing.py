@@ -33,8 +33,14 @@ from timelyfreeze.param_switch import ParamSwitch
 class FreezingHook:
     """Stage-hook listener applying ``method``'s choices; one instance per rank."""
 
-    def __init__(self, views: list[StageView], method: FreezeMethod, get_step: Callable[[], int],
-                 get_accum: Callable[[], int] = lambda: 0, pairs: dict[str, str] | None = None):
+    def __init__(
+        self,
+        views: list[StageView],
+        method: FreezeMethod,
+        get_step: Callable[[], int],
+        get_accum: Callable[[], int] = lambda: 0,
+        pairs: dict[str, str] | None = None,
+    ):
         self.views = {v.stage: v for v in views}
         self.pairs = dict(pairs or {})
         """``planner.actions.part_owners`` of this rank's DualPipeV pairs: a pair's backward part records its

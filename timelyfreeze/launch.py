@@ -38,12 +38,24 @@ POLL_S = 0.5
 def torchrun_prefix(nproc: int = 2, python: str = sys.executable) -> list[str]:
     """``torchrun`` on ``nproc`` local processes, as ``python -m torch.distributed.run`` with a c10d
     rendezvous on a free local port; the entry point and its arguments follow."""
-    return [python, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-            "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0"]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+    ]
 
 
-def torchrun_command(config: str | Path, *args: str, nproc: int = 2, dump_folder: str | Path | None = None,
-                     target: Sequence[str] = TRAIN, python: str = sys.executable) -> list[str]:
+def torchrun_command(
+    config: str | Path,
+    *args: str,
+    nproc: int = 2,
+    dump_folder: str | Path | None = None,
+    target: Sequence[str] = TRAIN,
+    python: str = sys.executable,
+) -> list[str]:
     """``torchrun_prefix`` running ``target`` with ``--job.config_file config`` (and ``--job.dump_folder``),
     then ``args``."""
     dump = ["--job.dump_folder", str(dump_folder)] if dump_folder is not None else []
@@ -99,7 +111,7 @@ class _RowReader:
     def poll(self) -> None:
         if not self.path.exists():
             return
-        for line in self.path.read_text().splitlines()[self.seen:]:
+        for line in self.path.read_text().splitlines()[self.seen :]:
             try:
                 row = json.loads(line)
             except ValueError:
@@ -115,9 +127,18 @@ def _copy_lines(stream, log, on_line: Callable[[str], None]) -> None:
         on_line(line)
 
 
-def run(command: Sequence[str], log_path: str | Path, *, cwd: str | Path = REPO_ROOT, env: dict | None = None,
-        timeout: float | None = None, header: str | None = None, on_line: Callable[[str], None] | None = None,
-        metrics: str | Path | None = None, on_row: Callable[[dict], None] | None = None) -> int:
+def run(
+    command: Sequence[str],
+    log_path: str | Path,
+    *,
+    cwd: str | Path = REPO_ROOT,
+    env: dict | None = None,
+    timeout: float | None = None,
+    header: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+    metrics: str | Path | None = None,
+    on_row: Callable[[dict], None] | None = None,
+) -> int:
     """Run ``command`` in ``cwd`` to its end and return its exit code; stdout and stderr go to ``log_path``
     (after ``header``, when given). The job runs in a session of its own with ``PYTHONUNBUFFERED=1`` and
     ``env`` added to this process's environment.
@@ -137,9 +158,15 @@ def run(command: Sequence[str], log_path: str | Path, *, cwd: str | Path = REPO_
             log.write(header.rstrip("\n") + "\n")
             log.flush()
         proc = subprocess.Popen(
-            list(command), cwd=cwd, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-            stdout=subprocess.PIPE if on_line is not None else log, text=True, errors="replace",
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            list(command),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE if on_line is not None else log,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         )
         reader = None
         if on_line is not None:

@@ -23,8 +23,14 @@ class MetricsLog:
     def append(self, row: dict) -> None:
         """Append ``row`` (it has a ``step``) to the file and its numbers to TensorBoard."""
         if self.tb_log is not None and "phase" in row:
-            self.tb_log({f"timelyfreeze/{k}": v for k, v in row.items()
-                         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}, row["step"])
+            self.tb_log(
+                {
+                    f"timelyfreeze/{k}": v
+                    for k, v in row.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+                },
+                row["step"],
+            )
         if not self.write:
             return
         if not self._ready:

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 from planner.actions import parse_action
-
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.pipeline_group import JobGroup
 from timelyfreeze.profiler import ActionRecord
@@ -56,8 +55,12 @@ class StepMetrics:
         """This rank's part of the step's gather: the elements its ``records`` froze (per batch, of
         ``batches`` accumulation batches), its batch and step time, and its summed loss (or None)."""
         frozen = sum(r.freeze_ratio * self.trainable[parse_action(r.action).stage] for r in records)
-        return {"frozen": frozen / max(1, batches), "batch_s": self._batch_s, "step_s": self._step_s,
-                "loss": sum(float(x) for x in self._losses) if self._losses else None}
+        return {
+            "frozen": frozen / max(1, batches),
+            "batch_s": self._batch_s,
+            "step_s": self._step_s,
+            "loss": sum(float(x) for x in self._losses) if self._losses else None,
+        }
 
     # -- the job ---------------------------------------------------------------------------------
     def row(self, step: int, phase: str, gathered: list[dict], predicted_ms: float | None) -> dict:
@@ -68,8 +71,9 @@ class StepMetrics:
         # the sum over data-parallel replicas (tensor-parallel copies hold the same value: averaged out)
         loss = sum(losses) * self.info.dp_degree / replicas if losses else None
         step_s = max(g["step_s"] for g in gathered)
-        batch_s = [max(g["batch_s"] for g, place in zip(gathered, self.job.places) if place[0] == d)
-                   for d in range(replicas)]
+        batch_s = [
+            max(g["batch_s"] for g, place in zip(gathered, self.job.places) if place[0] == d) for d in range(replicas)
+        ]
         denom = self.total_trainable * self.info.num_microbatches * replicas
         row = {
             "step": step,
@@ -94,5 +98,7 @@ class StepMetrics:
 def describe(row: dict) -> str:
     """The log line of a metrics row."""
     pred = f" predicted {row['predicted_batch_ms']:.1f} ms" if row["predicted_batch_ms"] else ""
-    return (f"[freeze] step {row['step']} {row['phase']}: freeze ratio {row['freeze_ratio']:.3f}, "
-            f"batch {row['batch_ms']:.1f} ms{pred}, step {row['step_ms']:.1f} ms")
+    return (
+        f"[freeze] step {row['step']} {row['phase']}: freeze ratio {row['freeze_ratio']:.3f}, "
+        f"batch {row['batch_ms']:.1f} ms{pred}, step {row['step_ms']:.1f} ms"
+    )

@@ -61,8 +61,10 @@ class ParamSwitch:
         if unknown:
             from timelyfreeze.config import FreezeConfigError
 
-            raise FreezeConfigError(f"parameter {unknown[0]!r}: not managed by FSDP2 although its stage is "
-                                    "sharded; the freezing runtime cannot freeze it exactly")
+            raise FreezeConfigError(
+                f"parameter {unknown[0]!r}: not managed by FSDP2 although its stage is "
+                "sharded; the freezing runtime cannot freeze it exactly"
+            )
         state = module._get_fsdp_state()  # the stage module is the FSDP root of its stage
         state._lazy_init()
 
@@ -77,7 +79,10 @@ class ParamSwitch:
             if fp is None:
                 self._params[n].requires_grad_(flag)
                 continue
-            for t in (fp.sharded_param, getattr(fp, "_unsharded_param", None),
-                      getattr(fp, "_sharded_post_forward_param", None)):
+            for t in (
+                fp.sharded_param,
+                getattr(fp, "_unsharded_param", None),
+                getattr(fp, "_sharded_post_forward_param", None),
+            ):
                 if t is not None and t.requires_grad != flag:
                     t.requires_grad_(flag)

@@ -17,7 +17,6 @@ from typing import Callable
 from planner.budget import check_r_max
 from planner.drift import max_scales
 from planner.errors import PlannerError
-
 from timelyfreeze import planning
 from timelyfreeze.config import Freeze, FreezeConfigError
 from timelyfreeze.freeze_state import FreezeState
@@ -29,8 +28,17 @@ from timelyfreeze.run_info import RunInfo
 
 
 class PlanCoordinator:
-    def __init__(self, cfg: Freeze, info: RunInfo, num_stages: int, *, job: JobGroup, method: FreezeMethod,
-                 state: FreezeState, log: Callable[[str], None]):
+    def __init__(
+        self,
+        cfg: Freeze,
+        info: RunInfo,
+        num_stages: int,
+        *,
+        job: JobGroup,
+        method: FreezeMethod,
+        state: FreezeState,
+        log: Callable[[str], None],
+    ):
         """``log``: global rank 0's log. A plan given with ``[freeze] plan`` is installed here;
         ``FreezeConfigError`` where it, or ``r_max_per_stage``, does not fit the run."""
         self.cfg, self.job, self.method, self.state, self.log = cfg, job, method, state, log
@@ -101,8 +109,15 @@ class PlanCoordinator:
         gathered = self.job.gather_to_zero(self.state.monitor_records)
         result = None
         if self.job.rank == 0:
-            result = planning.solve(self.state.meta, gathered, self.r_max, self.cfg.solver,
-                                    self.paths.trace, self.paths.plan, self.cfg.estimator)
+            result = planning.solve(
+                self.state.meta,
+                gathered,
+                self.r_max,
+                self.cfg.solver,
+                self.paths.trace,
+                self.paths.plan,
+                self.cfg.estimator,
+            )
         result = self.job.broadcast(result)
         if "failure" in result:
             self.method.set_plan(None, result["failure"])
@@ -112,16 +127,16 @@ class PlanCoordinator:
         self.method.set_plan(result["ratios"])
         self.state.plan_batch_ms = result["batch_time_ms"]
         self._start_replanner(result)
-        self.log(f"[freeze] plan written to {self.paths.plan} ({time.perf_counter() - t0:.2f} s)\n"
-                 + result["summary"])
+        self.log(f"[freeze] plan written to {self.paths.plan} ({time.perf_counter() - t0:.2f} s)\n" + result["summary"])
 
     def _start_replanner(self, result: dict) -> None:
         """Watch the plan ``result`` (``planning.plan_result``) for drift, where re-planning is on."""
         self._pending = None
         self.state.replanner = Replanner.for_run(self.cfg, self.state.meta)
         if self.state.replanner is not None:
-            self.state.replanner.install(result["weights"], result["ratios"], result["batch_time_ms"],
-                                         result["edge_ms"])
+            self.state.replanner.install(
+                result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"]
+            )
 
     def _replan(self, step: int, row: dict) -> None:
         """Re-plan after ``step``: from the current node weights rescaled by the drifting steps' median
@@ -129,14 +144,22 @@ class PlanCoordinator:
         replanner = self.state.replanner
         weights, scales = replanner.proposed_weights()
         old = replanner.batch_ms["planned"]
-        reason = (f"median drift {replanner.window_drift():+.1%} over the last {replanner.patience} stable step"
-                  f"{'s' if replanner.patience > 1 else ''} (beyond {replanner.threshold:.0%})")
+        reason = (
+            f"median drift {replanner.window_drift():+.1%} over the last {replanner.patience} stable step"
+            f"{'s' if replanner.patience > 1 else ''} (beyond {replanner.threshold:.0%})"
+        )
         path = self.paths.replan(step)
         result = None
         if self.job.rank == 0:
-            result = planning.replan(self.state.meta, weights, self.r_max, self.cfg.solver, path,
-                                     {"replanned_at_step": step, "reason": reason, "scales": scales,
-                                      "estimator": "rescaled"}, replanner.edge_ms)
+            result = planning.replan(
+                self.state.meta,
+                weights,
+                self.r_max,
+                self.cfg.solver,
+                path,
+                {"replanned_at_step": step, "reason": reason, "scales": scales, "estimator": "rescaled"},
+                replanner.edge_ms,
+            )
         result = self.job.broadcast(result)
         if "failure" in result:
             replanner.window = []
@@ -146,12 +169,20 @@ class PlanCoordinator:
         self.method.set_plan(result["ratios"])
         replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
         new = result["batch_time_ms"]["planned"]
-        event = {"step": step, "reason": reason, "scales": scales, "old_planned_ms": old,
-                 "new_planned_ms": new, "plan": str(path)}
+        event = {
+            "step": step,
+            "reason": reason,
+            "scales": scales,
+            "old_planned_ms": old,
+            "new_planned_ms": new,
+            "plan": str(path),
+        }
         replanner.events.append(event)
         row["replan"] = event
-        self.log(f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
-                 f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}); {path}")
+        self.log(
+            f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
+            f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}); {path}"
+        )
 
 
 def _budgets(cfg: Freeze, num_stages: int) -> float | tuple[float, ...]:

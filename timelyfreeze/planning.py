@@ -16,8 +16,15 @@ from pathlib import Path
 from planner.errors import PlannerError
 
 
-def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solver: str,
-          trace_dir: Path, plan_path: Path, estimator: str = "median") -> dict:
+def solve(
+    meta: dict,
+    records_by_rank: dict[int, list[dict]],
+    r_max: float,
+    solver: str,
+    trace_dir: Path,
+    plan_path: Path,
+    estimator: str = "median",
+) -> dict:
     """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
     w_max] ms), or ``{"failure": message}``. The node
     weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
@@ -34,12 +41,19 @@ def solve(meta: dict, records_by_rank: dict[int, list[dict]], r_max: float, solv
         plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag)
         write_plan(plan, plan_path)
         return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta)}
-    except Exception as e:  # noqa: BLE001 -- reported in the summary, training goes on
+    except Exception as e:
         return {"failure": f"planning failed: {one_line(e)}"}
 
 
-def replan(meta: dict, weights, r_max: float, solver: str, plan_path: Path, extra: dict,  # noqa: ANN001
-           edge_ms: dict | None = None) -> dict:
+def replan(
+    meta: dict,
+    weights,
+    r_max: float,
+    solver: str,
+    plan_path: Path,
+    extra: dict,
+    edge_ms: dict | None = None,
+) -> dict:
     """Like ``solve``, from given node weights (``planner.trace.NodeWeights``) and delays on cross-rank
     edges (``planner.comm``); ``extra`` goes into the plan file's top level (step, reason, scales). Never
     raises."""
@@ -52,24 +66,25 @@ def replan(meta: dict, weights, r_max: float, solver: str, plan_path: Path, extr
         Path(plan_path).parent.mkdir(parents=True, exist_ok=True)
         write_plan(plan, plan_path)
         return plan_result(plan, edge_ms)
-    except Exception as e:  # noqa: BLE001 -- the run keeps the plan in force
+    except Exception as e:
         return {"failure": f"re-planning failed: {one_line(e)}"}
 
 
-def plan_result(plan, edge_ms: dict | None = None) -> dict:  # noqa: ANN001 - planner.plan.Plan
+def plan_result(plan, edge_ms: dict | None = None) -> dict:
     """What every rank needs of a plan: per-action ratios, predicted batch times, node weights, and the
     delays on cross-rank edges it was made with (``[u, v, ms]`` triples)."""
-    return {"ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
-            "batch_time_ms": dict(plan.batch_time_ms),
-            "weights": {a: [ap.w_min, ap.w_max] for a, ap in plan.actions.items()},
-            "edge_ms": [[u, v, ms] for (u, v), ms in (edge_ms or {}).items()]}
+    return {
+        "ratios": {a: ap.freeze_ratio for a, ap in plan.actions.items()},
+        "batch_time_ms": dict(plan.batch_time_ms),
+        "weights": {a: [ap.w_min, ap.w_max] for a, ap in plan.actions.items()},
+        "edge_ms": [[u, v, ms] for (u, v), ms in (edge_ms or {}).items()],
+    }
 
 
 def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int) -> dict:
     """``plan_result`` of the plan file ``path``; ``FreezeConfigError`` naming the file if it cannot be read
     or does not match this run."""
     from planner.plan import check_plan_matches, load_plan
-
     from timelyfreeze.config import FreezeConfigError
 
     try:

@@ -38,8 +38,13 @@ class ActionRecord:
     """Start on the host's monotonic clock (ms), CPU timing only (``docs/formats.md``)."""
 
     def to_json(self) -> dict:
-        d = {"step": self.step, "action": self.action, "ms": round(self.ms, 6), "phase": self.phase,
-             "freeze_ratio": round(self.freeze_ratio, 6)}
+        d = {
+            "step": self.step,
+            "action": self.action,
+            "ms": round(self.ms, 6),
+            "phase": self.phase,
+            "freeze_ratio": round(self.freeze_ratio, 6),
+        }
         if self.frozen_tensors is not None:
             d["frozen_tensors"] = self.frozen_tensors
         if self.start_ms is not None:
@@ -107,8 +112,11 @@ class ActionProfiler:
             out = []
             for a, iv in self._pending:
                 t0 = iv[0][0]  # CUDA events give differences only: times relative to the first part's start
-                ms = iv[0][0].elapsed_time(iv[0][1]) if len(iv) == 1 else _union(
-                    [(t0.elapsed_time(s), t0.elapsed_time(e)) for s, e in iv])
+                ms = (
+                    iv[0][0].elapsed_time(iv[0][1])
+                    if len(iv) == 1
+                    else _union([(t0.elapsed_time(s), t0.elapsed_time(e)) for s, e in iv])
+                )
                 out.append((a, ms, None))
         else:
             out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in self._pending]
@@ -176,9 +184,25 @@ def _truncate_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def build_meta(schedule: str, pp_degree: int, num_stages: int, num_microbatches: int,
-               stage_to_rank: list[int], rank_orders: dict[int, list[str]], *, replicas: int = 1,
-               **extra) -> dict:
+def build_meta(
+    schedule: str,
+    pp_degree: int,
+    num_stages: int,
+    num_microbatches: int,
+    stage_to_rank: list[int],
+    rank_orders: dict[int, list[str]],
+    *,
+    replicas: int = 1,
+    **extra,
+) -> dict:
     """``meta.json``'s dict (the planner's ``TraceMeta``: one home for the format), with runtime extras."""
-    return TraceMeta(schedule, pp_degree, num_stages, num_microbatches, list(stage_to_rank),
-                     {int(r): list(o) for r, o in rank_orders.items()}, extra=extra, replicas=replicas).to_json()
+    return TraceMeta(
+        schedule,
+        pp_degree,
+        num_stages,
+        num_microbatches,
+        list(stage_to_rank),
+        {int(r): list(o) for r, o in rank_orders.items()},
+        extra=extra,
+        replicas=replicas,
+    ).to_json()

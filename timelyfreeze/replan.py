@@ -27,11 +27,10 @@ from planner.trace import NodeWeights, TraceMeta
 
 class Replanner:
     @classmethod
-    def for_run(cls, cfg, meta: dict) -> "Replanner | None":  # noqa: ANN001 - timelyfreeze.config.Freeze
+    def for_run(cls, cfg, meta: dict) -> "Replanner | None":
         """The re-planner of a run with ``[freeze]`` settings ``cfg`` and trace ``meta`` (a ``meta.json``
         dict), or None where re-planning is off or the method has no plan."""
         from planner.trace import validate_meta
-
         from timelyfreeze.config import PLANNED_METHODS
 
         if not (cfg.replan and cfg.method in PLANNED_METHODS):
@@ -55,12 +54,18 @@ class Replanner:
         self.events: list[dict[str, Any]] = []
 
     # -- the plan in force ----------------------------------------------------------------------
-    def install(self, weights: dict[str, list[float]], ratios: dict[str, float], batch_ms: dict[str, float],
-                edge_ms: list | None = None) -> None:
+    def install(
+        self,
+        weights: dict[str, list[float]],
+        ratios: dict[str, float],
+        batch_ms: dict[str, float],
+        edge_ms: list | None = None,
+    ) -> None:
         """A plan takes effect (``weights``: action -> [w_min, w_max] ms; ``edge_ms``: its delays on
         cross-rank edges as ``[u, v, ms]`` triples, ``planner.comm``); the drift count restarts."""
-        self.weights = NodeWeights({a: float(w[0]) for a, w in weights.items()},
-                                   {a: float(w[1]) for a, w in weights.items()})
+        self.weights = NodeWeights(
+            {a: float(w[0]) for a, w in weights.items()}, {a: float(w[1]) for a, w in weights.items()}
+        )
         self.ratios = {a: float(r) for a, r in ratios.items()}
         self.batch_ms = dict(batch_ms)
         self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
@@ -79,7 +84,7 @@ class Replanner:
         if self.weights is None or not scales:
             return None
         d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms, self._base)
-        self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience:]
+        self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience :]
         return d
 
     def window_drift(self) -> float | None:
@@ -104,7 +109,8 @@ class Replanner:
             return None
         return {
             "weights": {a: [self.weights.w_min[a], self.weights.w_max[a]] for a in self.weights.w_max},
-            "ratios": dict(self.ratios), "batch_ms": dict(self.batch_ms or {}),
+            "ratios": dict(self.ratios),
+            "batch_ms": dict(self.batch_ms or {}),
             "edge_ms": [[u, v, ms] for (u, v), ms in self.edge_ms.items()],
             "window": [{"drift": w["drift"], "scales": dict(w["scales"])} for w in self.window],
             "events": list(self.events),
@@ -119,25 +125,44 @@ class Replanner:
         if set(weights) != actions:
             raise ValueError("its node weights do not cover exactly this schedule's actions")
         for a, w in weights.items():
-            if not (isinstance(w, list) and len(w) == 2 and all(isinstance(x, (int, float)) for x in w)
-                    and 0 <= w[0] <= w[1]):
+            if not (
+                isinstance(w, list)
+                and len(w) == 2
+                and all(isinstance(x, (int, float)) for x in w)
+                and 0 <= w[0] <= w[1]
+            ):
                 raise ValueError(f"weights[{a!r}] = {w!r} is not [w_min, w_max] with 0 <= w_min <= w_max")
         if any(a not in actions or not isinstance(r, (int, float)) or not 0 <= r <= 1 for a, r in ratios.items()):
             raise ValueError("ratios must map this schedule's actions to numbers in [0, 1]")
         if not all(isinstance(state["batch_ms"].get(k), (int, float)) for k in ("no_freeze", "all_frozen", "planned")):
             raise ValueError("batch_ms needs no_freeze, all_frozen and planned")
-        if not (isinstance(state["window"], list) and all(
+        if not (
+            isinstance(state["window"], list)
+            and all(
                 isinstance(w, dict) and isinstance(w.get("drift"), (int, float)) and isinstance(w.get("scales"), dict)
-                for w in state["window"])):
+                for w in state["window"]
+            )
+        ):
             raise ValueError("window must be a list of {drift, scales}")
         if not (isinstance(state["events"], list) and all(isinstance(e, dict) for e in state["events"])):
             raise ValueError("events must be a list of objects")
         edges = state.get("edge_ms", [])
-        if not (isinstance(edges, list) and all(
-                isinstance(e, list) and len(e) == 3 and e[0] in actions and e[1] in actions
-                and isinstance(e[2], (int, float)) and e[2] >= 0 for e in edges)):
+        if not (
+            isinstance(edges, list)
+            and all(
+                isinstance(e, list)
+                and len(e) == 3
+                and e[0] in actions
+                and e[1] in actions
+                and isinstance(e[2], (int, float))
+                and e[2] >= 0
+                for e in edges
+            )
+        ):
             raise ValueError("edge_ms must be a list of [action, action, ms >= 0]")
         self.install(weights, ratios, state["batch_ms"], edges)
-        self.window = [{"drift": float(w["drift"]), "scales": {str(g): float(s) for g, s in w["scales"].items()}}
-                       for w in state["window"]][-self.patience:]
+        self.window = [
+            {"drift": float(w["drift"]), "scales": {str(g): float(s) for g, s in w["scales"].items()}}
+            for w in state["window"]
+        ][-self.patience :]
         self.events = list(state["events"])

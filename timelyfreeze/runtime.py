@@ -19,17 +19,17 @@ import socket
 from typing import Any
 
 from planner.fileio import write_json_atomically
-
-from timelyfreeze import freeze_state, stage_hooks, summary as run_summary, timeline
+from timelyfreeze import freeze_state, stage_hooks, timeline
+from timelyfreeze import summary as run_summary
 from timelyfreeze.compile_watch import CompileWatch
 from timelyfreeze.config import Freeze, knob_of
 from timelyfreeze.freeze_state import FreezeState, FreezeStateError
-from timelyfreeze.phases import Phases
 from timelyfreeze.freezing import FreezingHook
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.metrics_log import MetricsLog
 from timelyfreeze.metrics_row import StepMetrics, describe
+from timelyfreeze.phases import Phases
 from timelyfreeze.pipeline_group import JobGroup
 from timelyfreeze.plan_coordinator import PlanCoordinator
 from timelyfreeze.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
@@ -38,8 +38,7 @@ from timelyfreeze.stage_layout import build_stage_views
 
 
 class FreezeRuntime:
-    def __init__(self, cfg: Freeze, phases: Phases, info: RunInfo, pipeline: PipelinePart,
-                 trainer: TrainerHandles):
+    def __init__(self, cfg: Freeze, phases: Phases, info: RunInfo, pipeline: PipelinePart, trainer: TrainerHandles):
         """Collective over the job (every rank builds its runtime at the same point)."""
         self.cfg, self.phases, self.info = cfg, phases, info
         self.job = JobGroup(pipeline.group)
@@ -51,10 +50,18 @@ class FreezeRuntime:
         self.stage_to_rank = _stage_to_rank(self.pg.all_gather([v.stage for v in self.views]))
         self.num_stages = len(self.stage_to_rank)
         self.ctx = MethodContext(
-            stages=self.views, num_stages=self.num_stages, num_microbatches=info.num_microbatches,
-            schedule=info.schedule, total_steps=info.total_steps, all_gather=self.pg.all_gather,
-            get_lr=trainer.get_lr, pp_rank=self.pg.rank, pp_size=self.pg.size,
-            lr_warmup_steps=info.lr_warmup_steps, phases=phases, compiled=info.compiled,
+            stages=self.views,
+            num_stages=self.num_stages,
+            num_microbatches=info.num_microbatches,
+            schedule=info.schedule,
+            total_steps=info.total_steps,
+            all_gather=self.pg.all_gather,
+            get_lr=trainer.get_lr,
+            pp_rank=self.pg.rank,
+            pp_size=self.pg.size,
+            lr_warmup_steps=info.lr_warmup_steps,
+            phases=phases,
+            compiled=info.compiled,
         )
         self.method: FreezeMethod = method_class(cfg.method)(cfg, self.ctx)
         self.compile_watch = CompileWatch(phases.warmup_end, [v.module for v in self.views]) if info.compiled else None
@@ -62,8 +69,7 @@ class FreezeRuntime:
         self.accum = 0
         """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
         self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs)
-        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum,
-                                 pairs=pipeline.pairs)
+        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum, pairs=pipeline.pairs)
         self._stages = pipeline.stages
         self._hooks_on = False
         self.attach_hooks()
@@ -72,8 +78,9 @@ class FreezeRuntime:
         self.writer: TraceWriter | None = None
         self.state = FreezeState()
         """What a checkpoint carries (``state_dict``), shared with the plan coordinator."""
-        self.plans = PlanCoordinator(cfg, info, self.num_stages, job=self.job, method=self.method,
-                                     state=self.state, log=self.log)
+        self.plans = PlanCoordinator(
+            cfg, info, self.num_stages, job=self.job, method=self.method, state=self.state, log=self.log
+        )
         self.refused = False
         """True once a checkpoint's freezing state was refused: the run ends without a summary."""
 
@@ -96,8 +103,7 @@ class FreezeRuntime:
     # -- per step --------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
         if self.writer is None and self.cfg.trace:
-            self.writer = TraceWriter(self.paths.trace, self.pg.rank, replica=self.job.replica,
-                                      resume_step=step - 1)
+            self.writer = TraceWriter(self.paths.trace, self.pg.rank, replica=self.job.replica, resume_step=step - 1)
         self.state.history = [h for h in self.state.history if h["step"] < step]
         self.step = step
         self.accum = 0
@@ -130,13 +136,15 @@ class FreezeRuntime:
         self.plans.record(phase, records)
         watch = self.plans.watching(phase)
         first = self.state.meta is None
-        gathered = self.job.all_gather({
-            **self.meter.local(records, self.accum + 1),
-            "order": list(self.profiler.order),
-            "tensors": self.hook.freezable_tensors() if first else None,
-            "host": socket.gethostname() if first else None,
-            "scales": self.plans.local_scales(records) if watch else None,
-        })
+        gathered = self.job.all_gather(
+            {
+                **self.meter.local(records, self.accum + 1),
+                "order": list(self.profiler.order),
+                "tensors": self.hook.freezable_tensors() if first else None,
+                "host": socket.gethostname() if first else None,
+                "scales": self.plans.local_scales(records) if watch else None,
+            }
+        )
         if first:
             self._write_meta(gathered)
         self.plans.after_gather(step)
@@ -151,14 +159,20 @@ class FreezeRuntime:
     def _records(self, step: int, phase: str) -> list[ActionRecord]:
         """The step's timed actions with the ratio each applied (one per accumulation batch, in order)."""
         applied = {a: list(v) for a, v in self.hook.end_step().items()}
-        return [ActionRecord(step, a, ms, phase, *(applied[a].pop(0) if applied.get(a) else (0.0, None)), start)
-                for a, ms, start in self.profiler.collect()]
+        return [
+            ActionRecord(step, a, ms, phase, *(applied[a].pop(0) if applied.get(a) else (0.0, None)), start)
+            for a, ms, start in self.profiler.collect()
+        ]
 
     def _write_meta(self, gathered: list[dict]) -> None:
         """``meta.json`` from replica 0's ranks (every replica runs the same schedule)."""
         first = {pp_rank: g for g, (replica, pp_rank) in zip(gathered, self.job.places) if replica == 0}
         self.state.meta = build_meta(
-            self.info.schedule, self.pg.size, self.num_stages, self.info.num_microbatches, self.stage_to_rank,
+            self.info.schedule,
+            self.pg.size,
+            self.num_stages,
+            self.info.num_microbatches,
+            self.stage_to_rank,
             {r: g["order"] for r, g in first.items()},
             replicas=self.job.replicas,
             freezable_tensors={str(s): n for g in first.values() for s, n in sorted(g["tensors"].items())},
@@ -199,8 +213,14 @@ class FreezeRuntime:
         self.step = step
 
     def _identity(self) -> dict:
-        ident = {"method": self.cfg.method, "schedule": self.info.schedule, "num_stages": self.num_stages,
-                 "num_microbatches": self.info.num_microbatches, "pp_rank": self.pg.rank, "pp_size": self.pg.size}
+        ident = {
+            "method": self.cfg.method,
+            "schedule": self.info.schedule,
+            "num_stages": self.num_stages,
+            "num_microbatches": self.info.num_microbatches,
+            "pp_rank": self.pg.rank,
+            "pp_size": self.pg.size,
+        }
         if self.job.replicas > 1:  # (a single pipeline's state keeps the identity it always had)
             ident.update(replica=self.job.replica, replicas=self.job.replicas)
         return ident
@@ -219,19 +239,30 @@ class FreezeRuntime:
             history=state.history,
             steady_phases=self.method.steady_phases({h["phase"] for h in state.history}),
             tokens_per_step=self.info.tokens_per_step,
-            run={"method": self.cfg.method, "knob": knob_of(self.cfg), "schedule": self.info.schedule,
-                 "pp_degree": self.pg.size, "replicas": self.job.replicas, "num_stages": self.num_stages,
-                 "num_microbatches": self.info.num_microbatches, "seed": self.cfg.seed, "unit": self.info.unit}
+            run={
+                "method": self.cfg.method,
+                "knob": knob_of(self.cfg),
+                "schedule": self.info.schedule,
+                "pp_degree": self.pg.size,
+                "replicas": self.job.replicas,
+                "num_stages": self.num_stages,
+                "num_microbatches": self.info.num_microbatches,
+                "seed": self.cfg.seed,
+                "unit": self.info.unit,
+            }
             | ({"r_max_per_stage": list(r_max)} if isinstance(r_max, tuple) else {})
             | ({"stop_at_val_loss": self.cfg.stop_at_val_loss} if self.cfg.stop_at_val_loss > 0 else {}),
-            predicted_batch_ms=state.plan_batch_ms, val_curve=state.val_curve,
-            method_summary=self.method.summary(), failures=state.failures,
+            predicted_batch_ms=state.plan_batch_ms,
+            val_curve=state.val_curve,
+            method_summary=self.method.summary(),
+            failures=state.failures,
             replans=state.replanner.events if state.replanner is not None else [],
         )
         if compiled is not None:
             summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
-        drawn = timeline.draw(state.meta, timeline.merge(medians), self.paths.plan, self.paths.trace,
-                              self.paths.timeline, self.log)
+        drawn = timeline.draw(
+            state.meta, timeline.merge(medians), self.paths.plan, self.paths.trace, self.paths.timeline, self.log
+        )
         summary["paths"] = {
             "trace": str(self.paths.trace) if self.cfg.trace else None,
             "plan": str(self.paths.plan) if self.paths.plan.exists() else None,

@@ -60,9 +60,7 @@ def uniform_subset(names: Sequence[str], ratio: float, gen: torch.Generator) -> 
     return frozenset(names[i] for i in perm[:k])
 
 
-def inclusion_probabilities(
-    numels: Sequence[int], weights: Sequence[float], ratio: float
-) -> list[float]:
+def inclusion_probabilities(numels: Sequence[int], weights: Sequence[float], ratio: float) -> list[float]:
     """Per-tensor inclusion probabilities ``p_i = min(1, c * w_i)`` whose expected element count is the
     ratio's: ``sum_i p_i * numels[i] == ratio * sum_i numels[i]`` (up to float rounding).
 
@@ -149,8 +147,7 @@ def systematic_pick(ordered: Sequence[tuple[str, float]], u: float) -> list[str]
     return out
 
 
-def balanced_subset(names: Sequence[str], numels: Sequence[int], ratio: float,
-                    gen: torch.Generator) -> frozenset[str]:
+def balanced_subset(names: Sequence[str], numels: Sequence[int], ratio: float, gen: torch.Generator) -> frozenset[str]:
     """Each of ``names`` is chosen with probability exactly ``ratio`` (as in ``uniform_subset``), and the
     chosen *elements* stay close to ``ratio`` times the total: at most the largest tensor's size away.
 

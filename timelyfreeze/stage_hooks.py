@@ -57,13 +57,23 @@ def _forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
 
 
 def _backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True, last_backward=False):
-    return _run(self, "B" if full_backward else "I", bwd_chunk_id, self._base_class.backward_one_chunk, self,
-                bwd_chunk_id, loss=loss, full_backward=full_backward, last_backward=last_backward)
+    return _run(
+        self,
+        "B" if full_backward else "I",
+        bwd_chunk_id,
+        self._base_class.backward_one_chunk,
+        self,
+        bwd_chunk_id,
+        loss=loss,
+        full_backward=full_backward,
+        last_backward=last_backward,
+    )
 
 
 def _backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any):
-    return _run(self, "W", bwd_chunk_id, self._base_class.backward_weight_one_chunk, self, bwd_chunk_id,
-                *args, **kwargs)
+    return _run(
+        self, "W", bwd_chunk_id, self._base_class.backward_weight_one_chunk, self, bwd_chunk_id, *args, **kwargs
+    )
 
 
 _CLASSES: dict[type, type] = {}
@@ -73,12 +83,16 @@ def _hooked_class(cls: type) -> type:
     """``cls`` subclassed with the three compute methods overridden (the only base, so a built stage's
     class can be switched to it: CPython refuses a ``__class__`` change to a class with a mixin base)."""
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Hooked{cls.__name__}", (cls,), {
-            "_base_class": cls,
-            "forward_one_chunk": _forward_one_chunk,
-            "backward_one_chunk": _backward_one_chunk,
-            "backward_weight_one_chunk": _backward_weight_one_chunk,
-        })
+        _CLASSES[cls] = type(
+            f"Hooked{cls.__name__}",
+            (cls,),
+            {
+                "_base_class": cls,
+                "forward_one_chunk": _forward_one_chunk,
+                "backward_one_chunk": _backward_one_chunk,
+                "backward_weight_one_chunk": _backward_weight_one_chunk,
+            },
+        )
     return _CLASSES[cls]
 
 

@@ -75,8 +75,9 @@ def _module_of(name: str) -> str:
     return m.group(0)[:-1] if m else name.split(".", 1)[0]
 
 
-def freeze_units(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int], anchor: str | None,
-                 unit: str) -> dict[str, tuple[str, ...]]:
+def freeze_units(
+    params: dict[str, torch.nn.Parameter], layer_of: dict[str, int], anchor: str | None, unit: str
+) -> dict[str, tuple[str, ...]]:
     """The stage's freezing units, front to back: unit name -> its freezable tensors (registration order,
     the anchor left out). See the module docstring."""
     if unit not in UNITS:
@@ -94,8 +95,11 @@ def freeze_units(params: dict[str, torch.nn.Parameter], layer_of: dict[str, int]
     if anchor is not None and embed and blocks:  # first stage: the embedding rides with the first block
         first = blocks[0]
         merged = "+".join(embed + [first])
-        return {(merged if u == first else u): tuple(n for e in (embed + [u] if u == first else [u]) for n in groups[e])
-                for u in order if u not in embed}
+        return {
+            (merged if u == first else u): tuple(n for e in (embed + [u] if u == first else [u]) for n in groups[e])
+            for u in order
+            if u not in embed
+        }
     return {u: tuple(groups[u]) for u in order}
 
 

@@ -26,8 +26,18 @@ STATE_FORMAT = "timelyfreeze-state/1"
 
 _DTYPES = {
     str(d).removeprefix("torch."): d
-    for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
-              torch.int16, torch.int8, torch.uint8, torch.bool)
+    for d in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
 }
 _TAGS = ("__dict__", "__tuple__", "__tensor__")
 

@@ -11,9 +11,18 @@ from typing import Any
 SUMMARY_FORMAT = "timelyfreeze-run/1"
 
 
-def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_step: int, run: dict[str, Any],
-          predicted_batch_ms: dict | None, val_curve: list, method_summary: dict, failures: list[str],
-          replans: list[dict] | None = None) -> dict:
+def build(
+    *,
+    history: list[dict],
+    steady_phases: tuple[str, ...],
+    tokens_per_step: int,
+    run: dict[str, Any],
+    predicted_batch_ms: dict | None,
+    val_curve: list,
+    method_summary: dict,
+    failures: list[str],
+    replans: list[dict] | None = None,
+) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
     (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed)."""
     hist = sorted(history, key=lambda h: h["step"])
@@ -41,7 +50,8 @@ def build(*, history: list[dict], steady_phases: tuple[str, ...], tokens_per_ste
         | {"all": statistics.fmean(h["batch_ms"] for h in hist) if hist else None},
         "replica_mean_batch_ms": {
             p: [statistics.fmean(col) for col in zip(*(r["replica_batch_ms"] for r in rows))]
-            for p, rows in by_phase.items() if all("replica_batch_ms" in r for r in rows)
+            for p, rows in by_phase.items()
+            if all("replica_batch_ms" in r for r in rows)
         },
         "predicted_batch_ms": predicted_batch_ms,
         "avg_freeze_ratio": statistics.fmean(h["freeze_ratio"] for h in hist) if hist else 0.0,
@@ -62,14 +72,18 @@ def format_summary(s: dict) -> str:
         return "n/a" if x is None else f"{x:,.{nd}f}{unit}"
 
     dp = f" x {s['replicas']} replicas" if s.get("replicas", 1) > 1 else ""
-    lines = [f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}{dp}, "
-             f"{s['num_stages']} stages, {s['num_microbatches']} microbatches, {s['steps']} steps) ====="]
+    lines = [
+        f"[freeze] ===== summary: {s['method']} on {s['schedule']} (PP={s['pp_degree']}{dp}, "
+        f"{s['num_stages']} stages, {s['num_microbatches']} microbatches, {s['steps']} steps) ====="
+    ]
     lines.append("  phases: " + ", ".join(f"{p} {a}-{b}" for p, (a, b) in s["phases"].items()))
     comp = s.get("compile")
     if comp:
-        lines.append(f"  torch.compile: freezing unit {s.get('unit')}; {', '.join(map(str, comp['regions']))} compiled "
-                     f"blocks per rank, graphs compiled {', '.join(map(str, comp['graphs']))} (after the warm-up: "
-                     f"{', '.join('n/a' if g is None else str(g) for g in comp['graphs_after_warmup'])})")
+        lines.append(
+            f"  torch.compile: freezing unit {s.get('unit')}; {', '.join(map(str, comp['regions']))} compiled "
+            f"blocks per rank, graphs compiled {', '.join(map(str, comp['graphs']))} (after the warm-up: "
+            f"{', '.join('n/a' if g is None else str(g) for g in comp['graphs_after_warmup'])})"
+        )
     mb = s["mean_batch_ms"]
     pred = s.get("predicted_batch_ms") or {}
     if pred:
@@ -86,15 +100,19 @@ def format_summary(s: dict) -> str:
             f"predicted {pred['no_freeze'] / pred['planned']:.3f}x"
         )
     for e in s.get("replans") or []:
-        lines.append(f"  re-planned after step {e['step']}: {e['reason']}; predicted batch "
-                     f"{e['old_planned_ms']:.1f} -> {e['new_planned_ms']:.1f} ms")
+        lines.append(
+            f"  re-planned after step {e['step']}: {e['reason']}; predicted batch "
+            f"{e['old_planned_ms']:.1f} -> {e['new_planned_ms']:.1f} ms"
+        )
     tps = s["tokens_per_s"]
     lines.append(f"  throughput: {f(tps['all'], ' tok/s')} overall, {f(tps['stable'], ' tok/s')} steady")
     lines.append(f"  average freeze ratio (by elements, whole run): {s['avg_freeze_ratio']:.3f}")
     lc = s["loss_curve"]
     if lc:
-        lines.append(f"  loss: {lc[0][1]:.3f} (step {lc[0][0]}) -> {lc[-1][1]:.3f} (step {lc[-1][0]})"
-                     + (f", validation {s['val_loss']:.3f}" if s.get("val_loss") is not None else ""))
+        lines.append(
+            f"  loss: {lc[0][1]:.3f} (step {lc[0][0]}) -> {lc[-1][1]:.3f} (step {lc[-1][0]})"
+            + (f", validation {s['val_loss']:.3f}" if s.get("val_loss") is not None else "")
+        )
     for failure in s.get("failures") or []:
         lines.append(f"  FAILED: {failure}")
     for k, v in s.get("paths", {}).items():

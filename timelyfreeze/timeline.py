@@ -2,7 +2,8 @@
 
 ``phase_medians`` reads one rank's trace file (median ms per action in the upper and stable phases, and
 the mean applied ratio per action in the stable phase); global rank 0 merges every rank's (with several
-pipeline replicas, the per-action maximum over replicas, as the plan combines them) and calls ``draw``. A plot must never fail a finished run: ``draw`` returns None and logs why instead.
+pipeline replicas, the per-action maximum over replicas, as the plan combines them) and calls ``draw``. A plot
+must never fail a finished run: ``draw`` returns None and logs why instead.
 """
 
 from __future__ import annotations
@@ -45,8 +46,14 @@ def merge(per_rank: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, fl
     return merged
 
 
-def draw(meta: dict | None, medians: dict[str, dict[str, float]], plan_path: Path, trace_dir: Path,
-         out: Path, log: Callable[[str], None]) -> str | None:
+def draw(
+    meta: dict | None,
+    medians: dict[str, dict[str, float]],
+    plan_path: Path,
+    trace_dir: Path,
+    out: Path,
+    log: Callable[[str], None],
+) -> str | None:
     """Write the timeline PNG to ``out``; its path, or None when there is nothing to draw or it failed."""
     if meta is None or "upper" not in medians:
         return None
@@ -61,13 +68,15 @@ def draw(meta: dict | None, medians: dict[str, dict[str, float]], plan_path: Pat
             from planner.plan import load_plan
 
             plan = load_plan(plan_path)
-            panels.append((f"planned (r_max {format_r_max(plan.r_max)})", {a: ap.duration for a, ap in plan.actions.items()}))
+            panels.append(
+                (f"planned (r_max {format_r_max(plan.r_max)})", {a: ap.duration for a, ap in plan.actions.items()})
+            )
             ratios.append({a: ap.freeze_ratio for a, ap in plan.actions.items()})
         if "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
             panels.append(("measured, stable phase (mean applied ratios)", medians["stable"]))
             ratios.append(medians.get("stable_ratio"))
         plot_timeline(vmeta, panels, out, ratios=ratios)
         return str(out)
-    except Exception as e:  # noqa: BLE001 -- a plot must never fail a finished run
+    except Exception as e:
         log(f"[freeze] timeline not drawn: {type(e).__name__}: {e}")
         return None

@@ -20,7 +20,8 @@ import dataclasses
 from typing import Callable
 
 from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.components.validate import Validator, build_validator as titan_build_validator
+from torchtitan.components.validate import Validator
+from torchtitan.components.validate import build_validator as titan_build_validator
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 
@@ -30,7 +31,9 @@ class FixedBatchValidator(Validator):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         dataset = self.validation_dataloader.dataset
-        stateful = callable(getattr(dataset, "state_dict", None)) and callable(getattr(dataset, "load_state_dict", None))
+        stateful = callable(getattr(dataset, "state_dict", None)) and callable(
+            getattr(dataset, "load_state_dict", None)
+        )
         self._start = copy.deepcopy(dataset.state_dict()) if stateful else None
 
     def validate(self, *args, **kwargs):
@@ -71,8 +74,11 @@ def use_freeze_spec(model_name: str) -> None:
         return
     ours = dataclasses.replace(
         spec,
-        build_validator_fn=build_validator if spec.build_validator_fn is titan_build_validator else spec.build_validator_fn,
-        build_metrics_processor_fn=build_metrics_processor if spec.build_metrics_processor_fn is None
+        build_validator_fn=build_validator
+        if spec.build_validator_fn is titan_build_validator
+        else spec.build_validator_fn,
+        build_metrics_processor_fn=build_metrics_processor
+        if spec.build_metrics_processor_fn is None
         else spec.build_metrics_processor_fn,
     )
     register_train_spec(model_name, ours)

@@ -1,7 +1,7 @@
 """Targeted fixes for torch 2.13 (not CPU-specific, so applied on every host).
 
-1. ``patch_v_schedule_eval``: ``_PipelineScheduleRuntime.eval()`` on a V-shaped schedule (ZBVZeroBubble, DualPipeV) still walks
-the backward actions of its lowered program. ``backward_one_chunk`` returns early when the stage has
+1. ``patch_v_schedule_eval``: ``_PipelineScheduleRuntime.eval()`` on a V-shaped schedule (ZBVZeroBubble, DualPipeV)
+still walks the backward actions of its lowered program. ``backward_one_chunk`` returns early when the stage has
 no backward, but the V-schedule's local hand-off between the two stages on a rank then calls
 ``stage.get_local_bwd_output``, which asserts "can't steal_bwd_input if this stage doesn't have
 backward" -- so TorchTitan's validation crashes every ZBV run. In eval there is no backward, so the

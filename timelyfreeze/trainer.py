@@ -17,11 +17,17 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from planner.schedules import v_shaped
-
 from timelyfreeze import corpus, cpu_shims, titan_spec
 from timelyfreeze.config import (
-    FreezeConfigError, check_compile_schedule, check_job_types, check_microbatches, check_parallelism,
-    check_stop_rule, compiles_model, resolve_unit, validate,
+    FreezeConfigError,
+    check_compile_schedule,
+    check_job_types,
+    check_microbatches,
+    check_parallelism,
+    check_stop_rule,
+    compiles_model,
+    resolve_unit,
+    validate,
 )
 from timelyfreeze.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime import FreezeRuntime
@@ -41,13 +47,19 @@ class TimelyFreezeTrainer(Trainer):
         phases = None
         freezing = fz is not None and fz.enable
         check_job_types(job_config)
-        check_parallelism(job_config.parallelism, int(os.environ.get("WORLD_SIZE", "1")), freezing=freezing,
-                          method=fz.method if freezing else None)
+        check_parallelism(
+            job_config.parallelism,
+            int(os.environ.get("WORLD_SIZE", "1")),
+            freezing=freezing,
+            method=fz.method if freezing else None,
+        )
         check_microbatches(job_config.parallelism, job_config.training.local_batch_size)
         check_compile_schedule(job_config.parallelism, job_config.compile)
         if cpu_shims.no_overlap_callback(job_config.parallelism):
-            logger.info("[freeze] CPU: DualPipeV's OVERLAP_F_B actions run forward then backward ([parallelism] "
-                        "pipeline_parallel_expert_parallel_overlap = false: TorchTitan's callback needs an accelerator)")
+            logger.info(
+                "[freeze] CPU: DualPipeV's OVERLAP_F_B actions run forward then backward ([parallelism] "
+                "pipeline_parallel_expert_parallel_overlap = false: TorchTitan's callback needs an accelerator)"
+            )
         if freezing:
             phases = validate(
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
@@ -110,8 +122,9 @@ class TimelyFreezeTrainer(Trainer):
         )
         schedulers = self.lr_schedulers.schedulers
         pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), pairs=overlap_pairs(self.pp_schedule))
-        handles = TrainerHandles(get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info,
-                                 tb_log=self.metrics_processor.logger.log)
+        handles = TrainerHandles(
+            get_lr=lambda: schedulers[0].get_last_lr()[0], log=logger.info, tb_log=self.metrics_processor.logger.log
+        )
         return FreezeRuntime(job_config.freeze, phases, info, pipeline, handles)
 
     def _hold_lr_after_schedule(self) -> None:
@@ -135,8 +148,10 @@ class TimelyFreezeTrainer(Trainer):
         floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
         val_curve = rt.state.val_curve
         if target_reached(val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
-            logger.info(f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
-                        f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping")
+            logger.info(
+                f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
+                f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping"
+            )
             return False
         return True
 
@@ -201,18 +216,18 @@ class TimelyFreezeTrainer(Trainer):
         self._release_meshes()
 
 
-def close_runtime(rt, *, trained: bool) -> None:
+def close_runtime(runtime, *, trained: bool) -> None:
     """Close the freezing runtime at the end of a run: the summary (a collective over every rank) only
     after ``train()`` returned. After an exception, TorchTitan still calls ``close()`` before re-raising,
     and a collective there waits for ranks that are elsewhere (still in the pipeline, or dead) until the
     process group's timeout, holding back the error that ended the run. The trace is flushed either way.
     A refused resume leaves the earlier run's summary alone."""
     try:
-        summary = rt.finish() if trained and not rt.refused else None
+        summary = runtime.finish() if trained and not runtime.refused else None
         if summary is not None:
             logger.info(format_summary(summary))
     finally:
-        rt.close()
+        runtime.close()
 
 
 def _held_after(fn, last: int, step: int) -> float:

@@ -26,8 +26,15 @@ from timelyfreeze import corpus
 from timelyfreeze.corpus import PRETRAINED_MARKER
 from timelyfreeze.experiments.command import build_command
 from timelyfreeze.experiments.extend import extension_overrides
-from timelyfreeze.experiments.grid import (KNOBS, GridError, Job, expand_grid, load_grid_file, parse_method_flag,
-                                           parse_set_flag)
+from timelyfreeze.experiments.grid import (
+    KNOBS,
+    GridError,
+    Job,
+    expand_grid,
+    load_grid_file,
+    parse_method_flag,
+    parse_set_flag,
+)
 from timelyfreeze.experiments.predictions import Planner
 from timelyfreeze.experiments.pretrain import ensure_pretrained
 from timelyfreeze.experiments.report import build_report
@@ -131,31 +138,55 @@ def main(argv: Iterable[str] | None = None) -> int:
         return report_main(argv[1:])
     if argv and argv[0] == "run":
         argv = argv[1:]
-    p = argparse.ArgumentParser(prog="sweep.py", description=RUN_DESCRIPTION,
-                                epilog="`sweep.py report <out> --help` for the report's options")
+    p = argparse.ArgumentParser(
+        prog="sweep.py", description=RUN_DESCRIPTION, epilog="`sweep.py report <out> --help` for the report's options"
+    )
     p.add_argument("--config", help="base TorchTitan TOML (overrides the grid file's `config`)")
     p.add_argument("--grid", help="grid file (.toml or .json); the flags below override its keys")
     p.add_argument("--out", required=True, help="sweep folder (jobs/, report/)")
-    p.add_argument("--method", action="append", metavar="NAME[=V1,V2]",
-                   help="method and its knob values, repeatable (e.g. timelyfreeze=0.4,0.8, none)")
+    p.add_argument(
+        "--method",
+        action="append",
+        metavar="NAME[=V1,V2]",
+        help="method and its knob values, repeatable (e.g. timelyfreeze=0.4,0.8, none)",
+    )
     p.add_argument("--schedule", action="append", help="pipeline schedule, repeatable")
     p.add_argument("--seed", action="append", type=int, help="seed, repeatable (default 0)")
-    p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                   help="override for every job, repeatable (e.g. training.steps=40)")
-    p.add_argument("--extend-to-target", type=float, default=None, metavar="F",
-                   help="time to accuracy: freezing jobs train on, up to F times the no-freezing job's steps, "
-                   "until they reach its final validation loss (the grid key extend_to_target)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.FIELD=VALUE",
+        help="override for every job, repeatable (e.g. training.steps=40)",
+    )
+    p.add_argument(
+        "--extend-to-target",
+        type=float,
+        default=None,
+        metavar="F",
+        help="time to accuracy: freezing jobs train on, up to F times the no-freezing job's steps, "
+        "until they reach its final validation loss (the grid key extend_to_target)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the expanded grid and commands, run nothing")
-    p.add_argument("--retry-failed", action=argparse.BooleanOptionalAction, default=True,
-                   help="re-run jobs that failed or timed out before (default on)")
+    p.add_argument(
+        "--retry-failed",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="re-run jobs that failed or timed out before (default on)",
+    )
     p.add_argument("--timeout", type=float, default=None, help="per-job timeout in seconds")
-    p.add_argument("--launcher", help="replace torchrun: a command given the training arguments "
-                   "(e.g. 'python tests/fake_job.py')")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="torchrun processes (default: parallelism.pipeline_parallel_degree)")
+    p.add_argument(
+        "--launcher", help="replace torchrun: a command given the training arguments (e.g. 'python tests/fake_job.py')"
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="torchrun processes (default: parallelism.pipeline_parallel_degree)",
+    )
     p.add_argument("--python", default=sys.executable, help="python that runs torchrun")
-    p.add_argument("--report", action=argparse.BooleanOptionalAction, default=True,
-                   help="write the report at the end (default on)")
+    p.add_argument(
+        "--report", action=argparse.BooleanOptionalAction, default=True, help="write the report at the end (default on)"
+    )
     return cmd_run(p.parse_args(argv))
 
 
@@ -163,14 +194,22 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     """``sweep.py report <out> ...`` (= ``sweep_report.py <out> ...``)."""
     p = argparse.ArgumentParser(prog="sweep.py report", description="Tables and plots of a sweep folder.")
     p.add_argument("out", help="the sweep folder (with jobs/)")
-    p.add_argument("--tta-step", type=float, default=None,
-                   help="no-freezing validation step whose loss is the TTA target (default: its last)")
-    p.add_argument("--throughput", choices=("stable", "all"), default="stable",
-                   help="throughput of the Pareto plot and configs table (default: stable phase)")
-    p.add_argument("--no-planner", action="store_true",
-                   help="no planner predictions (r_max curves, planned timelines)")
-    p.add_argument("--python", default=None,
-                   help="ignored: the planner runs in this process (kept so older command lines work)")
+    p.add_argument(
+        "--tta-step",
+        type=float,
+        default=None,
+        help="no-freezing validation step whose loss is the TTA target (default: its last)",
+    )
+    p.add_argument(
+        "--throughput",
+        choices=("stable", "all"),
+        default="stable",
+        help="throughput of the Pareto plot and configs table (default: stable phase)",
+    )
+    p.add_argument("--no-planner", action="store_true", help="no planner predictions (r_max curves, planned timelines)")
+    p.add_argument(
+        "--python", default=None, help="ignored: the planner runs in this process (kept so older command lines work)"
+    )
     args = p.parse_args(argv)
     if not (Path(args.out) / "jobs").is_dir():
         print(f"report: {args.out} has no jobs/ folder", file=sys.stderr)

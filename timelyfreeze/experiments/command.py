@@ -56,9 +56,12 @@ def pp_degree(job: Job, base_toml: str | Path) -> int:
 def job_args(job: Job) -> list[str]:
     """The job's own ``timelyfreeze.train`` arguments: method, seed, schedule, knob and overrides."""
     args = [
-        "--freeze.method", job.method,
-        "--freeze.seed", str(job.seed),
-        "--parallelism.pipeline_parallel_schedule", job.schedule,
+        "--freeze.method",
+        job.method,
+        "--freeze.seed",
+        str(job.seed),
+        "--parallelism.pipeline_parallel_schedule",
+        job.schedule,
     ]
     knob = KNOBS[job.method]
     if knob is not None:

@@ -54,16 +54,36 @@ def _f_median(dump: Path, steps: range) -> float:
 
 def job(cell: str, repeat: int, dump: Path) -> dict:
     steps = 32
-    torchrun(["-m", "timelyfreeze.train"], CONFIG, dump, 2, [],
-             [*CELLS[cell], "--debug.seed", str(repeat), "--freeze.seed", str(repeat), "--training.steps", str(steps),
-              "--validation.enable", "--validation.freq", str(steps)])
+    torchrun(
+        ["-m", "timelyfreeze.train"],
+        CONFIG,
+        dump,
+        2,
+        [],
+        [
+            *CELLS[cell],
+            "--debug.seed",
+            str(repeat),
+            "--freeze.seed",
+            str(repeat),
+            "--training.steps",
+            str(steps),
+            "--validation.enable",
+            "--validation.freq",
+            str(steps),
+        ],
+    )
     out = dump / "timelyfreeze"
     s = json.loads((out / "summary.json").read_text())
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     batch = {m["step"]: m["batch_ms"] for m in rows if "batch_ms" in m}
-    res = {"stable_ms": statistics.median(batch[k] for k in range(STABLE_FROM, steps + 1)),
-           "val_loss": s.get("val_loss"), "avg_freeze_ratio": s["avg_freeze_ratio"],
-           "graphs_after_warmup": None, "graphs": None}
+    res = {
+        "stable_ms": statistics.median(batch[k] for k in range(STABLE_FROM, steps + 1)),
+        "val_loss": s.get("val_loss"),
+        "avg_freeze_ratio": s["avg_freeze_ratio"],
+        "graphs_after_warmup": None,
+        "graphs": None,
+    }
     if "compile" in s:
         res["graphs"] = max(s["compile"]["graphs"])
         res["graphs_after_warmup"] = max(g or 0 for g in s["compile"]["graphs_after_warmup"])
@@ -74,33 +94,51 @@ def job(cell: str, repeat: int, dump: Path) -> dict:
         res["speedup"] = res["upper_ms"] / res["stable_ms"]
         res["speedup_predicted"] = pred["no_freeze"] / pred["planned"]
         res["share"] = (res["speedup"] - 1) / (res["speedup_predicted"] - 1)
-        res["f_factor"] = _f_median(dump, range(STABLE_FROM, steps + 1)) / _f_median(dump, range(upper[0], upper[1] + 1))
+        res["f_factor"] = _f_median(dump, range(STABLE_FROM, steps + 1)) / _f_median(
+            dump, range(upper[0], upper[1] + 1)
+        )
         res["share_f"] = (res["speedup"] * res["f_factor"] - 1) / (res["speedup_predicted"] - 1)
     return res
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["| cell | n | stable batch (ms) | speed-up over own upper bound | predicted | share of predicted | "
-             "share, F factor out | F factor | val loss | avg freeze ratio | graphs after warm-up |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| cell | n | stable batch (ms) | speed-up over own upper bound | predicted | share of predicted | "
+        "share, F factor out | F factor | val loss | avg freeze ratio | graphs after warm-up |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for cell in CELLS:
         rs = [r for r in rows if r["cell"] == cell]
         g = lambda k, fmt: agg([r.get(k) for r in rs], fmt)  # noqa: E731
-        lines.append(f"| {cell} | {len(rs)} | {g('stable_ms', '.0f')} | {g('speedup', '.3f')} | "
-                     f"{g('speedup_predicted', '.3f')} | {g('share', '.2f')} | {g('share_f', '.2f')} | "
-                     f"{g('f_factor', '.3f')} | {g('val_loss', '.3f')} | {g('avg_freeze_ratio', '.3f')} | "
-                     f"{g('graphs_after_warmup', '.0f')} |")
+        lines.append(
+            f"| {cell} | {len(rs)} | {g('stable_ms', '.0f')} | {g('speedup', '.3f')} | "
+            f"{g('speedup_predicted', '.3f')} | {g('share', '.2f')} | {g('share_f', '.2f')} | "
+            f"{g('f_factor', '.3f')} | {g('val_loss', '.3f')} | {g('avg_freeze_ratio', '.3f')} | "
+            f"{g('graphs_after_warmup', '.0f')} |"
+        )
     by = {(r["cell"], r["repeat"]): r for r in rows}
-    diffs = [by[("eager_block", k)]["val_loss"] - by[("eager_tensor", k)]["val_loss"]
-             for k in sorted({r["repeat"] for r in rows}) if ("eager_block", k) in by and ("eager_tensor", k) in by]
+    diffs = [
+        by[("eager_block", k)]["val_loss"] - by[("eager_tensor", k)]["val_loss"]
+        for k in sorted({r["repeat"] for r in rows})
+        if ("eager_block", k) in by and ("eager_tensor", k) in by
+    ]
     if diffs:
-        lines += ["", f"Validation loss, block - tensor at the same seed (eager, r_max 0.8): {agg(diffs, '+.3f')} "
-                  f"(n = {len(diffs)}; per seed: {', '.join(f'{d:+.3f}' for d in diffs)})"]
-    ratios = [by[("compiled_none", k)]["stable_ms"] / by[("eager_none", k)]["stable_ms"]
-              for k in sorted({r["repeat"] for r in rows}) if ("compiled_none", k) in by and ("eager_none", k) in by]
+        lines += [
+            "",
+            f"Validation loss, block - tensor at the same seed (eager, r_max 0.8): {agg(diffs, '+.3f')} "
+            f"(n = {len(diffs)}; per seed: {', '.join(f'{d:+.3f}' for d in diffs)})",
+        ]
+    ratios = [
+        by[("compiled_none", k)]["stable_ms"] / by[("eager_none", k)]["stable_ms"]
+        for k in sorted({r["repeat"] for r in rows})
+        if ("compiled_none", k) in by and ("eager_none", k) in by
+    ]
     if ratios:
-        lines += ["", f"Compile effect without freezing, compiled / eager stable batch time at the same seed: "
-                  f"{agg(ratios, '.3f')} (n = {len(ratios)})"]
+        lines += [
+            "",
+            f"Compile effect without freezing, compiled / eager stable batch time at the same seed: "
+            f"{agg(ratios, '.3f')} (n = {len(ratios)})",
+        ]
     return "\n".join(lines)
 
 
@@ -114,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     cells = [c.strip() for c in opts.cells.split(",") if c.strip()]
     bad = [c for c in cells if c not in CELLS]
     if bad or opts.repeats < 1:
-        print(f"error: --cells: unknown cell {bad[0]!r} (choose from {', '.join(CELLS)})" if bad
-              else f"error: --repeats {opts.repeats}: must be >= 1", file=sys.stderr)
+        print(
+            f"error: --cells: unknown cell {bad[0]!r} (choose from {', '.join(CELLS)})"
+            if bad
+            else f"error: --repeats {opts.repeats}: must be >= 1",
+            file=sys.stderr,
+        )
         return 2
     opts.out.mkdir(parents=True, exist_ok=True)
     path = opts.out / "results.jsonl"

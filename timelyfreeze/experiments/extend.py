@@ -48,8 +48,9 @@ def target_loss(jobs_dir: Path, job: Job, start_sha: str | None = None) -> tuple
     return float(loss), None
 
 
-def extension_overrides(job: Job, jobs_dir: Path, base_toml: str | Path, start_sha: str | None = None
-                        ) -> tuple[tuple[tuple[str, Any], ...], str | None]:
+def extension_overrides(
+    job: Job, jobs_dir: Path, base_toml: str | Path, start_sha: str | None = None
+) -> tuple[tuple[tuple[str, Any], ...], str | None]:
     """The overrides that extend ``job`` (see the module docstring) and a note when it cannot be extended."""
     if job.extend is None or job.method == NO_FREEZING:
         return (), None

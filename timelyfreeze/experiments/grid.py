@@ -31,8 +31,7 @@ from timelyfreeze.config import METHOD_KNOBS, METHODS
 
 # method -> (knob name as summary.json spells it, CLI flag); a method without a knob (``none``) has None.
 KNOBS: dict[str, tuple[str, str] | None] = {
-    m: (METHOD_KNOBS[m].split(".")[-1], f"--freeze.{METHOD_KNOBS[m]}") if m in METHOD_KNOBS else None
-    for m in METHODS
+    m: (METHOD_KNOBS[m].split(".")[-1], f"--freeze.{METHOD_KNOBS[m]}") if m in METHOD_KNOBS else None for m in METHODS
 }
 NO_FREEZING = "none"
 """The baseline method: time-to-accuracy and predicted throughput are measured against its runs."""
@@ -178,8 +177,15 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
         raise GridError(f"seeds must be integers, got {seeds!r}")
     base_over = list(dict(grid.get("overrides", {})).items())
     sched_over = grid.get("schedule_overrides", {})
-    unknown = set(grid) - {"config", "schedules", "seeds", "overrides", "methods", "schedule_overrides",
-                           "extend_to_target"}
+    unknown = set(grid) - {
+        "config",
+        "schedules",
+        "seeds",
+        "overrides",
+        "methods",
+        "schedule_overrides",
+        "extend_to_target",
+    }
     if unknown:
         raise GridError(f"unknown grid keys {sorted(unknown)}")
     extend = grid.get("extend_to_target")

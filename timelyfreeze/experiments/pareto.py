@@ -10,7 +10,14 @@ from typing import Any, Iterable, Sequence
 from timelyfreeze.experiments.results import throughput
 
 CONFIG_COLUMNS = [
-    "schedule", "method", "knob_name", "knob_value", "seeds", "tokens_per_s", "loss", "avg_freeze_ratio",
+    "schedule",
+    "method",
+    "knob_name",
+    "knob_value",
+    "seeds",
+    "tokens_per_s",
+    "loss",
+    "avg_freeze_ratio",
     "pareto",
 ]
 
@@ -24,16 +31,15 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[bool]:
     """For (throughput, loss) points: True where no other point has throughput >= and loss <= with
     one of them strictly better (ties are all on the front)."""
     flags = []
-    for i, (t, l) in enumerate(points):
-        dominated = any(
-            t2 >= t and l2 <= l and (t2 > t or l2 < l) for j, (t2, l2) in enumerate(points) if j != i
-        )
+    for i, (t, loss) in enumerate(points):
+        dominated = any(t2 >= t and l2 <= loss and (t2 > t or l2 < loss) for j, (t2, l2) in enumerate(points) if j != i)
         flags.append(not dominated)
     return flags
 
 
-def aggregate_configs(rows: list[dict[str, Any]], which: str = "stable",
-                      lkey: str | None = None) -> list[dict[str, Any]]:
+def aggregate_configs(
+    rows: list[dict[str, Any]], which: str = "stable", lkey: str | None = None
+) -> list[dict[str, Any]]:
     """Means over the ok seeds of each (schedule, method, knob value), with the Pareto flag per schedule."""
     lkey = lkey or loss_key(rows)
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -42,19 +48,28 @@ def aggregate_configs(rows: list[dict[str, Any]], which: str = "stable",
             groups[(r["schedule"], r["method"], r["knob_name"], r["knob_value"])].append(r)
     configs = []
     for (schedule, method, kname, kval), rs in groups.items():
+
         def mean(key_fn):
             vals = [v for v in map(key_fn, rs) if v is not None]
             return statistics.fmean(vals) if vals else None
 
-        configs.append({
-            "schedule": schedule, "method": method, "knob_name": kname, "knob_value": kval,
-            "seeds": len(rs), "tokens_per_s": mean(lambda r: throughput(r, which)),
-            "loss": mean(lambda r: r.get(lkey)), "avg_freeze_ratio": mean(lambda r: r.get("avg_freeze_ratio")),
-            "pareto": None,
-        })
+        configs.append(
+            {
+                "schedule": schedule,
+                "method": method,
+                "knob_name": kname,
+                "knob_value": kval,
+                "seeds": len(rs),
+                "tokens_per_s": mean(lambda r: throughput(r, which)),
+                "loss": mean(lambda r: r.get(lkey)),
+                "avg_freeze_ratio": mean(lambda r: r.get("avg_freeze_ratio")),
+                "pareto": None,
+            }
+        )
     for schedule in {c["schedule"] for c in configs}:
-        cs = [c for c in configs if c["schedule"] == schedule and c["tokens_per_s"] is not None
-              and c["loss"] is not None]
+        cs = [
+            c for c in configs if c["schedule"] == schedule and c["tokens_per_s"] is not None and c["loss"] is not None
+        ]
         for c, flag in zip(cs, pareto_front([(c["tokens_per_s"], c["loss"]) for c in cs])):
             c["pareto"] = flag
     return sorted(configs, key=lambda c: (str(c["schedule"]), str(c["method"]), c["knob_value"] or 0))

@@ -21,7 +21,7 @@ def _guarded(what: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except (PlannerError, OSError):
         raise
-    except Exception as e:  # noqa: BLE001 -- a planner crash on one trace is one warning in the report
+    except Exception as e:
         raise PlannerError(f"planner {what}: {type(e).__name__}: {e}") from e
 
 

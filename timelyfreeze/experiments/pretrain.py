@@ -35,8 +35,10 @@ def ensure_pretrained(force: bool = False, extra: list[str] | None = None) -> Pa
             print(f"pre-trained checkpoint: {ckpt} (committed)", flush=True)
             return ckpt
         if ckpt is not None:
-            print(f"pre-trained checkpoint: {ckpt} (built on this machine; the committed one does not apply: "
-                  f"{why_not})", flush=True)
+            print(
+                f"pre-trained checkpoint: {ckpt} (built on this machine; the committed one does not apply: {why_not})",
+                flush=True,
+            )
             return ckpt
         print(f"the committed pre-trained checkpoint does not apply here ({why_not})", flush=True)
     out = corpus.pretrained_dir()
@@ -77,11 +79,15 @@ def install(ckpt: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pretrain.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="pretrain.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--force", action="store_true", help="pre-train here even when a checkpoint exists")
-    ap.add_argument("--install", action="store_true",
-                    help="with --force: make the new checkpoint the committed one (then commit it)")
+    ap.add_argument(
+        "--install",
+        action="store_true",
+        help="with --force: make the new checkpoint the committed one (then commit it)",
+    )
     args, extra = ap.parse_known_args(argv)
     if args.install and not args.force:
         print("error: --install needs --force (it installs a checkpoint pre-trained by this run)", file=sys.stderr)

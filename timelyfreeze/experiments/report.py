@@ -61,24 +61,54 @@ def md_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def md_cells(cells: list[dict[str, Any]]) -> str:
     """The cells table: each quantity as ``mean [lo, hi]``."""
-    cols = ["schedule", "method", "knob", "seeds", "kappa", "in-run speedup", "predicted", "dval", "reached",
-            "steps ratio", "TTA ratio", "throughput", "accuracy", "time to accuracy"]
+    cols = [
+        "schedule",
+        "method",
+        "knob",
+        "seeds",
+        "kappa",
+        "in-run speedup",
+        "predicted",
+        "dval",
+        "reached",
+        "steps ratio",
+        "TTA ratio",
+        "throughput",
+        "accuracy",
+        "time to accuracy",
+    ]
     digits = {"dval": 4}
     out = []
     for c in cells:
         q = {k: fmt_ci(c[f"{k}_mean"], c[f"{k}_lo"], c[f"{k}_hi"], digits.get(k, 3)) for k in QUANTITIES}
-        out.append({"schedule": c["schedule"], "method": c["method"],
-                    "knob": "" if c["knob_name"] is None else f"{c['knob_name']}={_cell('knob_value', c['knob_value'])}",
-                    "seeds": str(c["seeds"]), "kappa": q["kappa"], "in-run speedup": q["speedup_in_run"],
-                    "predicted": q["predicted_speedup"],
-                    "dval": q["dval"], "reached": f"{c['reached']}/{c['seeds']}", "steps ratio": q["steps_ratio"],
-                    "TTA ratio": q["tta_ratio"], "throughput": c["throughput"] or "",
-                    "accuracy": c["accuracy"] or "", "time to accuracy": c["time_to_accuracy"] or ""})
+        out.append(
+            {
+                "schedule": c["schedule"],
+                "method": c["method"],
+                "knob": "" if c["knob_name"] is None else f"{c['knob_name']}={_cell('knob_value', c['knob_value'])}",
+                "seeds": str(c["seeds"]),
+                "kappa": q["kappa"],
+                "in-run speedup": q["speedup_in_run"],
+                "predicted": q["predicted_speedup"],
+                "dval": q["dval"],
+                "reached": f"{c['reached']}/{c['seeds']}",
+                "steps ratio": q["steps_ratio"],
+                "TTA ratio": q["tta_ratio"],
+                "throughput": c["throughput"] or "",
+                "accuracy": c["accuracy"] or "",
+                "time to accuracy": c["time_to_accuracy"] or "",
+            }
+        )
     return md_table(out, cols)
 
 
-def build_report(out: str | Path, tta_step: float | None = None, which: str = "stable",
-                 planner: Planner | None = None, print_fn=print) -> dict[str, Any]:
+def build_report(
+    out: str | Path,
+    tta_step: float | None = None,
+    which: str = "stable",
+    planner: Planner | None = None,
+    print_fn=print,
+) -> dict[str, Any]:
     out = Path(out)
     rep = out / "report"
     rep.mkdir(parents=True, exist_ok=True)
@@ -93,8 +123,10 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     trends = knob_trends(tta)
     for c in configs:
         if c["pareto"] is None:
-            warnings.append(f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
-                            f"no {which} throughput or loss, left out of the Pareto front")
+            warnings.append(
+                f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
+                f"no {which} throughput or loss, left out of the Pareto front"
+            )
     for t in tta:
         if t["note"] and t["method"] != NO_FREEZING:
             warnings.append(f"{t['job_id']}: {t['note']}")
@@ -113,8 +145,12 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     if planner_rows:
         write_csv(rep / "planner_sweep.csv", planner_rows, list(dict.fromkeys(k for r in planner_rows for k in r)))
     if plot_rmax(rmax, rep / "throughput_vs_rmax.png"):
-        plots.append(("Speed-up and validation-loss change over r_max, beside the planner's prediction",
-                      "throughput_vs_rmax.png"))
+        plots.append(
+            (
+                "Speed-up and validation-loss change over r_max, beside the planner's prediction",
+                "throughput_vs_rmax.png",
+            )
+        )
     if plot_tta(cells, rep / "tta.png"):
         plots.append(("Time to accuracy", "tta.png"))
     for png, job_id in timelines(rows, planner, rep, warnings):
@@ -122,26 +158,45 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     counts = defaultdict(int)
     for r in rows:
         counts[r["status"]] += 1
-    md = [f"# Sweep report: {out.resolve().name}", "",
-          f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), "",
-          "## Cells: mean and 95 % interval over seeds", "",
-          "Each quantity is paired with the no-freezing run of the same schedule and seed: kappa = stable "
-          "throughput ratio; in-run = the job's own unfrozen / steady batch time; predicted = its plan's predicted "
-          "speed-up (no-freeze / planned batch time); dval = validation loss minus "
-          "the no-freezing one at the same step; TTA = wall-clock training time to the no-freezing final "
-          "validation loss, over the no-freezing run's (mean over the seeds that reached it). Intervals: "
-          "Student t over seeds. A verdict is given only where the interval excludes no change.", "",
-          md_cells(cells), "",
-          "## Trends over the knob (every seed pooled)", "",
-          "Least-squares slope of each paired quantity over the method's knob (e.g. per +1 of r_max), with its 95 % "
-          "interval; a verdict only where the interval excludes 0.", "",
-          md_table([{**t, "slope": fmt_ci(t["slope"], t["slope_lo"], t["slope_hi"], 4)} for t in trends],
-                   ["schedule", "method", "quantity", "runs", "slope", "verdict"]), "",
-          "## Paired runs (time to accuracy)", "",
-          md_table(tta, TTA_COLUMNS), "",
-          "## Jobs", "", md_table(rows, RESULT_COLUMNS), "",
-          f"## Configurations (mean over ok seeds; loss = {loss_label}; tokens_per_s = {thr_label})", "",
-          md_table(configs, CONFIG_COLUMNS), ""]
+    md = [
+        f"# Sweep report: {out.resolve().name}",
+        "",
+        f"{len(rows)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())),
+        "",
+        "## Cells: mean and 95 % interval over seeds",
+        "",
+        "Each quantity is paired with the no-freezing run of the same schedule and seed: kappa = stable "
+        "throughput ratio; in-run = the job's own unfrozen / steady batch time; predicted = its plan's predicted "
+        "speed-up (no-freeze / planned batch time); dval = validation loss minus "
+        "the no-freezing one at the same step; TTA = wall-clock training time to the no-freezing final "
+        "validation loss, over the no-freezing run's (mean over the seeds that reached it). Intervals: "
+        "Student t over seeds. A verdict is given only where the interval excludes no change.",
+        "",
+        md_cells(cells),
+        "",
+        "## Trends over the knob (every seed pooled)",
+        "",
+        "Least-squares slope of each paired quantity over the method's knob (e.g. per +1 of r_max), with its 95 % "
+        "interval; a verdict only where the interval excludes 0.",
+        "",
+        md_table(
+            [{**t, "slope": fmt_ci(t["slope"], t["slope_lo"], t["slope_hi"], 4)} for t in trends],
+            ["schedule", "method", "quantity", "runs", "slope", "verdict"],
+        ),
+        "",
+        "## Paired runs (time to accuracy)",
+        "",
+        md_table(tta, TTA_COLUMNS),
+        "",
+        "## Jobs",
+        "",
+        md_table(rows, RESULT_COLUMNS),
+        "",
+        f"## Configurations (mean over ok seeds; loss = {loss_label}; tokens_per_s = {thr_label})",
+        "",
+        md_table(configs, CONFIG_COLUMNS),
+        "",
+    ]
     if plots:
         md += ["## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name in plots]
     if warnings:
@@ -150,4 +205,13 @@ def build_report(out: str | Path, tta_step: float | None = None, which: str = "s
     for w in warnings:
         print_fn(f"report: warning: {w}")
     print_fn(f"report: {len(rows)} jobs -> {rep / 'report.md'} ({len(plots)} plots)")
-    return {"rows": rows, "configs": configs, "tta": tta, "cells": cells, "trends": trends, "plots": plots, "warnings": warnings, "dir": rep}
+    return {
+        "rows": rows,
+        "configs": configs,
+        "tta": tta,
+        "cells": cells,
+        "trends": trends,
+        "plots": plots,
+        "warnings": warnings,
+        "dir": rep,
+    }

@@ -14,9 +14,23 @@ from pathlib import Path
 from typing import Any
 
 RESULT_COLUMNS = [
-    "job_id", "method", "knob_name", "knob_value", "schedule", "seed", "steps",
-    "tokens_per_s_stable", "tokens_per_s_all", "mean_batch_ms_stable", "mean_batch_ms_all",
-    "predicted_batch_ms", "speedup_in_run", "avg_freeze_ratio", "final_loss", "val_loss", "status",
+    "job_id",
+    "method",
+    "knob_name",
+    "knob_value",
+    "schedule",
+    "seed",
+    "steps",
+    "tokens_per_s_stable",
+    "tokens_per_s_all",
+    "mean_batch_ms_stable",
+    "mean_batch_ms_all",
+    "predicted_batch_ms",
+    "speedup_in_run",
+    "avg_freeze_ratio",
+    "final_loss",
+    "val_loss",
+    "status",
 ]
 
 
@@ -60,8 +74,12 @@ def num(x: Any) -> float | None:
 def _parse_job_id(job_id: str) -> dict[str, Any]:
     """``1F1B__timelyfreeze__r_max=0.8__seed=0`` -> its parts (for jobs that left no job.json/summary)."""
     parts = job_id.split("__")
-    info: dict[str, Any] = {"schedule": parts[0] if parts else None, "method": parts[1] if len(parts) > 1 else None,
-                            "knob": None, "seed": None}
+    info: dict[str, Any] = {
+        "schedule": parts[0] if parts else None,
+        "method": parts[1] if len(parts) > 1 else None,
+        "knob": None,
+        "seed": None,
+    }
     for p in parts[2:]:
         k, _, v = p.partition("=")
         if k == "seed":
@@ -142,12 +160,15 @@ def load_job(job_dir: Path) -> dict[str, Any]:
         pred = summary.get("predicted_batch_ms") or {}
         row.update(
             steps=summary.get("steps"),
-            tokens_per_s_stable=num(tps.get("stable")), tokens_per_s_all=num(tps.get("all")),
-            mean_batch_ms_stable=num(mb.get("stable")), mean_batch_ms_all=num(mb.get("all")),
+            tokens_per_s_stable=num(tps.get("stable")),
+            tokens_per_s_all=num(tps.get("all")),
+            mean_batch_ms_stable=num(mb.get("stable")),
+            mean_batch_ms_all=num(mb.get("all")),
             predicted_batch_ms=num(pred.get("planned")),
             speedup_in_run=in_run_speedup(metrics),
             avg_freeze_ratio=num(summary.get("avg_freeze_ratio")),
-            final_loss=num(summary.get("final_loss")), val_loss=num(summary.get("val_loss")),
+            final_loss=num(summary.get("final_loss")),
+            val_loss=num(summary.get("val_loss")),
         )
         curve = summary.get("val_curve") or val_curve_from_metrics(metrics)
         row["_predicted"] = pred
@@ -176,8 +197,7 @@ def load_rows(out: str | Path) -> list[dict[str, Any]]:
     if not jobs.is_dir():
         return []
     rows = [load_job(d) for d in sorted(jobs.iterdir()) if d.is_dir()]
-    return sorted(rows, key=lambda r: (str(r["schedule"]), str(r["method"]), r["knob_value"] or 0,
-                                       str(r["seed"])))
+    return sorted(rows, key=lambda r: (str(r["schedule"]), str(r["method"]), r["knob_value"] or 0, str(r["seed"])))
 
 
 def throughput(row: dict[str, Any], which: str = "stable") -> float | None:

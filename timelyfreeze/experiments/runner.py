@@ -24,6 +24,7 @@ from typing import Any, Callable
 from timelyfreeze import launch
 from timelyfreeze.experiments.grid import Job
 from timelyfreeze.launch import REPO_ROOT
+
 STATUSES = ("ok", "failed", "timeout", "interrupted", "running")
 LOG_TAIL_LINES = 40
 
@@ -54,7 +55,6 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-
 def job_spec(job: Job, base_config_sha: str | None, start_sha: str | None = None) -> dict[str, Any]:
     """What a finished job must match to be skipped on resume (stored in its job.json as ``spec``)."""
     spec = {**job.spec(), "base_config_sha256": base_config_sha}
@@ -71,7 +71,9 @@ def resume_state(job_dir: Path, spec: dict[str, Any]) -> tuple[bool, str]:
     if rec.get("spec") != spec:
         old = rec.get("spec") or {}
         if old.get("start_sha256") != spec.get("start_sha256") and {**old, "start_sha256": None} == {
-                **spec, "start_sha256": None}:
+            **spec,
+            "start_sha256": None,
+        }:
             return False, "stale (started from another pre-trained checkpoint)"
         return False, "stale (spec or base config changed)"
     if rec.get("status") != "ok":
@@ -81,8 +83,9 @@ def resume_state(job_dir: Path, spec: dict[str, Any]) -> tuple[bool, str]:
     return True, "done"
 
 
-def whole_seeds_from_other_checkpoints(jobs: list[Job], jobs_dir: Path, base_config_sha: str | None,
-                                        start_sha: str) -> dict[str, str]:
+def whole_seeds_from_other_checkpoints(
+    jobs: list[Job], jobs_dir: Path, base_config_sha: str | None, start_sha: str
+) -> dict[str, str]:
     """{job_id: start_sha256} of finished jobs that started from another pre-trained checkpoint than
     ``start_sha`` but belong to a (schedule, seed) whose every job in ``jobs`` finished ok from one and the
     same checkpoint. Such a seed is complete in itself: each freezing run is compared with the no-freezing
@@ -97,8 +100,12 @@ def whole_seeds_from_other_checkpoints(jobs: list[Job], jobs_dir: Path, base_con
         for job in group:
             rec = read_job_json(jobs_dir / job.job_id) or {}
             start = (rec.get("spec") or {}).get("start_sha256")
-            if (rec.get("status") != "ok" or start is None or rec.get("spec") != job_spec(job, base_config_sha, start)
-                    or not summary_path(jobs_dir / job.job_id).is_file()):
+            if (
+                rec.get("status") != "ok"
+                or start is None
+                or rec.get("spec") != job_spec(job, base_config_sha, start)
+                or not summary_path(jobs_dir / job.job_id).is_file()
+            ):
                 break
             starts.add(start)
         else:
@@ -186,8 +193,14 @@ def _summary_failures(path: Path) -> list[str]:
     return [str(f) for f in failures]
 
 
-def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
-            timeout_s: float | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+def run_one(
+    job: Job,
+    job_dir: Path,
+    command: list[str],
+    spec: dict[str, Any],
+    timeout_s: float | None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run one job to completion; returns its job.json record (written too). KeyboardInterrupt
     stops the job, records it as ``interrupted`` and is re-raised."""
     job_dir.mkdir(parents=True, exist_ok=True)
@@ -196,17 +209,26 @@ def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
     if summary.exists():
         summary.unlink()  # a summary left by an earlier run must not pass for this one's
     rec: dict[str, Any] = {
-        "job_id": job.job_id, "spec": spec, "command": command, "command_str": shlex.join(command),
-        "cwd": str(REPO_ROOT), "log": str(log), "dump_folder": str(job_dir / "dump"),
-        "start_time": _now(), "end_time": None, "duration_s": None, "exit_code": None,
+        "job_id": job.job_id,
+        "spec": spec,
+        "command": command,
+        "command_str": shlex.join(command),
+        "cwd": str(REPO_ROOT),
+        "log": str(log),
+        "dump_folder": str(job_dir / "dump"),
+        "start_time": _now(),
+        "end_time": None,
+        "duration_s": None,
+        "exit_code": None,
         "status": "running",
     }
     write_json(job_dir / "job.json", rec)
     t0 = time.monotonic()
     interrupted, exit_code = False, None  # a stopped job (timeout, Ctrl-C) has no exit code of its own
     try:
-        exit_code = launch.run(command, log, env=env, timeout=timeout_s,
-                               header=f"# {rec['start_time']} {rec['command_str']}")
+        exit_code = launch.run(
+            command, log, env=env, timeout=timeout_s, header=f"# {rec['start_time']} {rec['command_str']}"
+        )
         status = "ok" if exit_code == 0 else "failed"
     except subprocess.TimeoutExpired:
         status = "timeout"
@@ -227,18 +249,25 @@ def run_one(job: Job, job_dir: Path, command: list[str], spec: dict[str, Any],
     return rec
 
 
-def resume_plan(jobs: list[Job], out: Path, base_config_sha: str | None, start_sha: str | None,
-                retry_failed: bool = True) -> list[tuple[Job, dict[str, Any], bool, str]]:
+def resume_plan(
+    jobs: list[Job], out: Path, base_config_sha: str | None, start_sha: str | None, retry_failed: bool = True
+) -> list[tuple[Job, dict[str, Any], bool, str]]:
     """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does."""
-    kept = ({} if start_sha is None else
-            whole_seeds_from_other_checkpoints(jobs, Path(out) / "jobs", base_config_sha, start_sha))
+    kept = (
+        {}
+        if start_sha is None
+        else whole_seeds_from_other_checkpoints(jobs, Path(out) / "jobs", base_config_sha, start_sha)
+    )
     plan: list[tuple[Job, dict[str, Any], bool, str]] = []
     for job in jobs:
         spec = job_spec(job, base_config_sha, start_sha)
         job_dir = Path(out) / "jobs" / job.job_id
         skip, why = resume_state(job_dir, spec)
         if job.job_id in kept:
-            skip, why = True, f"done (seed {job.seed}: all its {job.schedule} jobs started from checkpoint {kept[job.job_id]})"
+            skip, why = (
+                True,
+                f"done (seed {job.seed}: all its {job.schedule} jobs started from checkpoint {kept[job.job_id]})",
+            )
         if not skip and not retry_failed:
             rec = read_job_json(job_dir)
             if rec and rec.get("spec") == spec and rec.get("status") in ("failed", "timeout"):
@@ -295,8 +324,11 @@ def run_sweep(
                 res.failed.append(job.job_id)
                 what = {"failed": f"FAILED (exit {rec['exit_code']}", "timeout": "TIMEOUT ("}[rec["status"]]
                 if rec["status"] == "failed" and rec["exit_code"] == 0:
-                    what = ("FAILED (exit 0 but no summary.json" if "no timelyfreeze/summary.json" in rec.get("reason", "")
-                            else f"FAILED ({rec.get('reason', 'exit 0')}")
+                    what = (
+                        "FAILED (exit 0 but no summary.json"
+                        if "no timelyfreeze/summary.json" in rec.get("reason", "")
+                        else f"FAILED ({rec.get('reason', 'exit 0')}"
+                    )
                 sep = ", " if not what.endswith("(") else ""
                 print_fn(f"{tag} ... {what}{sep}see {rec['log']}) {rec['duration_s']:.1f} s{eta}")
     print_fn(res.line())

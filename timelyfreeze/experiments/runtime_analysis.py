@@ -37,9 +37,14 @@ def after_replan(dump: Path) -> dict:
         planned.append(bt["planned"])
     if not errors:
         return {}
-    return {"replan_step": plans[0][0], "steps_after": len(errors), "stable_after_ms": statistics.median(measured),
-            "pred_after_planned_ms": statistics.median(planned), "error_after_pct": 100 * statistics.median(errors),
-            "share_after_pct": statistics.median(shares)}
+    return {
+        "replan_step": plans[0][0],
+        "steps_after": len(errors),
+        "stable_after_ms": statistics.median(measured),
+        "pred_after_planned_ms": statistics.median(planned),
+        "error_after_pct": 100 * statistics.median(errors),
+        "share_after_pct": statistics.median(shares),
+    }
 
 
 def decompose(dump: Path) -> dict:
@@ -54,8 +59,11 @@ def decompose(dump: Path) -> dict:
     trace = load_trace(out / "trace")
     edges = estimate_edge_delays(trace)
     dag = build_dag(trace.meta)
-    rows = {m["step"]: m for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
-            if m.get("phase") == "stable" and m.get("predicted_batch_ms")}
+    rows = {
+        m["step"]: m
+        for m in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+        if m.get("phase") == "stable" and m.get("predicted_batch_ms")
+    }
     steps: dict[int, dict[str, float]] = {}
     for rec in trace.records:
         if rec.step in rows and rec.replica == 0:

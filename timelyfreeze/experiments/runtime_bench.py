@@ -70,43 +70,87 @@ class BenchError(Exception):
 
 
 # -- jobs ------------------------------------------------------------------------------------------
-def torchrun(target: list[str], config: str, dump: Path, nproc: int, layout: list[str], args: list[str],
-             on_row: Callable[[dict], None] | None = None) -> None:
+def torchrun(
+    target: list[str],
+    config: str,
+    dump: Path,
+    nproc: int,
+    layout: list[str],
+    args: list[str],
+    on_row: Callable[[dict], None] | None = None,
+) -> None:
     """One bench job (``launch``): ``target`` on ``config`` with tensorboard and validation off, its log in
     ``<dump>/bench.log``; ``on_row`` is called for every new metrics row. BenchError when it fails."""
-    cmd = launch.torchrun_command(CONFIGS / config, "--metrics.no-enable-tensorboard", "--validation.no-enable",
-                                  *layout, *args, nproc=nproc, dump_folder=dump, target=target)
+    cmd = launch.torchrun_command(
+        CONFIGS / config,
+        "--metrics.no-enable-tensorboard",
+        "--validation.no-enable",
+        *layout,
+        *args,
+        nproc=nproc,
+        dump_folder=dump,
+        target=target,
+    )
     rc = launch.run(cmd, dump / "bench.log", metrics=dump / "timelyfreeze" / "metrics.jsonl", on_row=on_row)
     if rc != 0:
         raise BenchError(f"job failed (exit {rc}), see {dump / 'bench.log'}")
 
 
 def cycle_args(r_max: float, monitor: int, ramp: int, stable: int) -> list[str]:
-    return ["--freeze.r_max", str(r_max), "--freeze.warmup_steps", str(WARMUP), "--freeze.monitor_steps",
-            str(monitor), "--freeze.ramp_steps", str(ramp), "--training.steps", str(WARMUP + 2 * monitor + ramp + stable)]
+    return [
+        "--freeze.r_max",
+        str(r_max),
+        "--freeze.warmup_steps",
+        str(WARMUP),
+        "--freeze.monitor_steps",
+        str(monitor),
+        "--freeze.ramp_steps",
+        str(ramp),
+        "--training.steps",
+        str(WARMUP + 2 * monitor + ramp + stable),
+    ]
 
 
-def overhead_job(schedule: str, dump: Path, opts) -> dict:  # noqa: ANN001 - argparse namespace
-    torchrun(["-m", "timelyfreeze.experiments.overhead_trainer"], CONFIG[schedule], dump, opts.nproc, opts.layout,
-             [*cycle_args(0.0, 2, 1, 2 * opts.pairs), "--freeze.cpu-pinning"])
+def overhead_job(schedule: str, dump: Path, opts) -> dict:
+    torchrun(
+        ["-m", "timelyfreeze.experiments.overhead_trainer"],
+        CONFIG[schedule],
+        dump,
+        opts.nproc,
+        opts.layout,
+        [*cycle_args(0.0, 2, 1, 2 * opts.pairs), "--freeze.cpu-pinning"],
+    )
     rows = [r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"]
     by_step = {r["step"]: r for r in rows}
-    diffs = [by_step[s]["s"] - by_step[s + 1]["s"] for s in by_step
-             if by_step[s]["kind"] == "hooks" and by_step.get(s + 1, {}).get("kind") == "plain"]
+    diffs = [
+        by_step[s]["s"] - by_step[s + 1]["s"]
+        for s in by_step
+        if by_step[s]["kind"] == "hooks" and by_step.get(s + 1, {}).get("kind") == "plain"
+    ]
     plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
     mean_d = statistics.fmean(diffs)
-    return {"pairs": len(diffs), "plain_ms": plain * 1e3,
-            "hooks_ms": statistics.median(r["s"] for r in rows if r["kind"] == "hooks") * 1e3,
-            "diff_ms": mean_d * 1e3, "overhead_pct": 100 * mean_d / plain}
+    return {
+        "pairs": len(diffs),
+        "plain_ms": plain * 1e3,
+        "hooks_ms": statistics.median(r["s"] for r in rows if r["kind"] == "hooks") * 1e3,
+        "diff_ms": mean_d * 1e3,
+        "overhead_pct": 100 * mean_d / plain,
+    }
 
 
-def load_kind(opts) -> str:  # noqa: ANN001
+def load_kind(opts) -> str:
     """``load``, or ``load_core<N>`` for a co-tenant pinned to core N."""
     return "load" if opts.load_core is None else f"load_core{opts.load_core}"
 
 
-def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: bool = False,  # noqa: ANN001
-               load_core: int | None = None) -> dict:
+def phases_job(
+    schedule: str,
+    dump: Path,
+    opts,
+    extra: list[str] = (),
+    load: bool = False,
+    load_core: int | None = None,
+) -> dict:
     stable = opts.load_stable if load else opts.stable
     hog: list[subprocess.Popen] = []
 
@@ -117,8 +161,15 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
 
     ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
     try:
-        torchrun(["-m", "timelyfreeze.train"], CONFIG[schedule], dump, opts.nproc, opts.layout,
-                 [*cycle_args(opts.r_max, opts.monitor, opts.ramp, stable), *extra], on_row=on_row)
+        torchrun(
+            ["-m", "timelyfreeze.train"],
+            CONFIG[schedule],
+            dump,
+            opts.nproc,
+            opts.layout,
+            [*cycle_args(opts.r_max, opts.monitor, opts.ramp, stable), *extra],
+            on_row=on_row,
+        )
     finally:
         alive = bool(hog) and all(p.poll() is None for p in hog)
         for p in hog:
@@ -133,12 +184,17 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
     med = {p: phase_median(metrics, p) for p in ("upper", "lower", "stable")}
     stable_rows = [m for m in metrics if m.get("phase") == "stable" and m.get("predicted_batch_ms")]
     res = {
-        "upper_ms": med["upper"], "lower_ms": med["lower"], "stable_ms": med["stable"],
-        "pred_no_freeze_ms": pred["no_freeze"], "pred_all_frozen_ms": pred["all_frozen"],
+        "upper_ms": med["upper"],
+        "lower_ms": med["lower"],
+        "stable_ms": med["stable"],
+        "pred_no_freeze_ms": pred["no_freeze"],
+        "pred_all_frozen_ms": pred["all_frozen"],
         "pred_planned_ms": pred["planned"],
         "error_pct": 100 * (statistics.median(m["batch_ms"] / m["predicted_batch_ms"] for m in stable_rows) - 1),
-        "speedup_measured": med["upper"] / med["stable"], "speedup_predicted": pred["no_freeze"] / pred["planned"],
-        "avg_freeze_ratio": s["avg_freeze_ratio"], "replans": len(s.get("replans") or []),
+        "speedup_measured": med["upper"] / med["stable"],
+        "speedup_predicted": pred["no_freeze"] / pred["planned"],
+        "avg_freeze_ratio": s["avg_freeze_ratio"],
+        "replans": len(s.get("replans") or []),
         "load_started": bool(hog),
     }
     res["share_pct"] = share(res["speedup_measured"], res["speedup_predicted"])
@@ -149,7 +205,7 @@ def phases_job(schedule: str, dump: Path, opts, extra: list[str] = (), load: boo
 
 
 # -- the run ---------------------------------------------------------------------------------------
-def plan_jobs(opts) -> list[tuple[str, str, int]]:  # noqa: ANN001
+def plan_jobs(opts) -> list[tuple[str, str, int]]:
     """(kind, schedule, repeat) in run order: repeat i of every cell before repeat i + 1."""
     jobs = []
     for i in range(opts.repeats):
@@ -165,7 +221,7 @@ def plan_jobs(opts) -> list[tuple[str, str, int]]:  # noqa: ANN001
     return jobs
 
 
-def run(opts) -> list[dict]:  # noqa: ANN001
+def run(opts) -> list[dict]:
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -188,11 +244,18 @@ def run(opts) -> list[dict]:  # noqa: ANN001
         else:
             # every job but the A/B's other half runs pinned, as the results so far were measured
             pin = "--freeze.no-cpu-pinning" if kind == "unpinned" else "--freeze.cpu-pinning"
-            res = phases_job(s, dump, opts, extra=[pin],
-                             load=kind.startswith("load"), load_core=opts.load_core)
+            res = phases_job(s, dump, opts, extra=[pin], load=kind.startswith("load"), load_core=opts.load_core)
         durations.append(time.time() - t0)
-        rec = {"kind": kind, "schedule": s, "repeat": i, "layout": opts.layout_key, "seconds": round(durations[-1], 1),
-               "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "loadavg_1m": os.getloadavg()[0], **res}
+        rec = {
+            "kind": kind,
+            "schedule": s,
+            "repeat": i,
+            "layout": opts.layout_key,
+            "seconds": round(durations[-1], 1),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_1m": os.getloadavg()[0],
+            **res,
+        }
         with open(results_path, "a") as f:
             f.write(json.dumps(rec) + "\n")
         done[(kind, s, i)] = rec
@@ -202,7 +265,7 @@ def run(opts) -> list[dict]:  # noqa: ANN001
     return [done[j] for j in jobs]
 
 
-def _reanalyse(opts) -> None:  # noqa: ANN001
+def _reanalyse(opts) -> None:
     path = Path(opts.out) / "results.jsonl"
     if not path.exists():
         return
@@ -213,8 +276,15 @@ def _reanalyse(opts) -> None:  # noqa: ANN001
                 dump = Path(opts.dumps) / job_dir_name(r["kind"], r["schedule"], r["repeat"], opts)
                 r.update(decompose(dump))
                 if r["kind"].startswith("load") and (dump / "timelyfreeze" / "summary.json").exists():
-                    for k in ("replan_step", "steps_after", "stable_after_ms", "pred_after_planned_ms",
-                              "pred_after_no_freeze_ms", "error_after_pct", "share_after_pct"):
+                    for k in (
+                        "replan_step",
+                        "steps_after",
+                        "stable_after_ms",
+                        "pred_after_planned_ms",
+                        "pred_after_no_freeze_ms",
+                        "error_after_pct",
+                        "share_after_pct",
+                    ):
                         r.pop(k, None)
                     r.update(after_replan(dump))
     tmp = path.with_suffix(".tmp")
@@ -222,12 +292,14 @@ def _reanalyse(opts) -> None:  # noqa: ANN001
     os.replace(tmp, path)
 
 
-def layout_tag(opts) -> str:  # noqa: ANN001
+def layout_tag(opts) -> str:
     """``""`` for the embedded default's layout, else ``_`` and the layout key in file-name characters."""
-    return "" if opts.layout_key == DEFAULT_LAYOUT else "_" + "".join(c if c.isalnum() else "-" for c in opts.layout_key)
+    return (
+        "" if opts.layout_key == DEFAULT_LAYOUT else "_" + "".join(c if c.isalnum() else "-" for c in opts.layout_key)
+    )
 
 
-def job_dir_name(kind: str, schedule: str, repeat: int, opts) -> str:  # noqa: ANN001
+def job_dir_name(kind: str, schedule: str, repeat: int, opts) -> str:
     return f"{kind}_{schedule}_{repeat}{layout_tag(opts)}"
 
 
@@ -240,35 +312,47 @@ def agg(vals: list[float], fmt: str) -> str:
     return f"{format(statistics.median(vals), fmt)} [{format(min(vals), fmt)}, {format(max(vals), fmt)}]"
 
 
-def report(rows: list[dict], opts) -> str:  # noqa: ANN001
+def report(rows: list[dict], opts) -> str:
     def of(kind: str, s: str) -> list[dict]:
         return [r for r in rows if r["kind"] == kind and r["schedule"] == s]
+
     # (rows: this layout's jobs only, as ``run`` returns them)
 
-    lines = [f"Machine: {os.cpu_count()} CPU cores, torch CPU/gloo, {opts.nproc} ranks ({opts.layout_text}), llama3 "
-             f"debug model, {opts.size_text}; r_max {opts.r_max}; per job warm-up {WARMUP}, monitoring "
-             f"{opts.monitor} + {opts.monitor}, ramp {opts.ramp}, stable {opts.stable} steps. Median [min, max] over "
-             "the runs (n = runs).", ""]
-    lines += ["| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | of which: "
-              "model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
-              "| avg freeze ratio |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Machine: {os.cpu_count()} CPU cores, torch CPU/gloo, {opts.nproc} ranks ({opts.layout_text}), llama3 "
+        f"debug model, {opts.size_text}; r_max {opts.r_max}; per job warm-up {WARMUP}, monitoring "
+        f"{opts.monitor} + {opts.monitor}, ramp {opts.ramp}, stable {opts.stable} steps. Median [min, max] over "
+        "the runs (n = runs).",
+        "",
+    ]
+    lines += [
+        "| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | of which: "
+        "model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
+        "| avg freeze ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in opts.schedules:
         ph, ov = of("phases", s), of("overhead", s)
         lines.append(
             f"| {s} | {len(ph)} | {agg([r['overhead_pct'] for r in ov], '+.2f')} % | "
             f"{agg([r['stable_ms'] for r in ph], '.0f')} / {agg([r['pred_planned_ms'] for r in ph], '.0f')} | "
             f"{agg([r['error_pct'] for r in ph], '+.1f')} % | {agg([r.get('model_gap_pct') for r in ph], '+.1f')} % / "
-            f"{agg([r.get('action_drift_pct') for r in ph], '+.1f')} % | {agg([r['speedup_measured'] for r in ph], '.3f')}x / "
+            f"{agg([r.get('action_drift_pct') for r in ph], '+.1f')} % "
+            f"| {agg([r['speedup_measured'] for r in ph], '.3f')}x / "
             f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
-            f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |")
+            f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |"
+        )
     if opts.load_change:
         where = "free to move between cores" if opts.load_core is None else f"pinned to core {opts.load_core}"
-        lines += ["", f"With a CPU-bound co-tenant ({where}) started at the first stable step:", "",
-                  "| schedule | n | runs that re-planned | first re-plan after stable step | stable after the first "
-                  "re-plan: measured / predicted (ms) | error vs the plan in force | share vs the plan in force | "
-                  "share vs the monitoring plan | whole stable phase: model gap / action drift |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"With a CPU-bound co-tenant ({where}) started at the first stable step:",
+            "",
+            "| schedule | n | runs that re-planned | first re-plan after stable step | stable after the first "
+            "re-plan: measured / predicted (ms) | error vs the plan in force | share vs the plan in force | "
+            "share vs the monitoring plan | whole stable phase: model gap / action drift |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         ramp_end = WARMUP + 2 * opts.monitor + opts.ramp
         for s in opts.load_change:
             ld = of(load_kind(opts), s)
@@ -276,20 +360,30 @@ def report(rows: list[dict], opts) -> str:  # noqa: ANN001
             lines.append(
                 f"| {s} | {len(ld)} | {sum(1 for r in ld if r['replans'])} | "
                 f"{agg([r['replan_step'] - ramp_end for r in rp], '.0f')} | "
-                f"{agg([r['stable_after_ms'] for r in rp], '.0f')} / {agg([r['pred_after_planned_ms'] for r in rp], '.0f')} | "
-                f"{agg([r['error_after_pct'] for r in rp], '+.1f')} % | {agg([r['share_after_pct'] for r in rp], '.0f')} % | "
-                f"{agg([r['share_pct'] for r in ld], '.0f')} % | {agg([r.get('model_gap_pct') for r in ld], '+.1f')} % / "
-                f"{agg([r.get('action_drift_pct') for r in ld], '+.1f')} % |")
+                f"{agg([r['stable_after_ms'] for r in rp], '.0f')} / "
+                f"{agg([r['pred_after_planned_ms'] for r in rp], '.0f')} | "
+                f"{agg([r['error_after_pct'] for r in rp], '+.1f')} % | "
+                f"{agg([r['share_after_pct'] for r in rp], '.0f')} % | "
+                f"{agg([r['share_pct'] for r in ld], '.0f')} % | "
+                f"{agg([r.get('model_gap_pct') for r in ld], '+.1f')} % / "
+                f"{agg([r.get('action_drift_pct') for r in ld], '+.1f')} % |"
+            )
     if opts.pinning_ab:
-        lines += ["", "CPU pinning (`[freeze] cpu_pinning`), the same job pinned (the `phases` runs) and not:", "",
-                  "| schedule | pinning | n | upper (ms) | stable (ms) | stable error | achieved share |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "CPU pinning (`[freeze] cpu_pinning`), the same job pinned (the `phases` runs) and not:",
+            "",
+            "| schedule | pinning | n | upper (ms) | stable (ms) | stable error | achieved share |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for s in opts.pinning_ab:
             for kind, label in (("phases", "on"), ("unpinned", "off")):
                 rs = of(kind, s)
-                lines.append(f"| {s} | {label} | {len(rs)} | {agg([r['upper_ms'] for r in rs], '.0f')} | "
-                             f"{agg([r['stable_ms'] for r in rs], '.0f')} | {agg([r['error_pct'] for r in rs], '+.1f')} % | "
-                             f"{agg([r['share_pct'] for r in rs], '.0f')} % |")
+                lines.append(
+                    f"| {s} | {label} | {len(rs)} | {agg([r['upper_ms'] for r in rs], '.0f')} | "
+                    f"{agg([r['stable_ms'] for r in rs], '.0f')} | {agg([r['error_pct'] for r in rs], '+.1f')} % | "
+                    f"{agg([r['share_pct'] for r in rs], '.0f')} % |"
+                )
     return "\n".join(lines)
 
 
@@ -318,8 +412,9 @@ def _schedules(text: str, flag: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench_runtime.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench_runtime.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--schedules", default=",".join(CONFIG))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pairs", type=int, default=10, help="paired stable steps of an overhead job")
@@ -330,8 +425,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--r-max", type=float, default=0.8)
     ap.add_argument("--load-change", default="", help="schedules that also run with a co-tenant (comma list)")
     ap.add_argument("--load-repeats", type=int, default=5)
-    ap.add_argument("--load-core", type=int, default=None,
-                    help="pin the co-tenant to this core (the rank pinned there slows; default: free to move)")
+    ap.add_argument(
+        "--load-core",
+        type=int,
+        default=None,
+        help="pin the co-tenant to this core (the rank pinned there slows; default: free to move)",
+    )
     ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--out", default="docs/results/runtime")
@@ -340,8 +439,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dp-replicate", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--small", action="store_true", help="4 microbatches of 128 tokens instead of 8 of 256")
-    ap.add_argument("--reanalyse", action="store_true",
-                    help="recompute the error decomposition of finished phases jobs from their dumps, then report")
+    ap.add_argument(
+        "--reanalyse",
+        action="store_true",
+        help="recompute the error decomposition of finished phases jobs from their dumps, then report",
+    )
     opts = ap.parse_args(argv)
     for name in ("dp_shard", "dp_replicate", "tp", "repeats", "pairs", "monitor", "ramp", "stable", "load_stable"):
         if getattr(opts, name) < 1:
@@ -352,11 +454,17 @@ def main(argv: list[str] | None = None) -> int:
     opts.load_change = _schedules(opts.load_change, "--load-change")
     opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")
     opts.nproc = 2 * opts.dp_shard * opts.dp_replicate * opts.tp
-    opts.layout = ["--parallelism.data_parallel_shard_degree", str(opts.dp_shard),
-                   "--parallelism.data_parallel_replicate_degree", str(opts.dp_replicate),
-                   "--parallelism.tensor_parallel_degree", str(opts.tp)]
-    opts.layout_text = "PP=2" + "".join(f" x {n} {k}" for n, k in (("FSDP", opts.dp_shard), ("replicate",
-                                                                     opts.dp_replicate), ("TP", opts.tp)) if k > 1)
+    opts.layout = [
+        "--parallelism.data_parallel_shard_degree",
+        str(opts.dp_shard),
+        "--parallelism.data_parallel_replicate_degree",
+        str(opts.dp_replicate),
+        "--parallelism.tensor_parallel_degree",
+        str(opts.tp),
+    ]
+    opts.layout_text = "PP=2" + "".join(
+        f" x {n} {k}" for n, k in (("FSDP", opts.dp_shard), ("replicate", opts.dp_replicate), ("TP", opts.tp)) if k > 1
+    )
     opts.size_text = "seq 128, 4 microbatches" if opts.small else "seq 256, 8 microbatches"
     if opts.small:
         opts.layout += ["--training.local_batch_size", "4", "--training.seq_len", "128"]

@@ -21,9 +21,11 @@ from typing import Any, Iterable, Sequence
 from timelyfreeze.experiments.grid import NO_FREEZING
 
 QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
-CELL_COLUMNS = (["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
-                + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
-                + ["throughput", "accuracy", "time_to_accuracy"])
+CELL_COLUMNS = (
+    ["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
+    + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
+    + ["throughput", "accuracy", "time_to_accuracy"]
+)
 NO_DIFFERENCE = "no difference resolved"
 
 
@@ -66,18 +68,26 @@ def cell_stats(paired: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         groups[(t["schedule"], t["method"], t["knob_name"], t["knob_value"])].append(t)
     cells = []
     for (schedule, method, kname, kval), ts in groups.items():
-        c: dict[str, Any] = {"schedule": schedule, "method": method, "knob_name": kname, "knob_value": kval,
-                             "seeds": len(ts), "reached": sum(t["steps_method"] is not None for t in ts)}
+        c: dict[str, Any] = {
+            "schedule": schedule,
+            "method": method,
+            "knob_name": kname,
+            "knob_value": kval,
+            "seeds": len(ts),
+            "reached": sum(t["steps_method"] is not None for t in ts),
+        }
         for q in QUANTITIES:
             c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(t.get(q) for t in ts)
         reference = method == NO_FREEZING  # its paired values are 1 and 0 by definition: no verdicts
         c["throughput"] = None if reference else verdict(c["kappa_lo"], c["kappa_hi"], 1.0, "faster", "slower")
         c["accuracy"] = None if reference else verdict(c["dval_lo"], c["dval_hi"], 0.0, "worse", "better")
-        c["time_to_accuracy"] = None if reference else verdict(c["tta_ratio_lo"], c["tta_ratio_hi"], 1.0, "later",
-                                                               "sooner")
+        c["time_to_accuracy"] = (
+            None if reference else verdict(c["tta_ratio_lo"], c["tta_ratio_hi"], 1.0, "later", "sooner")
+        )
         cells.append(c)
-    return sorted(cells, key=lambda c: (str(c["schedule"]), c["method"] != NO_FREEZING, str(c["method"]),
-                                        c["knob_value"] or 0))
+    return sorted(
+        cells, key=lambda c: (str(c["schedule"]), c["method"] != NO_FREEZING, str(c["method"]), c["knob_value"] or 0)
+    )
 
 
 def fmt_ci(mean: float | None, lo: float | None, hi: float | None, digits: int = 3) -> str:
@@ -91,8 +101,10 @@ def fmt_ci(mean: float | None, lo: float | None, hi: float | None, digits: int =
 TREND_COLUMNS = ["schedule", "method", "quantity", "runs", "slope", "slope_lo", "slope_hi", "intercept", "verdict"]
 
 
-def knob_trends(paired: Sequence[dict[str, Any]], quantities: Sequence[str] = ("dval", "speedup_in_run", "kappa"),
-                ) -> list[dict[str, Any]]:
+def knob_trends(
+    paired: Sequence[dict[str, Any]],
+    quantities: Sequence[str] = ("dval", "speedup_in_run", "kappa"),
+) -> list[dict[str, Any]]:
     """Per (schedule, knob-carrying method) with at least three runs over two or more knob values: the least-squares
     slope of each quantity over the knob, pooling every seed (e.g. how much validation loss each +1 of r_max costs),
     with its 95 % interval (``slope +- t(0.975, n-2) * standard error``). Pooling the seeds of all values resolves
@@ -112,7 +124,17 @@ def knob_trends(paired: Sequence[dict[str, Any]], quantities: Sequence[str] = ("
             fit = linregress([x for x, _ in pts], [y for _, y in pts])
             half = t_quantile(len(pts) - 2) * fit.stderr
             lo, hi = fit.slope - half, fit.slope + half
-            out.append({"schedule": schedule, "method": method, "quantity": q, "runs": len(pts), "slope": fit.slope,
-                        "slope_lo": lo, "slope_hi": hi, "intercept": fit.intercept,
-                        "verdict": verdict(lo, hi, 0.0, "rises", "falls")})
+            out.append(
+                {
+                    "schedule": schedule,
+                    "method": method,
+                    "quantity": q,
+                    "runs": len(pts),
+                    "slope": fit.slope,
+                    "slope_lo": lo,
+                    "slope_hi": hi,
+                    "intercept": fit.intercept,
+                    "verdict": verdict(lo, hi, 0.0, "rises", "falls"),
+                }
+            )
     return out

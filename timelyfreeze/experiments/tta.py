@@ -28,10 +28,27 @@ from timelyfreeze.experiments.grid import NO_FREEZING
 from timelyfreeze.experiments.results import num, throughput
 
 TTA_COLUMNS = [
-    "job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps", "kappa", "speedup_in_run",
+    "job_id",
+    "schedule",
+    "method",
+    "knob_name",
+    "knob_value",
+    "seed",
+    "steps",
+    "kappa",
+    "speedup_in_run",
     "predicted_speedup",
-    "target_step", "target_loss", "val_loss_same_step", "dval", "steps_nf", "steps_method", "steps_ratio",
-    "wall_s_nf", "wall_s_method", "tta_ratio", "note",
+    "target_step",
+    "target_loss",
+    "val_loss_same_step",
+    "dval",
+    "steps_nf",
+    "steps_method",
+    "steps_ratio",
+    "wall_s_nf",
+    "wall_s_method",
+    "tta_ratio",
+    "note",
 ]
 
 
@@ -79,15 +96,22 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
     """The paired comparison and time to accuracy of every ok job against the no-freezing job of its
     schedule and seed that started from the same pre-trained checkpoint (``_start``; the no-freezing job gets
     its own row: kappa 1, dval 0)."""
-    base = {(r["schedule"], r["seed"], r.get("_start")): r for r in rows
-            if r["method"] == NO_FREEZING and r["status"] == "ok"}
+    base = {
+        (r["schedule"], r["seed"], r.get("_start")): r
+        for r in rows
+        if r["method"] == NO_FREEZING and r["status"] == "ok"
+    }
     out = []
     for r in rows:
         if r["status"] != "ok":
             continue
         t = {c: None for c in TTA_COLUMNS}
-        t.update({k: r.get(k) for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps",
-                                        "speedup_in_run")})
+        t.update(
+            {
+                k: r.get(k)
+                for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps", "speedup_in_run")
+            }
+        )
         pred = r.get("_predicted") or {}
         if num(pred.get("no_freeze")) and num(pred.get("planned")):
             t["predicted_speedup"] = pred["no_freeze"] / pred["planned"]

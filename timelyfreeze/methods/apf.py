@@ -43,11 +43,15 @@ class APFConfig:
         """``FreezeConfigError`` naming the first field whose type or value cannot work. ``ema_alpha`` lies
         strictly inside (0, 1): at 0 the EMAs are the last update alone, so P = |D|/|D| = 1 and nothing ever
         freezes; at 1 they stay at zero and P = 0 freezes everything."""
-        check_section(self, section, (
-            ("threshold", lambda v: v >= 0.0, "must be >= 0"),
-            ("ema_alpha", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
-            ("check_every", lambda v: v >= 1, "must be >= 1"),
-        ))
+        check_section(
+            self,
+            section,
+            (
+                ("threshold", lambda v: v >= 0.0, "must be >= 0"),
+                ("ema_alpha", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
+                ("check_every", lambda v: v >= 1, "must be >= 1"),
+            ),
+        )
 
 
 class APFMetric:

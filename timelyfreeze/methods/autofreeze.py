@@ -33,10 +33,14 @@ class AutoFreezeConfig:
 
     def validate(self, section: str = "freeze.autofreeze") -> None:
         """``FreezeConfigError`` naming the first field whose type or value cannot work."""
-        check_section(self, section, (
-            ("percentile", lambda v: 0.0 <= v <= 100.0, "must lie in [0, 100]"),
-            ("check_every", lambda v: v >= 1, "must be >= 1"),
-        ))
+        check_section(
+            self,
+            section,
+            (
+                ("percentile", lambda v: 0.0 <= v <= 100.0, "must lie in [0, 100]"),
+                ("check_every", lambda v: v >= 1, "must be >= 1"),
+            ),
+        )
 
 
 def autofreeze_boundary(ratios: dict[int, float], boundary: int, percentile: float) -> int:
@@ -104,8 +108,11 @@ class AutoFreezeMetric:
         for layer in self.acc:
             if layer < self.boundary:
                 continue
-            norms = [p.grad.detach().abs().sum(dtype=torch.float32)
-                     for p in self.prefix.layer_params(layer) if p.grad is not None]
+            norms = [
+                p.grad.detach().abs().sum(dtype=torch.float32)
+                for p in self.prefix.layer_params(layer)
+                if p.grad is not None
+            ]
             if norms:
                 self._pending.setdefault(layer, []).append(torch.stack(norms).sum())
 

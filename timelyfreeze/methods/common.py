@@ -69,9 +69,7 @@ class Prefix:
         key = (stage, boundary)
         if key not in self._cache:
             v = self.views[stage]
-            self._cache[key] = frozenset(
-                n for n in v.params if n != v.anchor and v.layer_of[n] < boundary
-            )
+            self._cache[key] = frozenset(n for n in v.params if n != v.anchor and v.layer_of[n] < boundary)
         return self._cache[key]
 
     def layer_params(self, layer: int) -> list[torch.Tensor]:

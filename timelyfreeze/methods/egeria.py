@@ -42,13 +42,12 @@ from typing import Any
 import torch
 
 from timelyfreeze.fields import check_section
-from timelyfreeze.methods.common import Prefix
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
+from timelyfreeze.methods.common import Prefix, warmup_of
 from timelyfreeze.methods.egeria_capture import StageCapture
 from timelyfreeze.methods.egeria_controller import EgeriaController
 from timelyfreeze.methods.egeria_reference import build_reference
 from timelyfreeze.methods.egeria_worker import EgeriaWorker, EvalJob
-from timelyfreeze.methods.common import warmup_of
 
 
 @dataclass
@@ -81,15 +80,19 @@ class EgeriaConfig:
 
     def validate(self, section: str = "freeze.egeria") -> None:
         """``FreezeConfigError`` naming the first field whose type or value cannot work."""
-        check_section(self, section, (
-            ("eval_every", lambda v: v >= 0, "must be >= 0 (0: the paper's formula)"),
-            ("window", lambda v: v >= 2, "must be >= 2"),
-            ("tolerance_coef", lambda v: v > 0.0, "must be > 0"),
-            ("tolerance_readings", lambda v: v >= 1, "must be >= 1"),
-            ("bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
-            ("unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
-            ("sp_max_rows", lambda v: v >= 2, "must be >= 2"),
-        ))
+        check_section(
+            self,
+            section,
+            (
+                ("eval_every", lambda v: v >= 0, "must be >= 0 (0: the paper's formula)"),
+                ("window", lambda v: v >= 2, "must be >= 2"),
+                ("tolerance_coef", lambda v: v > 0.0, "must be > 0"),
+                ("tolerance_readings", lambda v: v >= 1, "must be >= 1"),
+                ("bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
+                ("unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
+                ("sp_max_rows", lambda v: v >= 2, "must be >= 2"),
+            ),
+        )
 
 
 class Egeria(FreezeMethod):
@@ -102,8 +105,9 @@ class Egeria(FreezeMethod):
         eg = cfg.egeria  # validated: EgeriaConfig.validate
         self.ecfg = eg
         self.warmup_steps = warmup_of(cfg, ctx)
-        self.ctrl = EgeriaController(eg.window, eg.tolerance_coef, eg.tolerance_readings,
-                                     eg.bootstrap_loss_rate, eg.unfreeze_lr_drop)
+        self.ctrl = EgeriaController(
+            eg.window, eg.tolerance_coef, eg.tolerance_readings, eg.bootstrap_loss_rate, eg.unfreeze_lr_drop
+        )
         self.prefix = Prefix(ctx.stages)
         self.views = {v.stage: v for v in ctx.stages}
         self.layer_stage = {layer: v.stage for v in ctx.stages for layer in v.layer_modules}
@@ -162,9 +166,7 @@ class Egeria(FreezeMethod):
         v = self.views[stage]
         if stage not in self._module_names:
             ids = {id(m): name for name, m in v.module.named_modules()}
-            self._module_names[stage] = {
-                k: ids[id(m)] for k, m in v.layer_modules.items() if id(m) in ids
-            }
+            self._module_names[stage] = {k: ids[id(m)] for k, m in v.layer_modules.items() if id(m) in ids}
         return self._module_names[stage].get(layer)
 
     def _arm(self, step: int, stage: int, layer: int) -> None:
@@ -173,8 +175,7 @@ class Egeria(FreezeMethod):
         if name is None:
             self.disabled = f"layer {layer} module is not inside stage {stage}'s module"
             return
-        self._capture = StageCapture(v.module, v.layer_modules[layer], stage=stage, layer=layer, step=step,
-                                     name=name)
+        self._capture = StageCapture(v.module, v.layer_modules[layer], stage=stage, layer=layer, step=step, name=name)
 
     def _disarm(self) -> StageCapture | None:
         cap, self._capture = self._capture, None
@@ -188,8 +189,11 @@ class Egeria(FreezeMethod):
             return
         stage = cap.stage
         gen = self.ctrl.generation
-        need = (not self.worker.has_reference(stage) or self._ref_generation.get(stage) != gen
-                or self._evals_since_refresh.get(stage, 0) >= self.ctrl.window_eff)
+        need = (
+            not self.worker.has_reference(stage)
+            or self._ref_generation.get(stage) != gen
+            or self._evals_since_refresh.get(stage, 0) >= self.ctrl.window_eff
+        )
         snapshot = reference = None
         if need:
             module = self.views[stage].module
@@ -200,9 +204,19 @@ class Egeria(FreezeMethod):
                     self.disabled = f"cannot copy stage {stage} for the reference: {type(e).__name__}: {e}"
                     return
             snapshot = {n: cap.copier(t, torch.float32) for n, t in module.state_dict().items()}
-        job = EvalJob(stage=stage, module=cap.layer, generation=gen, step=step, module_name=cap.name,
-                      args=cap.args, kwargs=cap.kwargs, a_t=cap.a_t,
-                      snapshot=snapshot, reference=reference, event=cap.copier.event())
+        job = EvalJob(
+            stage=stage,
+            module=cap.layer,
+            generation=gen,
+            step=step,
+            module_name=cap.name,
+            args=cap.args,
+            kwargs=cap.kwargs,
+            a_t=cap.a_t,
+            snapshot=snapshot,
+            reference=reference,
+            event=cap.copier.event(),
+        )
         if self.worker.submit(job):
             self.submitted += 1
             if need:
@@ -219,8 +233,12 @@ class Egeria(FreezeMethod):
             self._loss_count += 1
         if not self._is_eval_step(step):
             return
-        payload = {"loss_sum": self._loss_sum, "loss_count": self._loss_count,
-                   "readings": self.worker.drain(), "lr": float(self.ctx.get_lr())}
+        payload = {
+            "loss_sum": self._loss_sum,
+            "loss_count": self._loss_count,
+            "readings": self.worker.drain(),
+            "lr": float(self.ctx.get_lr()),
+        }
         gathered = self.ctx.all_gather(payload)
         self._loss_sum, self._loss_count = 0.0, 0
         count = sum(g["loss_count"] for g in gathered)

@@ -61,8 +61,16 @@ class StageCapture:
     forward to start is captured: its args/kwargs and the layer's first output tensor, fp32 on CPU.
     Later microbatches are ignored. ``close()`` removes the hooks."""
 
-    def __init__(self, stage_module: torch.nn.Module, layer_module: torch.nn.Module, *,
-                 stage: int, layer: int, step: int, name: str):
+    def __init__(
+        self,
+        stage_module: torch.nn.Module,
+        layer_module: torch.nn.Module,
+        *,
+        stage: int,
+        layer: int,
+        step: int,
+        name: str,
+    ):
         self.stage, self.layer, self.step, self.name = stage, layer, step, name
         self.state = "idle"
         """idle -> capturing (inside the captured forward) -> done (that forward returned)."""
@@ -84,7 +92,8 @@ class StageCapture:
         if self.state == "idle":
             self.state = "capturing"
             self.args, self.kwargs = tree_map_only(
-                torch.Tensor, lambda t: self.copier(t, torch.float32), (args, kwargs))
+                torch.Tensor, lambda t: self.copier(t, torch.float32), (args, kwargs)
+            )
 
     def _layer_out(self, _m: Any, _a: Any, out: Any) -> None:
         if self.state == "capturing" and self.a_t is None:

@@ -16,8 +16,14 @@ class EgeriaController:
     """Egeria's decision state (Algorithm 1 + bootstrapping + LR unfreezing), free of torch and threads:
     every rank feeds it the same gathered numbers and so reaches the same decisions."""
 
-    def __init__(self, window: int, tolerance_coef: float, tolerance_readings: int,
-                 bootstrap_loss_rate: float, unfreeze_lr_drop: float):
+    def __init__(
+        self,
+        window: int,
+        tolerance_coef: float,
+        tolerance_readings: int,
+        bootstrap_loss_rate: float,
+        unfreeze_lr_drop: float,
+    ):
         """The arguments are ``EgeriaConfig`` fields that have passed its ``validate`` (``window >= 2``)."""
         self.window = int(window)
         self.window_eff = int(window)

@@ -80,8 +80,9 @@ def _rebuild(module: nn.Module, memo: dict[int, Any], pairs: list[tuple[nn.Modul
     for name, b in live._buffers.items():
         if b is not None and id(b) not in memo:
             memo[id(b)] = b.detach().to("cpu", _cpu_dtype(b), copy=True)
-        new.register_buffer(name, None if b is None else memo[id(b)],
-                            persistent=name not in live._non_persistent_buffers_set)
+        new.register_buffer(
+            name, None if b is None else memo[id(b)], persistent=name not in live._non_persistent_buffers_set
+        )
     return new
 
 

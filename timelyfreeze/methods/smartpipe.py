@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from timelyfreeze.fields import check_section
-from timelyfreeze.methods.common import Prefix, merge_layer_stats
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
-from timelyfreeze.methods.common import warmup_of
+from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 
 
 @dataclass
@@ -42,12 +41,16 @@ class SmartPipeConfig:
         """``FreezeConfigError`` naming the first field whose type or value cannot work. ``lam`` lies in the
         paper's open interval (0, 1) (Def. 4, digest 3.2): at 1 the cap is every remaining active layer, so
         one check may freeze the whole run of layers below ``tau`` at once, which is no rate at all."""
-        check_section(self, section, (
-            ("tau", lambda v: v >= 0.0, "must be >= 0"),
-            ("lam", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
-            ("e1", lambda v: v >= 0, "must be >= 0"),
-            ("check_every", lambda v: v >= 1, "must be >= 1"),
-        ))
+        check_section(
+            self,
+            section,
+            (
+                ("tau", lambda v: v >= 0.0, "must be >= 0"),
+                ("lam", lambda v: 0.0 < v < 1.0, "must lie in (0, 1)"),
+                ("e1", lambda v: v >= 0, "must be >= 0"),
+                ("check_every", lambda v: v >= 1, "must be >= 1"),
+            ),
+        )
 
 
 def smartpipe_boundary(eta: dict[int, float], boundary: int, last_layer: int, tau: float, lam: float) -> int:
@@ -102,8 +105,11 @@ class SmartPipe(FreezeMethod):
                 continue
             params = self.prefix.layer_params(layer)
             cur = [
-                (p.grad.detach().to(torch.float32, copy=True) if p.grad is not None
-                 else torch.zeros(p.shape, dtype=torch.float32, device=p.device))
+                (
+                    p.grad.detach().to(torch.float32, copy=True)
+                    if p.grad is not None
+                    else torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                )
                 for p in params
             ]
             prev = self._prev.get(layer)
@@ -117,10 +123,7 @@ class SmartPipe(FreezeMethod):
             return {}
         dev = sq[0].device
         figures = torch.stack([x.to(dev) for x in sq]).tolist()  # one host sync per check
-        return {
-            layer: (num**0.5 / den**0.5 if den > 0 else float("inf"))
-            for layer, (num, den) in zip(layers, figures)
-        }
+        return {layer: (num**0.5 / den**0.5 if den > 0 else float("inf")) for layer, (num, den) in zip(layers, figures)}
 
     def after_backward(self, step: int) -> None:
         if step % self.check_every != 0:

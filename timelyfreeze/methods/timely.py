@@ -11,10 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from planner.actions import FREEZABLE_KINDS, parse_action
-
-from timelyfreeze.phases import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units
+from timelyfreeze.phases import Phases
 from timelyfreeze.selection import action_generator, balanced_subset
 
 
@@ -99,9 +98,18 @@ class TimelyFreezeMethod(FreezeMethod):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pr = state["planned_ratio"]
         if pr is not None:
-            bad = [(k, v) for k, v in pr.items()
-                   if not (isinstance(k, tuple) and len(k) == 2 and 0 <= k[0] < self.ctx.num_stages
-                           and 0 <= k[1] < self.ctx.num_microbatches and isinstance(v, (int, float)) and 0 <= v <= 1)]
+            bad = [
+                (k, v)
+                for k, v in pr.items()
+                if not (
+                    isinstance(k, tuple)
+                    and len(k) == 2
+                    and 0 <= k[0] < self.ctx.num_stages
+                    and 0 <= k[1] < self.ctx.num_microbatches
+                    and isinstance(v, (int, float))
+                    and 0 <= v <= 1
+                )
+            ]
             if bad:
                 raise ValueError(f"planned_ratio entry {bad[0]} is not (stage, microbatch) -> ratio in [0, 1]")
             pr = {(int(s), int(m)): float(v) for (s, m), v in pr.items()}
