@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from timelyfreeze.experiments import runtime_bench as rb
+from timelyfreeze.experiments import runtime_report as rr
 from timelyfreeze.experiments.runtime_analysis import decompose
 
 
@@ -47,9 +48,9 @@ def test_jobs_are_interleaved_repeat_by_repeat():
 
 
 def test_aggregate_is_median_and_range_and_skips_missing():
-    assert rb.agg([3.0, 1.0, 2.0], ".1f") == "2.0 [1.0, 3.0]"
-    assert rb.agg([5.0, None, math.nan], ".0f") == "5"
-    assert rb.agg([], ".0f") == "n/a"
+    assert rr.agg([3.0, 1.0, 2.0], ".1f") == "2.0 [1.0, 3.0]"
+    assert rr.agg([5.0, None, math.nan], ".0f") == "5"
+    assert rr.agg([], ".0f") == "n/a"
 
 
 def test_other_layouts_get_their_own_files_and_dirs():
@@ -96,7 +97,7 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
         },
         dict(phases("1F1B", 0, 50.0), kind="unpinned"),
     ]
-    text = rb.report(rows, opts())
+    text = rr.report(rows, opts())
     assert "| 1F1B | 2 | +0.50 % | 100 [100, 100] / 95 [95, 95] |" in text
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
     assert "| 1F1B | 1 | 1 | 6 |" in text  # the first re-plan 6 steps after the ramp (3 + 8 + 3 = 14)

@@ -26,7 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from timelyfreeze.experiments.runtime_bench import BenchError, agg, torchrun, write_csv
+from timelyfreeze.experiments.runtime_bench import BenchError, torchrun
+from timelyfreeze.experiments.runtime_report import agg, write_csv
 from timelyfreeze.launch import REPO_ROOT
 
 CONFIG = "llama3_debug_1f1b_cpu.toml"

@@ -102,39 +102,8 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
     return md_table(out, cols)
 
 
-def build_report(
-    out: str | Path,
-    tta_step: float | None = None,
-    which: str = "stable",
-    planner: Planner | None = None,
-    print_fn=print,
-) -> dict[str, Any]:
-    out = Path(out)
-    rep = out / "report"
-    rep.mkdir(parents=True, exist_ok=True)
-    rows = load_rows(out)
-    warnings: list[str] = []
-    lkey = loss_key(rows)
-    loss_label = "validation loss" if lkey == "val_loss" else "final training loss (no validation)"
-    thr_label = f"throughput, {'stable phase' if which == 'stable' else 'whole run'} (tokens/s)"
-    configs = aggregate_configs(rows, which, lkey)
-    tta = tta_rows(rows, tta_step)
-    cells = cell_stats(tta)
-    trends = knob_trends(tta)
-    for c in configs:
-        if c["pareto"] is None:
-            warnings.append(
-                f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
-                f"no {which} throughput or loss, left out of the Pareto front"
-            )
-    for t in tta:
-        if t["note"] and t["method"] != NO_FREEZING:
-            warnings.append(f"{t['job_id']}: {t['note']}")
-    write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
-    write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
-    write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
-    write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
-    write_csv(rep / "trends.csv", trends, TREND_COLUMNS)
+def _plots(rows, cells, planner, rep: Path, warnings: list[str]) -> list[tuple[str, str]]:
+    """Draw the report's plots and CSV of the planner sweep; (title, file name) of each plot drawn."""
     plots = []
     if plot_pareto(cells, rep / "pareto.png"):
         plots.append(("Validation-loss change vs throughput ratio (mean, 95 % interval)", "pareto.png"))
@@ -155,9 +124,14 @@ def build_report(
         plots.append(("Time to accuracy", "tta.png"))
     for png, job_id in timelines(rows, planner, rep, warnings):
         plots.append((f"Timeline of {job_id}", png.name))
-    counts = defaultdict(int)
-    for r in rows:
-        counts[r["status"]] += 1
+    return plots
+
+
+def _markdown(
+    out: Path, rows, counts, cells, trends, tta, configs, labels: tuple[str, str], plots, warnings
+) -> list[str]:
+    """The lines of ``report.md``."""
+    loss_label, thr_label = labels
     md = [
         f"# Sweep report: {out.resolve().name}",
         "",
@@ -201,6 +175,47 @@ def build_report(
         md += ["## Plots", ""] + [f"### {title}\n\n![{title}]({name})\n" for title, name in plots]
     if warnings:
         md += ["## Warnings", ""] + [f"- {w}" for w in warnings] + [""]
+    return md
+
+
+def build_report(
+    out: str | Path,
+    tta_step: float | None = None,
+    which: str = "stable",
+    planner: Planner | None = None,
+    print_fn=print,
+) -> dict[str, Any]:
+    out = Path(out)
+    rep = out / "report"
+    rep.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(out)
+    warnings: list[str] = []
+    lkey = loss_key(rows)
+    loss_label = "validation loss" if lkey == "val_loss" else "final training loss (no validation)"
+    thr_label = f"throughput, {'stable phase' if which == 'stable' else 'whole run'} (tokens/s)"
+    configs = aggregate_configs(rows, which, lkey)
+    tta = tta_rows(rows, tta_step)
+    cells = cell_stats(tta)
+    trends = knob_trends(tta)
+    for c in configs:
+        if c["pareto"] is None:
+            warnings.append(
+                f"{c['schedule']} {config_label(c['method'], c['knob_name'], c['knob_value'])}: "
+                f"no {which} throughput or loss, left out of the Pareto front"
+            )
+    for t in tta:
+        if t["note"] and t["method"] != NO_FREEZING:
+            warnings.append(f"{t['job_id']}: {t['note']}")
+    write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
+    write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
+    write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
+    write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
+    write_csv(rep / "trends.csv", trends, TREND_COLUMNS)
+    plots = _plots(rows, cells, planner, rep, warnings)
+    counts = defaultdict(int)
+    for r in rows:
+        counts[r["status"]] += 1
+    md = _markdown(out, rows, counts, cells, trends, tta, configs, (loss_label, thr_label), plots, warnings)
     (rep / "report.md").write_text("\n".join(md))
     for w in warnings:
         print_fn(f"report: warning: {w}")
