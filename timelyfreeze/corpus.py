@@ -37,6 +37,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from timelyfreeze.errors import FreezeConfigError
+
 VOCAB_SIZE = 2048
 SPLITS = ("train", "val", "pretrain", "finetune")
 ASSETS_MARKER = "pystdlib"
@@ -248,8 +250,6 @@ def resolve_initial_load(job_config) -> None:
     if job_config.checkpoint.initial_load_path == PRETRAINED_MARKER:
         path = pretrained_checkpoint()
         if path is None:
-            from timelyfreeze.config import FreezeConfigError
-
             raise FreezeConfigError(
                 f'[checkpoint] initial_load_path = "{PRETRAINED_MARKER}": the pre-trained checkpoint is not built '
                 f"yet ({pretrained_dir()}); build it once with: python scripts/pretrain.py"

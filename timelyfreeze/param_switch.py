@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from timelyfreeze.errors import FreezeConfigError
+
 
 def _fsdp_params_by_name(module: torch.nn.Module) -> dict[str, object]:
     """``FSDPParam`` of every FSDP-managed parameter under ``module``, by its name in ``module``."""
@@ -59,8 +61,6 @@ class ParamSwitch:
             return
         unknown = [n for n in params if n not in self._fsdp]
         if unknown:
-            from timelyfreeze.config import FreezeConfigError
-
             raise FreezeConfigError(
                 f"parameter {unknown[0]!r}: not managed by FSDP2 although its stage is "
                 "sharded; the freezing runtime cannot freeze it exactly"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import PlannerError
+from timelyfreeze.errors import FreezeConfigError
 
 
 def solve(
@@ -85,7 +86,6 @@ def load_given(path: str, schedule: str, num_stages: int, num_microbatches: int)
     """``plan_result`` of the plan file ``path``; ``FreezeConfigError`` naming the file if it cannot be read
     or does not match this run."""
     from planner.plan import check_plan_matches, load_plan
-    from timelyfreeze.config import FreezeConfigError
 
     try:
         plan = load_plan(path)

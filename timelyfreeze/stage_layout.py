@@ -28,6 +28,7 @@ import re
 
 import torch
 
+from timelyfreeze.errors import FreezeConfigError
 from timelyfreeze.methods.base import StageView
 
 _BLOCK = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")
@@ -46,8 +47,6 @@ def layer_index(name: str, n_layers: int) -> int:
         return n_layers + 1
     if name.startswith(_EMBED_PREFIXES):
         return 0
-    from timelyfreeze.config import FreezeConfigError
-
     raise FreezeConfigError(
         f"[model] parameter {name!r}: the freezing runtime cannot place it in the model's layer order (it knows "
         f"TorchTitan's names: {', '.join(p + '*' for p in _EMBED_PREFIXES)} layers.<k>.*, "

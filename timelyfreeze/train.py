@@ -21,7 +21,7 @@ def main(trainer_cls: type | None = None) -> None:
     cpu_shims.apply_if_needed()
     from torchtitan.train import main as titan_main
 
-    from timelyfreeze.config import FreezeConfigError
+    from timelyfreeze.errors import FreezeConfigError
     from timelyfreeze.state_codec import FreezeStateError
     from timelyfreeze.trainer import TimelyFreezeTrainer
 
