@@ -76,6 +76,8 @@ def job(cell: str, repeat: int, dump: Path) -> dict:
     )
     out = dump / "timelyfreeze"
     s = json.loads((out / "summary.json").read_text())
+    if s["failures"]:  # a run that survived a failure (e.g. no plan) is a failed job: not recorded, re-run on resume
+        raise BenchError(f"the run reported a failure: {s['failures'][0]} ({dump})")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     batch = {m["step"]: m["batch_ms"] for m in rows if "batch_ms" in m}
     res = {
