@@ -120,6 +120,7 @@ def report(rows: list[dict]) -> str:
             f"{g('graphs_after_warmup', '.0f')} |"
         )
     by = {(r["cell"], r["repeat"]): r for r in rows}
+    seeds = sorted({r["repeat"] for r in rows})
     diffs = [
         by[("eager_block", k)]["val_loss"] - by[("eager_tensor", k)]["val_loss"]
         for k in sorted({r["repeat"] for r in rows})
@@ -131,6 +132,21 @@ def report(rows: list[dict]) -> str:
             f"Validation loss, block - tensor at the same seed (eager, r_max 0.8): {agg(diffs, '+.3f')} "
             f"(n = {len(diffs)}; per seed: {', '.join(f'{d:+.3f}' for d in diffs)})",
         ]
+    for cell, base in (
+        ("eager_tensor", "eager_none"),
+        ("eager_block", "eager_none"),
+        ("compiled_block", "compiled_none"),
+    ):
+        pair = [
+            by[(base, k)]["stable_ms"] / by[(cell, k)]["stable_ms"]
+            for k in seeds
+            if (cell, k) in by and (base, k) in by
+        ]
+        if pair:
+            lines += [
+                "",
+                f"Speed-up of {cell} over {base} at the same seed (stable batch): {agg(pair, '.3f')} (n = {len(pair)})",
+            ]
     ratios = [
         by[("compiled_none", k)]["stable_ms"] / by[("eager_none", k)]["stable_ms"]
         for k in sorted({r["repeat"] for r in rows})
