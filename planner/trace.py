@@ -305,3 +305,17 @@ def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) 
                 else:
                     w_min[a], w_max[a] = max(w_min[a], lo), max(w_max[a], hi)
     return NodeWeights(w_min, w_max)
+
+
+def phase_stage_ratios(trace: Trace, phase: str = "stable") -> list[float]:
+    """Per global stage, the mean realised freeze ratio (by elements) of its freezable actions (B, W, a DualPipeV
+    pair's backward part) over the records of ``phase``: the per-stage share of freezing a run applied, as its
+    budget ``r_max`` counts it. A stage with no such record in ``phase`` gets 0."""
+    total = [0.0] * trace.meta.num_stages
+    count = [0] * trace.meta.num_stages
+    for rec in trace.records:
+        act = parse_action(rec.action)
+        if rec.phase == phase and act.kind in FREEZABLE_KINDS:
+            total[act.stage] += rec.freeze_ratio
+            count[act.stage] += 1
+    return [t / c if c else 0.0 for t, c in zip(total, count)]

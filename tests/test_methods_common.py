@@ -21,6 +21,7 @@ from timelyfreeze.methods.common import freezable_names
 from timelyfreeze.methods.egeria import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
+from timelyfreeze.phases import Phases
 
 VOCAB, DIM = 11, 4
 
@@ -222,3 +223,60 @@ def test_random_ratio_bounds():
     # the rule lives with the config section (the runtime builds methods from validated configs only)
     with pytest.raises(FreezeConfigError, match=r"\[freeze.random\] ratio = 1.5: must lie in \[0, 1\]"):
         RandomConfig(ratio=1.5).validate()
+
+
+# random, per stage (the matched control)
+def test_random_per_stage_follows_timelyfreezes_phases_and_masks():
+    """With per-stage shares the control runs TimelyFreeze's phases and draws TimelyFreeze's masks: the same
+    frozen set as a TimelyFreeze method whose plan gives every action of stage s the share of stage s."""
+    from timelyfreeze.methods.timely import TimelyFreezeMethod
+
+    stages = make_stages(2)
+    phases = Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9)
+    shares = [0.3, 0.7]
+    ctx = make_ctx(stages, num_stages=2, phases=phases)
+    control = RandomFixed(make_cfg(random=RandomConfig(ratio_per_stage=shares)), ctx)
+    timely = TimelyFreezeMethod(make_cfg(), ctx)
+    timely.set_plan({f"{s}B{m}": shares[s] for s in range(2) for m in range(2)})
+    assert not control.needs_plan(6) and control.monitor_phases == ()
+    for step in range(1, 14):
+        assert control.phase(step) == phases.phase(step)
+        for v in stages:
+            for m in range(2):
+                assert control.frozen_tensors(step, v.stage, m) == timely.frozen_tensors(step, v.stage, m)
+    assert control.steady_phases({"warmup", "upper", "lower", "progressive", "stable"}) == ("stable",)
+    assert control.summary() == {"ratio_per_stage": shares, "matched": None}
+
+
+def test_random_per_stage_settings_are_checked(tmp_path):
+    with pytest.raises(FreezeConfigError, match=r"\[freeze.random\] ratio_per_stage\[1\] = 1.5: must lie in \[0, 1\]"):
+        RandomConfig(ratio_per_stage=[0.2, 1.5]).validate()
+    with pytest.raises(FreezeConfigError, match=r"matched = .*: give either matched or ratio_per_stage"):
+        RandomConfig(ratio_per_stage=[0.2], matched=str(tmp_path)).validate()
+    with pytest.raises(FreezeConfigError, match=r"matched = .*: no TimelyFreeze trace there"):
+        RandomConfig(matched=str(tmp_path)).validate()
+    stages = make_stages(2)
+    ctx = make_ctx(stages, num_stages=2, phases=Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9))
+    with pytest.raises(FreezeConfigError, match=r"ratio_per_stage: 3 stage shares for a pipeline of 2 stages"):
+        RandomFixed(make_cfg(random=RandomConfig(ratio_per_stage=[0.1, 0.2, 0.3])), ctx)
+
+
+def test_random_matched_reads_the_runs_stable_per_stage_shares():
+    """``matched``: each stage's mean realised ratio over its backward actions in the stable phase of the run (a
+    committed TimelyFreeze job of the comparison)."""
+    from pathlib import Path
+
+    from planner.trace import load_trace, phase_stage_ratios
+
+    run = (
+        Path(__file__).resolve().parents[1] / "docs/results/comparison/jobs/1F1B__timelyfreeze__r_max=0.8__seed=0/dump"
+    )
+    trace = load_trace(run / "timelyfreeze" / "trace")
+    expected = phase_stage_ratios(trace, "stable")
+    stable = [r for r in trace.records if r.phase == "stable" and r.action[1] == "B" and r.action[0] == "1"]
+    assert expected[1] == pytest.approx(sum(r.freeze_ratio for r in stable) / len(stable))
+    assert len(expected) == 2 and all(0 < x <= 0.8 + 1e-6 for x in expected)  # the plan's budget, r_max 0.8
+    RandomConfig(matched=str(run)).validate()
+    ctx = make_ctx(make_stages(2), num_stages=2, phases=Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9))
+    m = RandomFixed(make_cfg(random=RandomConfig(matched=str(run))), ctx)
+    assert m.shares == expected
