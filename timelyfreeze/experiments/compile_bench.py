@@ -121,41 +121,39 @@ def report(rows: list[dict]) -> str:
         )
     by = {(r["cell"], r["repeat"]): r for r in rows}
     seeds = sorted({r["repeat"] for r in rows})
-    diffs = [
-        by[("eager_block", k)]["val_loss"] - by[("eager_tensor", k)]["val_loss"]
-        for k in sorted({r["repeat"] for r in rows})
-        if ("eager_block", k) in by and ("eager_tensor", k) in by
-    ]
+
+    def paired(cell: str, base: str, value) -> list[float]:
+        """``value(cell's row, base's row)`` for every seed that has both."""
+        return [value(by[(cell, k)], by[(base, k)]) for k in seeds if (cell, k) in by and (base, k) in by]
+
+    diffs = paired("eager_block", "eager_tensor", lambda a, b: a["val_loss"] - b["val_loss"])
     if diffs:
+        per_seed = ", ".join(f"{d:+.3f}" for d in diffs)
         lines += [
             "",
             f"Validation loss, block - tensor at the same seed (eager, r_max 0.8): {agg(diffs, '+.3f')} "
-            f"(n = {len(diffs)}; per seed: {', '.join(f'{d:+.3f}' for d in diffs)})",
+            f"(n = {len(diffs)}; per seed: {per_seed})",
         ]
+
+    def speed_up(freezing: dict, none: dict) -> float:
+        return none["stable_ms"] / freezing["stable_ms"]
+
     for cell, base in (
         ("eager_tensor", "eager_none"),
         ("eager_block", "eager_none"),
         ("compiled_block", "compiled_none"),
     ):
-        pair = [
-            by[(base, k)]["stable_ms"] / by[(cell, k)]["stable_ms"]
-            for k in seeds
-            if (cell, k) in by and (base, k) in by
-        ]
+        pair = paired(cell, base, speed_up)
         if pair:
             lines += [
                 "",
                 f"Speed-up of {cell} over {base} at the same seed (stable batch): {agg(pair, '.3f')} (n = {len(pair)})",
             ]
-    ratios = [
-        by[("compiled_none", k)]["stable_ms"] / by[("eager_none", k)]["stable_ms"]
-        for k in sorted({r["repeat"] for r in rows})
-        if ("compiled_none", k) in by and ("eager_none", k) in by
-    ]
+    ratios = paired("compiled_none", "eager_none", lambda a, b: a["stable_ms"] / b["stable_ms"])
     if ratios:
         lines += [
             "",
-            f"Compile effect without freezing, compiled / eager stable batch time at the same seed: "
+            "Compile effect without freezing, compiled / eager stable batch time at the same seed: "
             f"{agg(ratios, '.3f')} (n = {len(ratios)})",
         ]
     return "\n".join(lines)
