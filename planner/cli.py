@@ -224,14 +224,20 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
     from .budget import format_r_max
-    from .gantt import plot_timeline, stable_panel
+    from .gantt import NO_TIMESTAMPS, measured_panel, plot_timeline, stable_panel
+    from .spans import StepTimeline, step_spans
     from .trace import load_trace, node_weights
 
     trace = load_trace(args.trace)
     meta = trace.meta
-    weights = node_weights(trace)
-    panels: list[tuple[str, dict[str, float]]] = [("measured, nothing frozen (upper bound)", weights.w_max)]
-    ratios: list[dict[str, float] | None] = [None]
+    spans = step_spans(trace)
+    upper = measured_panel(trace, "upper", spans)
+    if upper is not None:
+        panels: list = [upper[:2]]
+        ratios: list[dict[str, float] | None] = [upper[2]]
+    else:
+        panels = [(f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", node_weights(trace).w_max)]
+        ratios = [None]
     if args.plan:
         from .plan import check_plan_matches, load_plan
 
@@ -244,16 +250,19 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
             (f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in meta.all_actions()})
         )
         ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
-    stable = stable_panel(trace)
-    if stable is not None and stable[2]:
-        print(f"note: no stable panel: {len(stable[2])} actions have no 'stable' record (e.g. {stable[2][0]})")
-        stable = None
+    stable = measured_panel(trace, "stable", spans)
     if stable is not None:
-        panels.append(("measured, stable phase (median)", stable[0]))
-        ratios.append(stable[1])
+        panels.append(stable[:2])
+        ratios.append(stable[2])
+    elif (medians := stable_panel(trace)) is not None:
+        if medians[2]:
+            print(f"note: no stable panel: {len(medians[2])} actions have no 'stable' record (e.g. {medians[2][0]})")
+        else:
+            panels.append((f"measured, stable phase, {NO_TIMESTAMPS}", medians[0]))
+            ratios.append(medians[1])
     times = plot_timeline(meta, panels, args.out, ratios=ratios)
-    for (title, _), t in zip(panels, times):
-        print(f"{title}: batch {t:.3f} ms")
+    for (title, durations), t in zip(panels, times):
+        print(f"{title}: {'measured span' if isinstance(durations, StepTimeline) else 'batch'} {t:.3f} ms")
     print(f"wrote {args.out}")
 
 
