@@ -236,7 +236,7 @@ class FreezeRuntime:
         compiled = self.job.all_gather(self.compile_watch.stats()) if self.compile_watch is not None else None
         if self.job.rank != 0:
             return None
-        trace = self._load_trace()
+        trace = _read_trace(self.paths.trace, self.log) if self.writer is not None else None
         state, r_max = self.state, self.plans.r_max
         summary = run_summary.build(
             history=state.history,
@@ -276,20 +276,6 @@ class FreezeRuntime:
         write_json_atomically(self.paths.summary, summary)
         return summary
 
-    def _load_trace(self) -> Trace | None:
-        """The whole trace, read once at the end by global rank 0 (every rank closed its file before the
-        gather in ``finish``), for the pipeline spans, the F factor and the measured timeline panels: reading
-        it here adds nothing to the per-step path. None without a trace, or where rank 0 cannot read every
-        rank's file (ranks on several hosts without a shared dump folder; their start times would not
-        compare anyway)."""
-        if self.writer is None or not (self.paths.trace / META_FILE).exists():
-            return None
-        try:
-            return load_trace(self.paths.trace)
-        except (PlannerError, OSError) as e:
-            self.log(f"[freeze] no spans or F factor: trace not read: {e}")
-            return None
-
     def close(self) -> None:
         """Stop the method, unhook the stages, close the trace, and drop every reference to the process
         group, so that TorchTitan's ``destroy_process_group()`` really destroys it and joins its threads
@@ -311,3 +297,17 @@ def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:
         for s in stages:
             out[s] = rank
     return out
+
+
+def _read_trace(trace_dir, log) -> Trace | None:
+    """The whole trace, read once at the end by global rank 0 (every rank closed its file before the gather
+    in ``FreezeRuntime.finish``), for the pipeline spans, the F factor and the measured timeline panels:
+    reading it here adds nothing to the per-step path. None where rank 0 cannot read every rank's file
+    (ranks on several hosts without a shared dump folder; their start times would not compare anyway)."""
+    if not (trace_dir / META_FILE).exists():
+        return None
+    try:
+        return load_trace(trace_dir)
+    except (PlannerError, OSError) as e:
+        log(f"[freeze] no spans or F factor: trace not read: {e}")
+        return None
