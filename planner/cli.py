@@ -223,44 +223,20 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
-    from .budget import format_r_max
-    from .gantt import NO_TIMESTAMPS, measured_panel, plot_timeline, stable_panel
-    from .spans import StepTimeline, step_spans
-    from .trace import load_trace, node_weights
+    from .gantt import plot_timeline, trace_panels
+    from .spans import StepTimeline
+    from .trace import load_trace
 
     trace = load_trace(args.trace)
-    meta = trace.meta
-    spans = step_spans(trace)
-    upper = measured_panel(trace, "upper", spans)
-    if upper is not None:
-        panels: list = [upper[:2]]
-        ratios: list[dict[str, float] | None] = [upper[2]]
-    else:
-        panels = [(f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", node_weights(trace).w_max)]
-        ratios = [None]
+    plan = None
     if args.plan:
-        from .plan import check_plan_matches, load_plan
+        from .plan import load_plan
 
         plan = load_plan(args.plan)
-        check_plan_matches(plan, meta.schedule, meta.num_stages, meta.num_microbatches, args.plan)
-        missing = [a for a in meta.all_actions() if a not in plan.actions]
-        if missing:
-            raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
-        panels.append(
-            (f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in meta.all_actions()})
-        )
-        ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
-    stable = measured_panel(trace, "stable", spans)
-    if stable is not None:
-        panels.append(stable[:2])
-        ratios.append(stable[2])
-    elif (medians := stable_panel(trace)) is not None:
-        if medians[2]:
-            print(f"note: no stable panel: {len(medians[2])} actions have no 'stable' record (e.g. {medians[2][0]})")
-        else:
-            panels.append((f"measured, stable phase, {NO_TIMESTAMPS}", medians[0]))
-            ratios.append(medians[1])
-    times = plot_timeline(meta, panels, args.out, ratios=ratios)
+    panels, ratios, notes = trace_panels(trace, plan, args.plan)
+    for note in notes:
+        print(f"note: {note}")
+    times = plot_timeline(trace.meta, panels, args.out, ratios=ratios)
     for (title, durations), t in zip(panels, times):
         print(f"{title}: {'measured span' if isinstance(durations, StepTimeline) else 'batch'} {t:.3f} ms")
     print(f"wrote {args.out}")

@@ -17,10 +17,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from .actions import KINDS, PAIR, parse_action
+from .budget import format_r_max
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .fileio import replace_atomically
-from .spans import StepTimeline, representative_step, step_timeline
+from .spans import StepTimeline, representative_step, step_spans, step_timeline
 from .trace import TraceMeta
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
@@ -81,6 +82,40 @@ def measured_panel(trace, phase: str, spans: dict[int, float]) -> tuple[str, Ste
     tl = step_timeline(trace, step)
     title = f"measured, {PHASE_LABELS.get(phase, phase)}: step {step} (the phase's median span), from start_ms"
     return title, tl, tl.ratios
+
+
+def trace_panels(trace, plan=None, plan_source: str = "plan") -> tuple[list, list, list[str]]:
+    """``(panels, ratios, notes)`` of ``python -m planner gantt``: the measured upper bound, the plan's batch
+    (with ``plan``, checked against the trace; ``plan_source`` names it in errors) and the measured stable
+    phase when the trace has one. Measured panels are real steps (:func:`measured_panel`) where the trace
+    has comparable timestamps, else medians on the DAG's longest path, titled so (:data:`NO_TIMESTAMPS`).
+    ``notes``: why a panel is left out."""
+    from .plan import check_plan_matches
+    from .trace import node_weights
+
+    meta, spans, notes = trace.meta, step_spans(trace), []
+    actions = meta.all_actions()
+    upper = measured_panel(trace, "upper", spans)
+    if upper is None:
+        upper = (f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", node_weights(trace).w_max, None)
+    panels, ratios = [upper[:2]], [upper[2]]
+    if plan is not None:
+        check_plan_matches(plan, meta.schedule, meta.num_stages, meta.num_microbatches, plan_source)
+        missing = [a for a in actions if a not in plan.actions]
+        if missing:
+            raise PlannerError(f"{plan_source}: plan has no entry for action {missing[0]!r} of the trace")
+        panels.append((f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in actions}))
+        ratios.append({a: plan.actions[a].freeze_ratio for a in actions})
+    stable = measured_panel(trace, "stable", spans)
+    if stable is None and (medians := stable_panel(trace)) is not None:
+        if medians[2]:
+            notes.append(f"no stable panel: {len(medians[2])} actions have no 'stable' record (e.g. {medians[2][0]})")
+        else:
+            stable = (f"measured, stable phase, {NO_TIMESTAMPS}", medians[0], medians[1])
+    if stable is not None:
+        panels.append(stable[:2])
+        ratios.append(stable[2])
+    return panels, ratios, notes
 
 
 def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | None]:

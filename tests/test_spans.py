@@ -165,3 +165,10 @@ def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monk
     assert [t.startswith("measured") for t, _ in with_trace] == [True, False, True]
     assert all(NO_TIMESTAMPS not in t for t, _ in with_trace) and "median span" in with_trace[2][0]
     assert NO_TIMESTAMPS in without[0][0] and NO_TIMESTAMPS in without[2][0]
+
+
+def test_the_reports_timeline_is_the_gantt_commands(tmp_path) -> None:
+    from timelyfreeze.experiments.predictions import Planner
+
+    Planner().gantt(JOB / "trace", JOB / "plan.json", tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
