@@ -223,37 +223,22 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
-    from .budget import format_r_max
-    from .gantt import plot_timeline, stable_panel
-    from .trace import load_trace, node_weights
+    from .gantt import plot_timeline, trace_panels
+    from .spans import StepTimeline
+    from .trace import load_trace
 
     trace = load_trace(args.trace)
-    meta = trace.meta
-    weights = node_weights(trace)
-    panels: list[tuple[str, dict[str, float]]] = [("measured, nothing frozen (upper bound)", weights.w_max)]
-    ratios: list[dict[str, float] | None] = [None]
+    plan = None
     if args.plan:
-        from .plan import check_plan_matches, load_plan
+        from .plan import load_plan
 
         plan = load_plan(args.plan)
-        check_plan_matches(plan, meta.schedule, meta.num_stages, meta.num_microbatches, args.plan)
-        missing = [a for a in meta.all_actions() if a not in plan.actions]
-        if missing:
-            raise PlannerError(f"{args.plan}: plan has no entry for action {missing[0]!r} of the trace")
-        panels.append(
-            (f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in meta.all_actions()})
-        )
-        ratios.append({a: plan.actions[a].freeze_ratio for a in meta.all_actions()})
-    stable = stable_panel(trace)
-    if stable is not None and stable[2]:
-        print(f"note: no stable panel: {len(stable[2])} actions have no 'stable' record (e.g. {stable[2][0]})")
-        stable = None
-    if stable is not None:
-        panels.append(("measured, stable phase (median)", stable[0]))
-        ratios.append(stable[1])
-    times = plot_timeline(meta, panels, args.out, ratios=ratios)
-    for (title, _), t in zip(panels, times):
-        print(f"{title}: batch {t:.3f} ms")
+    panels, ratios, notes = trace_panels(trace, plan, args.plan)
+    for note in notes:
+        print(f"note: {note}")
+    times = plot_timeline(trace.meta, panels, args.out, ratios=ratios)
+    for (title, durations), t in zip(panels, times):
+        print(f"{title}: {'measured span' if isinstance(durations, StepTimeline) else 'batch'} {t:.3f} ms")
     print(f"wrote {args.out}")
 
 

@@ -1,11 +1,13 @@
 """Per-rank timeline (Gantt) plots of one training batch, one panel per batch variant.
 
-Each panel places every action at its earliest start on the schedule DAG (the longest path from the
-source, so the same model the planner optimises), one row per pipeline rank, coloured by kind.
+A panel given durations places every action at its earliest start on the schedule DAG (the longest path
+from the source, so the same model the planner optimises); a panel given a measured step
+(:class:`planner.spans.StepTimeline`) places every action at its measured start (``start_ms``, from the
+step's first start) and ends at the step's measured span. One row per pipeline rank, coloured by kind.
 Frozen work is shown by the box fading in proportion to its freeze ratio, a dark bar along its
 bottom as long as that fraction of the box, and the ratio printed under the action name where the
 box is wide enough. Boxes on the critical
-path get a black outline. All panels share the time axis so batch times compare at a glance.
+path of a DAG panel get a black outline. All panels share the time axis so batch times compare at a glance.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from .actions import KINDS, PAIR, parse_action
+from .budget import format_r_max
 from .dag import build_dag, longest_path
 from .errors import PlannerError
 from .fileio import replace_atomically
+from .spans import StepTimeline, representative_step, step_spans, step_timeline
 from .trace import TraceMeta
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
@@ -61,6 +65,59 @@ def stable_panel(trace) -> tuple[dict[str, float], dict[str, float], list[str]] 
     return med, {a: float(statistics.median(v)) for a, v in ratio.items()}, missing
 
 
+PHASE_LABELS = {"upper": "nothing frozen (upper bound)", "stable": "stable phase"}
+"""How a measured panel's title names the phases a timeline shows."""
+
+NO_TIMESTAMPS = "medians on the DAG's longest path; the trace has no comparable start_ms"
+"""Title note of a measured panel drawn from medians (a trace without timestamps, or ranks on several hosts)."""
+
+
+def measured_panel(trace, phase: str, spans: dict[int, float]) -> tuple[str, StepTimeline, dict[str, float]] | None:
+    """``(title, timeline, ratios)`` of the measured panel of ``phase``: its representative step
+    (:func:`planner.spans.representative_step`) at the measured starts; None when no step of the phase
+    has a span in ``spans`` (``step_spans(trace)``)."""
+    step = representative_step(trace, phase, spans)
+    if step is None:
+        return None
+    tl = step_timeline(trace, step)
+    title = f"measured, {PHASE_LABELS.get(phase, phase)}: step {step} (the phase's median span), from start_ms"
+    return title, tl, tl.ratios
+
+
+def trace_panels(trace, plan=None, plan_source: str = "plan") -> tuple[list, list, list[str]]:
+    """``(panels, ratios, notes)`` of ``python -m planner gantt``: the measured upper bound, the plan's batch
+    (with ``plan``, checked against the trace; ``plan_source`` names it in errors) and the measured stable
+    phase when the trace has one. Measured panels are real steps (:func:`measured_panel`) where the trace
+    has comparable timestamps, else medians on the DAG's longest path, titled so (:data:`NO_TIMESTAMPS`).
+    ``notes``: why a panel is left out."""
+    from .plan import check_plan_matches
+    from .trace import node_weights
+
+    meta, spans, notes = trace.meta, step_spans(trace), []
+    actions = meta.all_actions()
+    upper = measured_panel(trace, "upper", spans)
+    if upper is None:
+        upper = (f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", node_weights(trace).w_max, None)
+    panels, ratios = [upper[:2]], [upper[2]]
+    if plan is not None:
+        check_plan_matches(plan, meta.schedule, meta.num_stages, meta.num_microbatches, plan_source)
+        missing = [a for a in actions if a not in plan.actions]
+        if missing:
+            raise PlannerError(f"{plan_source}: plan has no entry for action {missing[0]!r} of the trace")
+        panels.append((f"planned, r_max={format_r_max(plan.r_max)}", {a: plan.actions[a].duration for a in actions}))
+        ratios.append({a: plan.actions[a].freeze_ratio for a in actions})
+    stable = measured_panel(trace, "stable", spans)
+    if stable is None and (medians := stable_panel(trace)) is not None:
+        if medians[2]:
+            notes.append(f"no stable panel: {len(medians[2])} actions have no 'stable' record (e.g. {medians[2][0]})")
+        else:
+            stable = (f"measured, stable phase, {NO_TIMESTAMPS}", medians[0], medians[1])
+    if stable is not None:
+        panels.append(stable[:2])
+        ratios.append(stable[2])
+    return panels, ratios, notes
+
+
 def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | None]:
     if ratios is None:
         return [None] * n_panels
@@ -74,14 +131,15 @@ def _panel_ratios(ratios: Ratios, n_panels: int) -> list[Mapping[str, float] | N
 
 def plot_timeline(
     meta: TraceMeta,
-    durations_by_panel: Sequence[tuple[str, Mapping[str, float]]],
+    durations_by_panel: Sequence[tuple[str, Mapping[str, float] | StepTimeline]],
     out_path: str | os.PathLike[str],
     ratios: Ratios = None,
     title: str | None = None,
 ) -> list[float]:
     """Draw the panels into a PNG at ``out_path`` (written atomically); returns each panel's batch time.
 
-    ``durations_by_panel``: ``[(title, {action: ms})]``, every action of ``meta`` in every panel.
+    ``durations_by_panel``: ``[(title, {action: ms})]``, every action of ``meta`` in every such panel, or
+    ``[(title, StepTimeline)]`` for a measured step (its batch time is its span).
     ``ratios``: freeze ratios to show, either one ``{action: ratio}`` for all panels or a list with
     one entry (or None) per panel.
     """
@@ -91,8 +149,14 @@ def plot_timeline(
     dag = build_dag(meta)
     solved = []
     for panel_title, durations in durations_by_panel:
+        if isinstance(durations, StepTimeline):
+            solved.append((panel_title, list(durations.boxes), durations.span_ms, None))
+            continue
         makespan, starts, critical = longest_path(dag, dict(durations))
-        solved.append((panel_title, durations, makespan, starts, set(critical)))
+        boxes = [
+            (a, r, starts[a], float(durations[a])) for r in range(meta.pp_degree) for a in meta.rank_orders.get(r, [])
+        ]
+        solved.append((panel_title, boxes, makespan, set(critical)))
 
     import matplotlib
 
@@ -101,28 +165,39 @@ def plot_timeline(
 
     pp = meta.pp_degree
     n_panels = len(solved)
-    xmax = max(m for _, _, m, _, _ in solved) or 1.0
+    xmax = max(m for _, _, m, _ in solved) or 1.0
     longest_order = max((len(o) for o in meta.rank_orders.values()), default=1)
     width_in = min(40.0, max(10.0, 0.3 * longest_order, _legend_width_in(meta)))
     height_in = 1.2 + n_panels * (0.55 * pp + 0.9)
     fig, axes = plt.subplots(n_panels, 1, figsize=(width_in, height_in), dpi=110, sharex=True, squeeze=False)
     # Horizontal pixels per ms (axes span ~88% of the figure width after tight_layout).
     boxes = _Boxes(fig.dpi, width_in * 0.88 * fig.dpi / (xmax * 1.02), 7 if pp <= 8 else 6)
-    for ax, (panel_title, durations, makespan, starts, critical), panel_ratios in zip(
+    for ax, (panel_title, panel_boxes, makespan, critical), panel_ratios in zip(
         (a[0] for a in axes), solved, per_panel
     ):
-        for r in range(pp):
-            for a in meta.rank_orders.get(r, []):
-                ratio = min(max(float(panel_ratios.get(a, 0.0)), 0.0), 1.0) if panel_ratios else 0.0
-                boxes.draw(ax, a, r, starts[a], float(durations[a]), ratio, a in critical)
+        for a, r, x, w in panel_boxes:
+            ratio = min(max(float(panel_ratios.get(a, 0.0)), 0.0), 1.0) if panel_ratios else 0.0
+            boxes.draw(ax, a, r, x, w, ratio, critical is not None and a in critical)
         ax.axvline(makespan, color="crimson", linestyle="--", linewidth=1)
-        ax.set_title(f"{panel_title}: batch {makespan:.2f} ms", loc="left", fontsize=10)
+        what = "batch" if critical is not None else "measured span"
+        ax.set_title(f"{panel_title}: {what} {makespan:.2f} ms", loc="left", fontsize=10)
         ax.set_ylim(pp - 0.5, -0.5)
         ax.set_yticks(range(pp))
         ax.set_yticklabels([f"rank {r}" for r in range(pp)])
         ax.grid(True, axis="x", alpha=0.25)
     axes[-1][0].set_xlim(0, xmax * 1.02)
-    axes[-1][0].set_xlabel("time (ms), earliest start on the schedule DAG")
+    measured = [isinstance(d, StepTimeline) for _, d in durations_by_panel]
+    axes[-1][0].set_xlabel(
+        "time (ms): "
+        + "; ".join(
+            x
+            for x, on in (
+                ("earliest start on the schedule DAG", not all(measured)),
+                ("measured, from the step's first start", any(measured)),
+            )
+            if on
+        )
+    )
     head = title or f"{meta.schedule}, pp={pp}, {meta.num_stages} stages, {meta.num_microbatches} microbatches"
     fig.suptitle(head, fontsize=11, x=0.01, ha="left")
     boxes.legend(fig, height_in)
@@ -130,7 +205,7 @@ def plot_timeline(
         replace_atomically(out_path, lambda tmp: fig.savefig(tmp, format="png"))
     finally:
         plt.close(fig)
-    return [m for _, _, m, _, _ in solved]
+    return [m for _, _, m, _ in solved]
 
 
 class _Boxes:

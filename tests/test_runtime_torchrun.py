@@ -25,6 +25,7 @@ import pytest
 from planner.actions import PAIR, parse_action
 from planner.plan import load_plan, plan_from_trace
 from planner.schedules import rank_orders
+from planner.spans import f_factor, phase_spans, step_spans
 from planner.trace import load_trace
 from tests.torchrun_util import short_cycle, torchrun
 
@@ -109,6 +110,11 @@ def check_full_cycle(
     assert len(losses) == steps and all(math.isfinite(line) for line in losses)
     assert not summary["failures"]
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
+    # spans and the F factor from the trace's timestamps (every rank on this host), as planner.spans reads them
+    spans = step_spans(trace)
+    assert len(spans) == steps and summary["step_span_ms"] == [[k, round(ms, 3)] for k, ms in spans.items()]
+    assert summary["span_ms"] == pytest.approx(phase_spans(trace, spans))
+    assert summary["speedup"]["f_factor"] == pytest.approx(f_factor(trace))
     metrics = run.metrics()
     assert [m["phase"] for m in metrics if "phase" in m][lower_end] == "progressive"
     return plan, trace

@@ -18,7 +18,9 @@ from __future__ import annotations
 import socket
 from typing import Any
 
+from planner.errors import PlannerError
 from planner.fileio import write_json_atomically
+from planner.trace import META_FILE, Trace, load_trace
 from timelyfreeze import freeze_state, stage_hooks, timeline
 from timelyfreeze import summary as run_summary
 from timelyfreeze.compile_watch import CompileWatch
@@ -234,6 +236,7 @@ class FreezeRuntime:
         compiled = self.job.all_gather(self.compile_watch.stats()) if self.compile_watch is not None else None
         if self.job.rank != 0:
             return None
+        trace = _read_trace(self.paths.trace, self.log) if self.writer is not None else None
         state, r_max = self.state, self.plans.r_max
         summary = run_summary.build(
             history=state.history,
@@ -257,11 +260,12 @@ class FreezeRuntime:
             method_summary=self.method.summary(),
             failures=state.failures,
             replans=state.replanner.events if state.replanner is not None else [],
+            trace=trace,
         )
         if compiled is not None:
             summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
         drawn = timeline.draw(
-            state.meta, timeline.merge(medians), self.paths.plan, self.paths.trace, self.paths.timeline, self.log
+            state.meta, timeline.merge(medians), self.paths.plan, self.paths.trace, self.paths.timeline, self.log, trace
         )
         summary["paths"] = {
             "trace": str(self.paths.trace) if self.cfg.trace else None,
@@ -293,3 +297,17 @@ def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:
         for s in stages:
             out[s] = rank
     return out
+
+
+def _read_trace(trace_dir, log) -> Trace | None:
+    """The whole trace, read once at the end by global rank 0 (every rank closed its file before the gather
+    in ``FreezeRuntime.finish``), for the pipeline spans, the F factor and the measured timeline panels:
+    reading it here adds nothing to the per-step path. None where rank 0 cannot read every rank's file
+    (ranks on several hosts without a shared dump folder; their start times would not compare anyway)."""
+    if not (trace_dir / META_FILE).exists():
+        return None
+    try:
+        return load_trace(trace_dir)
+    except (PlannerError, OSError) as e:
+        log(f"[freeze] no spans or F factor: trace not read: {e}")
+        return None

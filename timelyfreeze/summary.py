@@ -8,6 +8,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from planner.spans import achieved_share, f_factor, phase_spans, step_spans
+from planner.trace import Trace
+
 SUMMARY_FORMAT = "timelyfreeze-run/1"
 
 
@@ -22,9 +25,11 @@ def build(
     method_summary: dict,
     failures: list[str],
     replans: list[dict] | None = None,
+    trace: Trace | None = None,
 ) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
-    (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed)."""
+    (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed); ``trace``, when rank 0
+    could load the run's whole trace, gives the pipeline spans and the F factor (``planner.spans``)."""
     hist = sorted(history, key=lambda h: h["step"])
     ranges: dict[str, list[int]] = {}
     by_phase: dict[str, list[dict]] = {}
@@ -39,6 +44,9 @@ def build(
 
     steady_rows = [h for h in hist if h["phase"] in steady_phases]
     losses = [[h["step"], h["loss"]] for h in hist if h["loss"] is not None]
+    spans = step_spans(trace) if trace is not None else {}
+    median_batch = {p: statistics.median(r["batch_ms"] for r in rows) for p, rows in by_phase.items()}
+    span = phase_spans(trace, spans) if spans else {}
     return {
         "format": SUMMARY_FORMAT,
         **run,
@@ -53,7 +61,11 @@ def build(
             for p, rows in by_phase.items()
             if all("replica_batch_ms" in r for r in rows)
         },
+        "median_batch_ms": median_batch,
+        "span_ms": span,
+        "step_span_ms": [[k, round(ms, 3)] for k, ms in spans.items()],
         "predicted_batch_ms": predicted_batch_ms,
+        "speedup": speedup(median_batch, span, predicted_batch_ms, f_factor(trace) if trace is not None else None),
         "avg_freeze_ratio": statistics.fmean(h["freeze_ratio"] for h in hist) if hist else 0.0,
         "final_loss": losses[-1][1] if losses else None,
         "val_loss": val_curve[-1][1] if val_curve else None,
@@ -62,6 +74,27 @@ def build(
         "method_summary": method_summary,
         "failures": list(failures),
         "replans": list(replans or []),
+    }
+
+
+def speedup(median_batch: dict, span: dict, predicted: dict | None, f: float | None) -> dict | None:
+    """The ``speedup`` field: measured (upper / stable, from the medians of the batch wall time and of the
+    span) against predicted (``no_freeze / planned``) and the shares achieved; None without a plan or
+    without both an upper and a stable phase."""
+    if not predicted or not predicted.get("planned") or "upper" not in median_batch or "stable" not in median_batch:
+        return None
+    pred = predicted["no_freeze"] / predicted["planned"]
+    wall = median_batch["upper"] / median_batch["stable"]
+    by_span = span["upper"] / span["stable"] if "upper" in span and "stable" in span else None
+    return {
+        "predicted": pred,
+        "measured": wall,
+        "measured_span": by_span,
+        "f_factor": f,
+        "share": achieved_share(wall, pred),
+        "share_f_corrected": achieved_share(wall * f, pred) if f is not None else None,
+        "share_span": achieved_share(by_span, pred),
+        "share_span_f_corrected": achieved_share(by_span * f, pred) if f is not None and by_span else None,
     }
 
 
@@ -94,10 +127,27 @@ def format_summary(s: dict) -> str:
     lines.append("  batch time, measured:  " + ", ".join(f"{p} {f(v, ' ms')}" for p, v in mb.items()))
     for p, per in (s.get("replica_mean_batch_ms") or {}).items():
         lines.append(f"  {p} batch time per replica: " + ", ".join(f(v, " ms") for v in per))
-    if pred and mb.get("upper") and mb.get("stable"):
+    if s.get("median_batch_ms"):
         lines.append(
-            f"  speedup over upper bound: measured {mb['upper'] / mb['stable']:.3f}x, "
-            f"predicted {pred['no_freeze'] / pred['planned']:.3f}x"
+            "  median per phase, schedule wall time (max over ranks): "
+            + ", ".join(f"{p} {f(v, ' ms')}" for p, v in s["median_batch_ms"].items())
+        )
+    if s.get("span_ms"):
+        lines.append(
+            "  median per phase, pipeline span from timestamps: "
+            + ", ".join(f"{p} {f(v, ' ms')}" for p, v in s["span_ms"].items())
+        )
+    sp = s.get("speedup")
+    if sp:
+        lines.append(
+            f"  speedup over upper bound (medians): predicted {sp['predicted']:.3f}x, measured "
+            f"{sp['measured']:.3f}x wall, {f(sp['measured_span'], 'x', 3)} span; F factor (stable / upper) "
+            f"{f(sp['f_factor'], '', 3)}"
+        )
+        lines.append(
+            f"  share of the predicted speedup: {f(sp['share'], '', 2)} wall, {f(sp['share_f_corrected'], '', 2)} "
+            f"wall with the F factor out; {f(sp['share_span'], '', 2)} span, "
+            f"{f(sp['share_span_f_corrected'], '', 2)} span with the F factor out"
         )
     for e in s.get("replans") or []:
         lines.append(

@@ -1,9 +1,13 @@
 """The end-of-run timeline PNG: measured upper-bound batch, planned batch, measured stable batch.
 
-``phase_medians`` reads one rank's trace file (median ms per action in the upper and stable phases, and
-the mean applied ratio per action in the stable phase); global rank 0 merges every rank's (with several
-pipeline replicas, the per-action maximum over replicas, as the plan combines them) and calls ``draw``. A plot
-must never fail a finished run: ``draw`` returns None and logs why instead.
+The measured panels show what happened: when global rank 0 could load the whole trace and its records
+carry ``start_ms`` on one host, each is the phase's representative step (the step of the phase's median
+span, ``planner.spans``) with every action at its measured start and the step's measured end. Otherwise
+(CUDA traces have no ``start_ms``; ranks on several hosts) they fall back to medians laid on the DAG's
+longest path, and their titles say so: ``phase_medians`` reads one rank's trace file (median ms per action
+in the upper and stable phases, and the mean applied ratio per action in the stable phase); global rank 0
+merges every rank's (with several pipeline replicas, the per-action maximum over replicas, as the plan
+combines them). A plot must never fail a finished run: ``draw`` returns None and logs why instead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from planner.budget import format_r_max
+from planner.trace import Trace
 
 
 def phase_medians(trace_file: Path | None) -> dict[str, dict[str, float]]:
@@ -53,17 +58,26 @@ def draw(
     trace_dir: Path,
     out: Path,
     log: Callable[[str], None],
+    trace: Trace | None = None,
 ) -> str | None:
-    """Write the timeline PNG to ``out``; its path, or None when there is nothing to draw or it failed."""
+    """Write the timeline PNG to ``out``; its path, or None when there is nothing to draw or it failed.
+    ``trace``: the whole trace, when rank 0 could load it (measured panels from its timestamps)."""
     if meta is None or "upper" not in medians:
         return None
     try:
-        from planner.gantt import plot_timeline
+        from planner.gantt import NO_TIMESTAMPS, measured_panel, plot_timeline
+        from planner.spans import step_spans
         from planner.trace import validate_meta
 
         vmeta = validate_meta(meta, str(trace_dir))
-        panels = [("measured, nothing frozen (upper bound)", medians["upper"])]
-        ratios: list = [None]
+        spans = step_spans(trace) if trace is not None else {}
+        measured = {p: measured_panel(trace, p, spans) for p in ("upper", "stable")} if spans else {}
+        if measured.get("upper"):
+            panels: list = [measured["upper"][:2]]
+            ratios: list = [measured["upper"][2]]
+        else:
+            panels = [(f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", medians["upper"])]
+            ratios = [None]
         if plan_path.exists():
             from planner.plan import load_plan
 
@@ -72,8 +86,11 @@ def draw(
                 (f"planned (r_max {format_r_max(plan.r_max)})", {a: ap.duration for a, ap in plan.actions.items()})
             )
             ratios.append({a: ap.freeze_ratio for a, ap in plan.actions.items()})
-        if "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
-            panels.append(("measured, stable phase (mean applied ratios)", medians["stable"]))
+        if measured.get("stable"):
+            panels.append(measured["stable"][:2])
+            ratios.append(measured["stable"][2])
+        elif "stable" in medians and len(medians["stable"]) == len(medians["upper"]):
+            panels.append((f"measured, stable phase (mean applied ratios), {NO_TIMESTAMPS}", medians["stable"]))
             ratios.append(medians.get("stable_ratio"))
         plot_timeline(vmeta, panels, out, ratios=ratios)
         return str(out)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from planner.budget import format_r_max
 from planner.errors import PlannerError
 
 
@@ -48,31 +47,14 @@ class Planner:
 
     def gantt(self, trace: Path, plan: Path, out_png: Path) -> None:
         """Per-rank timeline PNG: measured upper bound, the plan's batch, and the measured stable phase
-        when the trace has one."""
-        from planner.gantt import plot_timeline, stable_panel
-        from planner.plan import check_plan_matches, load_plan
-        from planner.trace import load_trace, node_weights
+        when the trace has one (``planner.gantt.trace_panels``)."""
+        from planner.gantt import plot_timeline, trace_panels
+        from planner.plan import load_plan
+        from planner.trace import load_trace
 
         def run() -> None:
             tr = load_trace(trace)
-            meta = tr.meta
-            p = load_plan(plan)
-            check_plan_matches(p, meta.schedule, meta.num_stages, meta.num_microbatches, str(plan))
-            actions = meta.all_actions()
-            missing = [a for a in actions if a not in p.actions]
-            if missing:
-                raise PlannerError(f"{plan}: plan has no entry for action {missing[0]!r} of the trace")
-            panels: list[tuple[str, dict[str, float]]] = [
-                ("measured, nothing frozen (upper bound)", node_weights(tr).w_max),
-                (f"planned, r_max={format_r_max(p.r_max)}", {a: p.actions[a].duration for a in actions}),
-            ]
-            ratios: list[dict[str, float] | None] = [None, {a: p.actions[a].freeze_ratio for a in actions}]
-            stable = stable_panel(tr)
-            if stable is not None and stable[2]:
-                stable = None
-            if stable is not None:
-                panels.append(("measured, stable phase (median)", stable[0]))
-                ratios.append(stable[1])
-            plot_timeline(meta, panels, out_png, ratios=ratios)
+            panels, ratios, _ = trace_panels(tr, load_plan(plan), str(plan))
+            plot_timeline(tr.meta, panels, out_png, ratios=ratios)
 
         _guarded("gantt", run)

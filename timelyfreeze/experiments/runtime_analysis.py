@@ -81,5 +81,9 @@ def decompose(dump: Path) -> dict:
 
 
 def share(measured: float, predicted: float) -> float:
-    """The achieved share (%) of a predicted speed-up; NaN when nothing was predicted."""
-    return 100 * (measured - 1) / (predicted - 1) if predicted > 1 else float("nan")
+    """The achieved share (%) of a predicted speed-up (``planner.spans.achieved_share``); NaN when nothing
+    was predicted."""
+    from planner.spans import achieved_share
+
+    got = achieved_share(measured, predicted)
+    return 100 * got if got is not None else float("nan")

@@ -1,0 +1,144 @@
+"""What happened in a step, from a trace's timestamps (``start_ms``; no torch): the pipeline span of each
+step, one step's actions at their real starts (the measured panels of a timeline), the machine's F factor
+between two phases, and the achieved share of a predicted speed-up.
+
+* **Span** of a step: last end minus first start (``start_ms + ms``) over every record of the step on
+  every pipeline rank of replica 0 (all of its accumulation batches). ``start_ms`` is each host's
+  monotonic clock, so spans are computed only when every rank of replica 0 is on one host (meta field
+  ``hosts``; without it one host is assumed, as ``planner.comm`` does); across hosts :func:`step_spans`
+  gives ``{}``. A step with a record without ``start_ms`` (a CUDA or older trace) has no span. With
+  several replicas the span is replica 0's (``meta.hosts`` names only its ranks' hosts).
+* **Representative step** of a phase: the step whose span is the phase's lower median span (the earliest
+  such step), so a timeline drawn from it ends at that median.
+* **F factor** of a phase against a base phase: the median ``ms`` of the F (forward) records of the phase
+  divided by the median of the base's. Freezing never changes a forward action, so this measures the
+  machine (1.0: the same speed; 1.1: 10 % slower in the phase).
+* **Share** of a predicted speed-up: ``(measured - 1) / (predicted - 1)``; with the F factor taken out the
+  measured speed-up is multiplied by the stable phase's F factor against the upper bound's (the stable
+  batch brought back to the upper bound's machine speed).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .actions import action_kind
+from .trace import Trace
+
+__all__ = [
+    "StepTimeline",
+    "achieved_share",
+    "f_factor",
+    "one_host",
+    "phase_spans",
+    "representative_step",
+    "step_spans",
+    "step_timeline",
+]
+
+
+@dataclass
+class StepTimeline:
+    """One measured step of replica 0: ``boxes`` are ``(action, rank, start, ms)`` with ``start`` in ms from
+    the step's first start; ``span_ms`` is the step's span (the end of its last action); ``ratios`` the
+    freeze ratio each action applied (the mean over the step's accumulation batches)."""
+
+    step: int
+    phase: str
+    boxes: list[tuple[str, int, float, float]]
+    span_ms: float
+    ratios: dict[str, float]
+
+
+def one_host(trace: Trace) -> bool:
+    """True when start times compare across the ranks of replica 0: one host, or no ``hosts`` field."""
+    hosts = trace.meta.hosts
+    return hosts is None or len(set(hosts)) <= 1
+
+
+def _timed_steps(trace: Trace) -> dict[int, list]:
+    """Replica 0's records per step, for the steps whose every record has ``start_ms`` ({} across hosts)."""
+    if not one_host(trace):
+        return {}
+    steps: dict[int, list] = {}
+    untimed: set[int] = set()
+    for rec in trace.records:
+        if rec.replica != 0:
+            continue
+        if rec.start_ms is None:
+            untimed.add(rec.step)
+        steps.setdefault(rec.step, []).append(rec)
+    return {k: v for k, v in steps.items() if k not in untimed}
+
+
+def step_spans(trace: Trace) -> dict[int, float]:
+    """``{step: span ms}`` of every step with timestamps (module docstring); ``{}`` across hosts."""
+    return {
+        k: max(r.start_ms + r.ms for r in recs) - min(r.start_ms for r in recs)
+        for k, recs in sorted(_timed_steps(trace).items())
+    }
+
+
+def _phase_of(trace: Trace) -> dict[int, str]:
+    return {rec.step: rec.phase for rec in trace.records if rec.replica == 0}
+
+
+def phase_spans(trace: Trace, spans: dict[int, float] | None = None) -> dict[str, float]:
+    """``{phase: median span ms}`` over the phase's steps with a span (``spans``: ``step_spans(trace)``)."""
+    spans = step_spans(trace) if spans is None else spans
+    phase_of = _phase_of(trace)
+    by_phase: dict[str, list[float]] = {}
+    for k, ms in spans.items():
+        by_phase.setdefault(phase_of[k], []).append(ms)
+    return {p: float(statistics.median(v)) for p, v in by_phase.items()}
+
+
+def representative_step(trace: Trace, phase: str, spans: dict[int, float] | None = None) -> int | None:
+    """The earliest step of ``phase`` whose span is the phase's lower median span; None without one."""
+    spans = step_spans(trace) if spans is None else spans
+    phase_of = _phase_of(trace)
+    mine = [(k, ms) for k, ms in spans.items() if phase_of.get(k) == phase]
+    if not mine:
+        return None
+    median = statistics.median_low(ms for _, ms in mine)
+    return min(k for k, ms in mine if ms == median)
+
+
+def step_timeline(trace: Trace, step: int) -> StepTimeline | None:
+    """Every action of replica 0 in ``step`` at its measured start; None when the step has no timestamps."""
+    recs = _timed_steps(trace).get(step)
+    if not recs:
+        return None
+    t0 = min(r.start_ms for r in recs)
+    boxes = [(r.action, r.rank, r.start_ms - t0, r.ms) for r in sorted(recs, key=lambda r: (r.rank, r.start_ms))]
+    ratios: dict[str, list[float]] = {}
+    for r in recs:
+        ratios.setdefault(r.action, []).append(r.freeze_ratio)
+    return StepTimeline(
+        step,
+        recs[0].phase,
+        boxes,
+        max(s + ms for _, _, s, ms in boxes),
+        {a: statistics.fmean(v) for a, v in ratios.items()},
+    )
+
+
+def f_factor(trace: Trace, phase: str = "stable", base: str = "upper") -> float | None:
+    """Median F-action ms of ``phase`` / that of ``base`` (module docstring); None without F records in both."""
+    ms: dict[str, list[float]] = {phase: [], base: []}
+    for rec in trace.records:
+        if rec.phase in ms and action_kind(rec.action) == "F":
+            ms[rec.phase].append(rec.ms)
+    if not ms[phase] or not ms[base]:
+        return None
+    lo = statistics.median(ms[base])
+    return float(statistics.median(ms[phase]) / lo) if lo > 0 else None
+
+
+def achieved_share(measured: float | None, predicted: float | None) -> float | None:
+    """``(measured - 1) / (predicted - 1)`` of two speed-ups; None when either is missing or nothing
+    was predicted (``predicted <= 1``)."""
+    if measured is None or predicted is None or predicted <= 1:
+        return None
+    return (measured - 1) / (predicted - 1)
