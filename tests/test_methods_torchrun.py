@@ -70,7 +70,7 @@ CASES = {
 }
 
 
-# kept out of `make test` for the 20-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
+# kept out of `make test` for its 15-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
 # path with timelyfreeze_apf and AutoFreeze's metric with autofreeze; random's fixed ratio goes through the same
 # freezing hook as every other method (its own rule is unit-tested in test_methods_common)
 SLOW = ("timelyfreeze_autofreeze", "random")

@@ -1,16 +1,18 @@
 """TimelyFreeze with data and tensor parallelism, real ``torchrun`` on CPU (gloo).
 
-- Exact gradients under PP x FSDP2 (4 ranks: ``tests/fsdp_exact_job.py``).
-- PP=2 x FSDP 2 (4 ranks) through a full cycle, 1F1B and ZBV: one plan for both pipelines, equal to
-  what the offline planner makes from the multi-replica trace; both replicas froze the same tensors.
+- Gradients under PP x FSDP2 (1F1B with AC, ZBV), PP x TP and PP x HSDP against a single-process reference
+  (``tests/parallel_exact_job.py``; exact for FSDP2 and HSDP, within a stated tolerance for TP): two launches,
+  the 4-rank layouts in one, HSDP (8 ranks) in the other.
+- PP=2 x FSDP 2 (4 ranks, 1F1B), PP 2 x replicate 2 x shard 2 (HSDP, 8 ranks) and TP 2 x PP 2 (4 ranks)
+  through a full cycle: one plan for every pipeline, equal to what the offline planner makes from the
+  multi-replica trace; every replica froze the same tensors. The ZBV cycle under FSDP2 is marked ``slow``.
 - Resume under FSDP2 (DCP sharded state) in the lower-bound phase.
-- TP=2 x PP=2 (4 ranks) through a short cycle (marked ``slow``: not in ``make test``; ``pytest -m slow``).
 - Replicate-only data parallelism with PP: refused with one line.
-- Two torchrun agents on this host as two nodes (c10d rendezvous), one pipeline rank each.
+- Two torchrun agents on this host as two nodes (c10d rendezvous), two pipeline ranks each: PP=4 through
+  a full cycle, checked as the single-node cycles are (``check_full_cycle``).
 
-The runs use a smaller batch than the embedded default (4 microbatches of 128 tokens): four ranks share
-two cores here, and the suite must stay well under 20 minutes. HSDP (8 ranks) runs in
-``scripts/bench_runtime.py --dp-replicate 2 --dp-shard 2`` (see docs/runtime.md), not in the suite.
+The runs use a smaller batch than the embedded default (4 microbatches of 128 tokens): up to eight ranks
+share two cores here, and ``make test`` must stay under 15 minutes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 
 from planner.plan import load_plan, plan_from_trace
 from planner.trace import load_trace
+from tests.test_runtime_torchrun import check_full_cycle
 from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun
 from timelyfreeze.launch import torchrun_prefix
 
@@ -46,22 +49,37 @@ STEPS = WARMUP + 2 * MONITOR + RAMP + STABLE
 FSDP2 = ["--parallelism.data_parallel_shard_degree", "2"]
 
 
-@pytest.mark.parametrize("schedule,ac", [("1F1B", "ac"), ("ZBVZeroBubble", "noac")])
-def test_fsdp2_gradients_are_exact(tmp_path, schedule, ac):
+# one launch per world size; every case of a launch is checked on its own (see tests/parallel_exact_job.py)
+EXACT_LAUNCHES = {
+    "4 ranks": (4, ["fsdp:1F1B:ac", "fsdp:ZBVZeroBubble:noac", "tp:1F1B:noac"]),
+    "hsdp": (8, ["hsdp:1F1B:ac"]),
+}
+
+
+@pytest.mark.parametrize("launch", list(EXACT_LAUNCHES))
+def test_parallel_gradients_match_one_process(tmp_path, launch):
+    nproc, cases = EXACT_LAUNCHES[launch]
     out = tmp_path / "result.json"
     p = subprocess.run(
-        [*torchrun_prefix(4), str(ROOT / "tests" / "fsdp_exact_job.py"), str(out), schedule, ac],
+        [*torchrun_prefix(nproc), str(ROOT / "tests" / "parallel_exact_job.py"), str(out), *cases],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=420,
     )
     assert out.exists(), (p.stdout + p.stderr)[-6000:]
-    result = json.loads(out.read_text())
-    assert result["problems"] == [] and p.returncode == 0
-    assert result["frozen_everywhere"] > 0 and result["checked"] > result["frozen_everywhere"]
-    assert result["fsdp_modules_switched_to_sum"] > 0  # the CPU shim ran
+    results = json.loads(out.read_text())
+    assert sorted(results) == sorted(cases)
+    for case, result in results.items():
+        assert result["problems"] == [], case
+        assert result["frozen_everywhere"] > 0 and result["checked"] > result["frozen_everywhere"], case
+        if case.startswith("tp:"):
+            assert result["dtensor_params"] > 0 and result["fsdp_modules_switched_to_sum"] == 0, case
+        else:
+            assert result["fsdp_modules_switched_to_sum"] > 0, case  # the CPU shim ran
+            assert result["max_abs_diff"] == 0.0, case
+    assert p.returncode == 0
 
 
 def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: int) -> None:
@@ -96,20 +114,32 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     assert len(rows) == STEPS and all(len(m["replica_batch_ms"]) == replicas for m in rows)
 
 
+HSDP = ["--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2"]
+
+
 @pytest.mark.parametrize(
-    "config,schedule,num_stages",
+    "config,schedule,num_stages,data_parallel,nproc,replicas",
     [
-        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2),
-        # ZBV's gradients under FSDP2 stay in the suite (test_fsdp2_gradients_are_exact); its 4-rank full cycle is
-        # kept out of `make test` for the 20-minute budget (`pytest -m slow`)
-        pytest.param("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4, marks=pytest.mark.slow),
+        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2, FSDP2, 4, 2),
+        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2, HSDP, 8, 4),
+        # ZBV's gradients under FSDP2 stay in the suite (test_parallel_gradients_match_one_process), and so does
+        # its full cycle without data parallelism (test_runtime_torchrun); this 4-rank cycle is the one to lose
+        # from `make test` for its 15-minute budget (`pytest -m slow`)
+        pytest.param("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4, FSDP2, 4, 2, marks=pytest.mark.slow),
     ],
+    ids=["fsdp2-1F1B", "hsdp-1F1B", "fsdp2-ZBV"],
 )
-def test_pp2_x_fsdp2_full_cycle(tmp_path, config, schedule, num_stages):
+def test_pp2_x_data_parallel_full_cycle(tmp_path, config, schedule, num_stages, data_parallel, nproc, replicas):
     run = torchrun(
-        config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, *FSDP2, nproc=4, timeout=600
+        config,
+        tmp_path / "run",
+        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+        *SMALL,
+        *data_parallel,
+        nproc=nproc,
+        timeout=600,
     )
-    check_replicated_cycle(run, schedule, num_stages, replicas=2)
+    check_replicated_cycle(run, schedule, num_stages, replicas=replicas)
 
 
 def test_resume_under_fsdp2(tmp_path):
@@ -151,7 +181,6 @@ def test_resume_under_fsdp2(tmp_path):
     ]
 
 
-@pytest.mark.slow  # 45 s: `pytest -m slow tests/test_parallel_torchrun.py`
 def test_tp2_x_pp2_short_cycle(tmp_path):
     run = torchrun(
         "llama3_debug_1f1b_cpu.toml",
@@ -193,15 +222,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow  # ~35 s; kept out of `make test` for the 20-minute budget (`pytest -m slow`)
-def test_two_nodes_on_this_host(tmp_path):
-    """Two torchrun agents (``--nnodes 2 --node_rank i``, one c10d rendezvous endpoint), one pipeline rank
-    each, through a short cycle: the freezing runtime needs nothing across hosts beyond what TorchTitan does."""
+def test_pp4_on_two_nodes_on_this_host(tmp_path):
+    """Two torchrun agents (``--nnodes 2 --node_rank i``, one c10d rendezvous endpoint), two pipeline ranks
+    each, PP=4 through a full cycle: the freezing runtime needs nothing across hosts beyond what TorchTitan
+    does, and a 4-stage pipeline is checked as the 2-stage ones are (also ``make test``'s PP=4 run)."""
     port = _free_port()
     dump = tmp_path / "run"
+    cycle = (WARMUP, MONITOR, RAMP, STABLE)
     procs = []
     for node in range(2):
-        cmd = command("llama3_debug_1f1b_cpu.toml", dump, *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *SMALL, nproc=1)
+        cmd = command(
+            "llama3_debug_1f1b_cpu.toml",
+            dump,
+            *short_cycle(*cycle),
+            "--parallelism.pipeline_parallel_degree",
+            "4",
+            nproc=2,
+        )
         i = cmd.index("--rdzv-endpoint=localhost:0")
         cmd[i : i + 1] = [
             f"--rdzv-endpoint=localhost:{port}",
@@ -229,6 +266,7 @@ def test_two_nodes_on_this_host(tmp_path):
     run = Run(max(rcs, key=abs), "\n".join(logs), dump)
     assert rcs == [0, 0], run.tail()
     summary = run.summary()
-    assert summary["pp_degree"] == 2 and summary["steps"] == STEPS and not summary["failures"]
+    assert summary["pp_degree"] == 4 and summary["steps"] == STEPS and not summary["failures"]
     assert (run.out / "plan.json").exists()
-    assert os.path.exists(run.out / "trace" / "actions_rank1.jsonl")
+    assert all(os.path.exists(run.out / "trace" / f"actions_rank{r}.jsonl") for r in range(4))
+    check_full_cycle(run, "1F1B", 4, cycle=cycle)

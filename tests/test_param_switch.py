@@ -3,7 +3,7 @@
 Freezing switches ``requires_grad`` on the tensors the module computes with: FSDP2's unsharded copies
 too, and FSDP2's one-time initialisation must have seen every tensor trainable, or a block frozen at the
 module's first forward (a run resumed in the lower-bound phase) breaks its bf16 gradients. The
-multi-rank exactness of freezing under FSDP2 is ``tests/fsdp_exact_job.py``.
+multi-rank exactness of freezing under FSDP2 is ``tests/parallel_exact_job.py``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -141,9 +142,9 @@ def check_tensorboard(dump, steps: int) -> None:
     "config,schedule,num_stages",
     [
         # GPipe also runs in test_freezing_exact (real stages); its full cycle is kept out of `make test` for
-        # the 20-minute budget (`pytest -m slow`)
+        # the 15-minute budget (`pytest -m slow`)
         pytest.param("llama3_debug_gpipe_cpu.toml", "GPipe", 2, marks=pytest.mark.slow),
-        ("llama3_debug_1f1b_cpu.toml", "1F1B", 2),
+        # 1F1B's plain full cycle is the first run of test_full_cycle_with_resumes
         ("llama3_debug_interleaved1f1b_cpu.toml", "Interleaved1F1B", 4),
         ("llama3_debug_zbv_cpu.toml", "ZBVZeroBubble", 4),
     ],
@@ -170,9 +171,8 @@ SHORTER = (1, 2, 2, 2)
         # DualPipeV: full backwards, split ones and OVERLAP_F_B pairs (a forward and a full backward as one
         # action; on CPU torch runs their parts one after the other, timelyfreeze/cpu_shims.py)
         ("llama3_debug_dualpipev_cpu.toml", "DualPipeV"),
-        # about a minute each on this 2-core machine: `pytest -m slow` (the 20-minute budget of `make test`)
-        pytest.param("llama3_debug_interleavedzb_cpu.toml", "InterleavedZeroBubble", marks=pytest.mark.slow),
-        pytest.param("llama3_debug_loopedbfs_cpu.toml", "LoopedBFS", marks=pytest.mark.slow),
+        ("llama3_debug_interleavedzb_cpu.toml", "InterleavedZeroBubble"),
+        ("llama3_debug_loopedbfs_cpu.toml", "LoopedBFS"),
     ],
 )
 def test_full_cycle_more_schedules(tmp_path, config, schedule):
@@ -192,43 +192,46 @@ def test_full_cycle_more_schedules(tmp_path, config, schedule):
         assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if parse_action(a).kind == PAIR)
 
 
-@pytest.mark.slow  # ~40 s, 4 ranks: `pytest -m slow` (kept out of `make test` for the 20-minute budget)
-def test_full_cycle_pp4(tmp_path):
-    run = torchrun(
-        "llama3_debug_1f1b_cpu.toml",
-        tmp_path / "run",
-        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-        "--parallelism.pipeline_parallel_degree",
-        "4",
-        nproc=4,
-        timeout=600,
+RESUME_ARGS = [
+    *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+    "--checkpoint.enable",
+    "--checkpoint.interval",
+    "3",
+    "--checkpoint.no-last-save-model-only",
+]
+"""A full cycle with a checkpoint after steps 3, 6 (lower-bound monitoring), 9 (after the plan) and 12, so that
+one run serves both resumes below."""
+LOWER_CKPT, AFTER_PLAN_CKPT = 6, 9
+
+
+def copy_with_one_checkpoint(first, dest, step: int):
+    """A copy of ``first``'s dump folder whose only checkpoint is the one of ``step``."""
+    assert (first.dump / "checkpoint" / f"step-{step}").is_dir()
+    keep = f"step-{step}"
+    shutil.copytree(
+        first.dump, dest, ignore=lambda d, names: [n for n in names if Path(d).name == "checkpoint" and n != keep]
     )
-    check_full_cycle(run, "1F1B", 4)
+    return dest
 
 
-@pytest.mark.slow  # two runs; a lower-bound resume also runs (4 ranks) in test_resume_under_fsdp2 (`pytest -m slow`)
-def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
+def test_full_cycle_with_resumes(tmp_path):
+    """One 1F1B full cycle (checked as every full cycle is: ``make test``'s plain PP=2 1F1B run), then two
+    resumes of copies of its dump folder: from a checkpoint taken during lower-bound monitoring (step 7)
+    and from one taken after the plan."""
+    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *RESUME_ARGS)
+    check_full_cycle(first, "1F1B", 2)
+    check_resume_in_lower_bound_phase(first, copy_with_one_checkpoint(first, tmp_path / "lower", LOWER_CKPT))
+    check_resume_after_plan_keeps_the_plan(first, copy_with_one_checkpoint(first, tmp_path / "after", AFTER_PLAN_CKPT))
+
+
+def check_resume_in_lower_bound_phase(first, dump):
     """A run resumed from a checkpoint taken during lower-bound monitoring restores the upper-bound
     measurements, finishes monitoring, plans, and ends with a complete, duplicate-free trace."""
-    args = [
-        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-        "--checkpoint.enable",
-        "--checkpoint.interval",
-        "7",
-        "--checkpoint.no-last-save-model-only",
-    ]
-    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
-    assert first.rc == 0, first.tail()
     first_plan = load_plan(first.out / "plan.json")
-    ckpt = tmp_path / "run" / "checkpoint"
-    assert (ckpt / "step-7").is_dir()
-    for d in ckpt.iterdir():
-        if d.name != "step-7":
-            shutil.rmtree(d)
-    (first.out / "plan.json").unlink()
-    second = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    (dump / "timelyfreeze" / "plan.json").unlink()
+    second = torchrun("llama3_debug_1f1b_cpu.toml", dump, *RESUME_ARGS)
     assert second.rc == 0, second.tail()
-    assert "restored freezing state at step 7" in second.log
+    assert "restored freezing state at step %d" % LOWER_CKPT in second.log
     trace = load_trace(second.out / "trace")
     steps = WARMUP + 2 * MONITOR + RAMP + STABLE
     for r in range(2):
@@ -246,7 +249,7 @@ def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     summary = second.summary()
     assert summary["phases"]["lower"] == [WARMUP + MONITOR + 1, LOWER_END]
     assert summary["steps"] == steps
-    # the resumed run recomputes step 8 (lower bound, before the plan: deterministic) bit for bit; steps 1-7
+    # the resumed run recomputes steps 7-8 (lower bound, before the plan: deterministic) bit for bit; steps 1-6
     # come from the restored history
     before = dict((s, line) for s, line in first.summary()["loss_curve"])
     after = dict((s, line) for s, line in summary["loss_curve"])
@@ -254,35 +257,22 @@ def test_resume_in_lower_bound_phase_continues_with_same_measurements(tmp_path):
     assert [after[s] for s in range(1, LOWER_END + 1)] == [before[s] for s in range(1, LOWER_END + 1)]
 
 
-def test_resume_after_plan_keeps_the_plan(tmp_path):
-    args = [
-        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-        "--checkpoint.enable",
-        "--checkpoint.interval",
-        "10",
-        "--checkpoint.no-last-save-model-only",
-    ]
-    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
-    assert first.rc == 0, first.tail()
+def check_resume_after_plan_keeps_the_plan(first, dump):
     ratios = {a: ap.freeze_ratio for a, ap in load_plan(first.out / "plan.json").actions.items()}
-    ckpt = tmp_path / "run" / "checkpoint"
-    for d in ckpt.iterdir():
-        if d.name != "step-10":
-            shutil.rmtree(d)
-    second = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args)
+    second = torchrun("llama3_debug_1f1b_cpu.toml", dump, *RESUME_ARGS)
     assert second.rc == 0, second.tail()
-    assert "restored freezing state at step 10" in second.log
+    assert "restored freezing state at step %d" % AFTER_PLAN_CKPT in second.log
     assert "plan written" not in second.log  # no re-planning
     raw = [json.loads(line) for line in (second.out / "trace" / "actions_rank0.jsonl").read_text().splitlines()]
     n0 = json.loads((second.out / "trace" / "meta.json").read_text())["freezable_tensors"]["0"]
     for rec in raw:
-        if rec["step"] > 10 and rec["action"].startswith("0B"):
+        if rec["step"] > AFTER_PLAN_CKPT and rec["action"].startswith("0B"):
             target = ratios[rec["action"]] * ramp(rec["step"]) * n0
             assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
     # resuming with other [freeze] phases: the saved measurements no longer fit them -> one error line on
     # every rank together, exit 2, and the finished run's summary is left as it was
     summary_before = (second.out / "summary.json").read_bytes()
-    third = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, "--freeze.monitor_steps", "2")
+    third = torchrun("llama3_debug_1f1b_cpu.toml", dump, *RESUME_ARGS, "--freeze.monitor_steps", "2")
     assert third.rc != 0
     lines = [line for line in third.log.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "saved freezing state" in lines[0], third.tail()
