@@ -88,18 +88,19 @@ def freeze_units(
     for n in names:
         groups.setdefault(_module_of(n), []).append(n)
     first_layer = {u: min(layer_of[n] for n in ns) for u, ns in groups.items()}
-    order = sorted(groups, key=lambda u: (first_layer[u], list(groups).index(u)))
+    order = sorted(groups, key=first_layer.__getitem__)  # stable: registration order within a layer
     embed = [u for u in order if first_layer[u] == 0]
     blocks = [u for u in order if _BLOCK.match(u + ".")]
-    if anchor is not None and embed and blocks:  # first stage: the embedding rides with the first block
-        first = blocks[0]
-        merged = "+".join(embed + [first])
-        return {
-            (merged if u == first else u): tuple(n for e in (embed + [u] if u == first else [u]) for n in groups[e])
-            for u in order
-            if u not in embed
-        }
-    return {u: tuple(groups[u]) for u in order}
+    if anchor is None or not embed or not blocks:
+        return {u: tuple(groups[u]) for u in order}
+    # the first stage: the embedding rides with the first block (module docstring)
+    units: dict[str, tuple[str, ...]] = {}
+    for u in order:
+        if u == blocks[0]:
+            units["+".join(embed + [u])] = tuple(n for e in embed + [u] for n in groups[e])
+        elif u not in embed:
+            units[u] = tuple(groups[u])
+    return units
 
 
 def _layer_modules(module: torch.nn.Module, n_layers: int) -> dict[int, torch.nn.Module]:
