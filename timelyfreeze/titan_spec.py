@@ -68,7 +68,8 @@ def build_metrics_processor(job_config, parallel_dims, model_args=None, tag: str
 
 
 def use_freeze_spec(model_name: str) -> None:
-    """Register the model's ``TrainSpec`` with our builders where it uses TorchTitan's defaults (idempotent)."""
+    """Register the model's ``TrainSpec`` with our builders where it uses TorchTitan's defaults (idempotent). A
+    spec the user registered under the name stays as it is (``has_freeze_builders`` then says False)."""
     spec = get_train_spec(model_name)
     if spec.build_metrics_processor_fn is build_metrics_processor or spec.build_validator_fn is build_validator:
         return
@@ -81,7 +82,10 @@ def use_freeze_spec(model_name: str) -> None:
         if spec.build_metrics_processor_fn is None
         else spec.build_metrics_processor_fn,
     )
-    register_train_spec(model_name, ours)
+    try:
+        register_train_spec(model_name, ours)
+    except ValueError:  # the user registered a spec of their own under this name: theirs stays
+        pass
 
 
 def has_freeze_builders(metrics_processor) -> bool:
