@@ -32,6 +32,17 @@ UNMARKED_WEIGHT = 0.01
 """Preference weight of every other freezable tensor (authors' code, digest 1.9)."""
 
 
+def preference_weight(marks: Sequence[bool], sizes: Sequence[int]) -> float:
+    """The preference weight of a unit whose tensors the metric marks as ``marks`` (``sizes``: their element
+    counts): ``MARKED_WEIGHT`` if it marks all of them, ``UNMARKED_WEIGHT`` if none, else the element-weighted
+    mean of the two (a block unit the metric marks in part, ``[freeze] unit = "block"``)."""
+    if all(marks):
+        return MARKED_WEIGHT
+    if not any(marks):
+        return UNMARKED_WEIGHT
+    return sum((MARKED_WEIGHT if m else UNMARKED_WEIGHT) * k for m, k in zip(marks, sizes)) / max(1, sum(sizes))
+
+
 def hybrid_probabilities(
     names: Sequence[str], numels: Sequence[int], marked: Collection[str], ratio: float
 ) -> list[float]:
@@ -39,7 +50,7 @@ def hybrid_probabilities(
     names and 0.01 for the rest, ``c`` such that the expected frozen elements are ``ratio`` of
     ``sum(numels)`` (``numels[i]`` is ``names[i]``'s element count)."""
     marked = set(marked)
-    weights = [MARKED_WEIGHT if x in marked else UNMARKED_WEIGHT for x in names]
+    weights = [preference_weight([x in marked], [n]) for x, n in zip(names, numels)]
     return inclusion_probabilities(numels, weights, ratio)
 
 
@@ -51,19 +62,9 @@ def hybrid_select(
 
 
 def unit_weights(units: Units, marked: Collection[str]) -> list[float]:
-    """Each unit's preference weight: ``MARKED_WEIGHT`` if the metric marks all its tensors, ``UNMARKED_WEIGHT``
-    if none, else the element-weighted mean of its tensors' weights (``[freeze] unit = "block"``)."""
+    """Each unit's ``preference_weight`` under the metric's ``marked`` tensors."""
     marked = set(marked)
-    out = []
-    for u, n in zip(units.names, units.numels):
-        ts = units.members[u]
-        hit = [t in marked for t in ts]
-        if all(hit) or not any(hit):
-            out.append(MARKED_WEIGHT if all(hit) else UNMARKED_WEIGHT)
-            continue
-        sizes = units.sizes(u)
-        out.append(sum((MARKED_WEIGHT if h else UNMARKED_WEIGHT) * k for h, k in zip(hit, sizes)) / max(1, n))
-    return out
+    return [preference_weight([t in marked for t in units.members[u]], units.sizes(u)) for u in units.names]
 
 
 class _MetricHybrid(TimelyFreezeMethod):

@@ -62,10 +62,14 @@ class TimelyFreezeMethod(FreezeMethod):
             return "noplan"
         return p
 
+    def _freezes_all(self, step: int) -> bool:
+        """The lower-bound window, and under compile the last warm-up step: every unit frozen."""
+        return self.phases.phase(step) == "lower" or step == self.compile_step
+
     def action_ratio(self, step: int, stage: int, microbatch: int) -> float:
-        p = self.phases.phase(step)
-        if p == "lower" or step == self.compile_step:
+        if self._freezes_all(step):
             return 1.0
+        p = self.phases.phase(step)
         if p in ("progressive", "stable") and self.planned_ratio is not None:
             return self.planned_ratio.get((stage, microbatch), 0.0) * self.phases.ramp(step)
         return 0.0
@@ -84,7 +88,7 @@ class TimelyFreezeMethod(FreezeMethod):
         ratio = self.action_ratio(step, stage, microbatch)
         if ratio <= 0.0:
             return frozenset()
-        if ratio >= 1.0 and (self.phases.phase(step) == "lower" or step == self.compile_step):
+        if self._freezes_all(step):
             return self._units[stage].all_tensors()
         return self.select(step, stage, microbatch, ratio, accum)
 
