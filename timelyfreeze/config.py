@@ -146,13 +146,16 @@ class JobConfig:
 
 
 def knob_of(cfg: "Freeze") -> dict | None:
-    """``{"name", "value"}`` of the method's main hyperparameter in this config, or None."""
+    """``{"name", "value"}`` of the method's main hyperparameter in this config, or None. The random method
+    with per-stage shares reports ``"matched"`` (shares read from another run) or ``"per_stage"``."""
     path = METHOD_KNOBS.get(cfg.method)
     if path is None:
         return None
     value = cfg
     for part in path.split("."):
         value = getattr(value, part)
+    if cfg.method == "random" and (cfg.random.matched or cfg.random.ratio_per_stage):
+        value = "matched" if cfg.random.matched else "per_stage"  # the shares are in method_summary
     return {"name": path.split(".")[-1], "value": value}
 
 

@@ -9,7 +9,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from timelyfreeze.experiments.grid import KNOBS, Job, fmt_value
+from timelyfreeze.experiments.grid import KNOBS, MATCHABLE, Job, fmt_value
 from timelyfreeze.launch import torchrun_command
 
 
@@ -53,8 +53,14 @@ def pp_degree(job: Job, base_toml: str | Path) -> int:
     return int(value) if value is not None else 1
 
 
-def job_args(job: Job) -> list[str]:
-    """The job's own ``timelyfreeze.train`` arguments: method, seed, schedule, knob and overrides."""
+def matched_dump(job: Job, dump_folder: str | Path) -> Path:
+    """The dump folder of the job that ``job`` is matched to: a sibling of ``job``'s own under ``<out>/jobs/``."""
+    return Path(dump_folder).resolve().parent.parent / str(job.matched_to) / "dump"
+
+
+def job_args(job: Job, dump_folder: str | Path | None = None) -> list[str]:
+    """The job's own ``timelyfreeze.train`` arguments: method, seed, schedule, knob (for a matched job, the
+    matched job's dump folder, a sibling of ``dump_folder``) and overrides."""
     args = [
         "--freeze.method",
         job.method,
@@ -64,7 +70,11 @@ def job_args(job: Job) -> list[str]:
         job.schedule,
     ]
     knob = KNOBS[job.method]
-    if knob is not None:
+    if job.matched_to is not None:
+        if dump_folder is None:
+            raise ValueError(f"{job.job_id}: a matched job's arguments need its dump folder")
+        args += [f"--{MATCHABLE[job.method]}", str(matched_dump(job, dump_folder))]
+    elif knob is not None:
         args += [knob[1], fmt_value(job.knob_value)]
     for key, value in job.overrides:
         args += override_args(key, value)
@@ -73,7 +83,7 @@ def job_args(job: Job) -> list[str]:
 
 def train_args(job: Job, base_toml: str | Path, dump_folder: str | Path) -> list[str]:
     """The ``timelyfreeze.train`` arguments of a job (what a fake launcher receives too)."""
-    return ["--job.config_file", str(base_toml), "--job.dump_folder", str(dump_folder), *job_args(job)]
+    return ["--job.config_file", str(base_toml), "--job.dump_folder", str(dump_folder), *job_args(job, dump_folder)]
 
 
 def build_command(
@@ -90,4 +100,6 @@ def build_command(
     if launcher:
         return shlex.split(launcher) + train_args(job, base_toml, dump_folder)
     nproc = nproc_per_node or pp_degree(job, base_toml)
-    return torchrun_command(base_toml, *job_args(job), nproc=nproc, dump_folder=dump_folder, python=python_exe)
+    return torchrun_command(
+        base_toml, *job_args(job, dump_folder), nproc=nproc, dump_folder=dump_folder, python=python_exe
+    )

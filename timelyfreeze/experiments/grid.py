@@ -13,6 +13,8 @@ Grid file::
     timelyfreeze = [0.4, 0.8]                   # the knob values (here r_max)
     timelyfreeze_apf = {values = [0.8], overrides = {"freeze.apf.threshold" = 0.05}}
     apf = [0.05]
+    random = {matched = "timelyfreeze"}         # one random job per timelyfreeze job of the same (seed, schedule),
+                                                # freezing the per-stage shares that run realised (knob "matched")
     [schedule_overrides.Interleaved1F1B]        # extra overrides for jobs of one schedule
     "parallelism.pipeline_parallel_layers_per_stage" = 1
 
@@ -27,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from timelyfreeze.config import METHOD_KNOBS, METHODS
+from timelyfreeze.config import METHOD_KNOBS, METHODS, PLANNED_METHODS
 
 # method -> (knob name as summary.json spells it, CLI flag); a method without a knob (``none``) has None.
 KNOBS: dict[str, tuple[str, str] | None] = {
@@ -45,13 +47,17 @@ class GridError(ValueError):
 class Job:
     schedule: str
     method: str
-    knob_value: float | None
+    knob_value: float | str | None
+    """The knob's value; ``"matched"`` for a job matched to another (``matched_to``)."""
     seed: int
     overrides: tuple[tuple[str, Any], ...] = ()
     """``--section.field`` overrides in order (grid, then schedule, then method ones)."""
     extend: float | None = None
     """Time-to-accuracy extension (``extend_to_target``): the job may train up to this many times the
     no-freezing run's steps until it reaches that run's final validation loss; None for ``none`` jobs."""
+    matched_to: str | None = None
+    """The job id whose realised per-stage freeze shares this job freezes (``random = {matched = ...}``): it
+    runs right after that job and reads its dump folder (``--freeze.random.matched``)."""
 
     @property
     def knob_name(self) -> str | None:
@@ -61,20 +67,27 @@ class Job:
     @property
     def job_id(self) -> str:
         parts = [self.schedule, self.method]
-        if self.knob_name is not None:
+        if self.matched_to is not None:
+            # the matched job's cell without its schedule and seed: 1F1B__random__ratio=matched-timelyfreeze-r_max0.6
+            parts.append(f"{self.knob_name}=matched-" + "-".join(self.matched_to.split("__")[1:-1]).replace("=", ""))
+        elif self.knob_name is not None:
             parts.append(f"{self.knob_name}={fmt_value(self.knob_value)}")
         parts.append(f"seed={self.seed}")
         return "__".join(parts)
 
     def spec(self) -> dict[str, Any]:
         """What identifies the job's result: a finished job with another spec is stale."""
-        return {
-            "schedule": self.schedule,
-            "method": self.method,
-            "knob": None if self.knob_name is None else {"name": self.knob_name, "value": self.knob_value},
-            "seed": self.seed,
-            "overrides": [[k, v] for k, v in self.overrides],
-        } | ({"extend_to_target": self.extend} if self.extend is not None else {})
+        return (
+            {
+                "schedule": self.schedule,
+                "method": self.method,
+                "knob": None if self.knob_name is None else {"name": self.knob_name, "value": self.knob_value},
+                "seed": self.seed,
+                "overrides": [[k, v] for k, v in self.overrides],
+            }
+            | ({"extend_to_target": self.extend} if self.extend is not None else {})
+            | ({"matched_to": self.matched_to} if self.matched_to is not None else {})
+        )
 
 
 def fmt_value(v: Any) -> str:
@@ -124,6 +137,10 @@ def parse_set_flag(text: str) -> tuple[str, Any]:
     return key.strip().lstrip("-"), value
 
 
+MATCHABLE = {"random": "freeze.random.matched"}
+"""Methods that can freeze another job's realised per-stage shares -> the setting that names its dump folder."""
+
+
 def _method_entries(methods: Any) -> list[tuple[str, list[Any] | None, dict[str, Any]]]:
     if not isinstance(methods, dict) or not methods:
         raise GridError("the grid names no methods (a [methods] table or --method flags)")
@@ -133,10 +150,13 @@ def _method_entries(methods: Any) -> list[tuple[str, list[Any] | None, dict[str,
             raise GridError(f"unknown method {name!r}; known: {', '.join(KNOBS)}")
         overrides: dict[str, Any] = {}
         if isinstance(spec, dict):
-            unknown = set(spec) - {"values", "overrides"}
+            unknown = set(spec) - {"values", "overrides", "matched"}
             if unknown:
-                raise GridError(f"method {name!r}: unknown keys {sorted(unknown)} (values, overrides)")
+                raise GridError(f"method {name!r}: unknown keys {sorted(unknown)} (values, overrides, matched)")
             overrides = dict(spec.get("overrides", {}))
+            if "matched" in spec:
+                out.append((name, [_matched_target(name, spec)], overrides))
+                continue
             spec = spec.get("values")
         if KNOBS[name] is None:
             if spec not in (None, True, [], False):
@@ -155,6 +175,26 @@ def _method_entries(methods: Any) -> list[tuple[str, list[Any] | None, dict[str,
                 raise GridError(f"method {name!r}: knob value {v!r} is not a number")
         out.append((name, list(spec), overrides))
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Matched:
+    """A grid entry's ``matched = "<method>"``: one job per job of that method (same seed and schedule)."""
+
+    method: str
+
+
+def _matched_target(name: str, spec: dict[str, Any]) -> _Matched:
+    target = spec["matched"]
+    if name not in MATCHABLE:
+        raise GridError(f"method {name!r} cannot be matched to another run (only {', '.join(MATCHABLE)})")
+    if "values" in spec:
+        raise GridError(f"method {name!r}: give either values or matched, not both")
+    if not isinstance(target, str) or target not in PLANNED_METHODS:
+        raise GridError(
+            f"method {name!r}: matched = {target!r} must name a planned method ({', '.join(sorted(PLANNED_METHODS))})"
+        )
+    return _Matched(target)
 
 
 def _as_list(x: Any, what: str) -> list[Any]:
@@ -192,6 +232,10 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
     if extend is not None and (isinstance(extend, bool) or not isinstance(extend, (int, float)) or extend < 1):
         raise GridError(f"extend_to_target = {extend!r}: must be a number >= 1 (times the no-freezing run's steps)")
     entries = _method_entries(grid.get("methods"))
+    for name, values, _ in entries:
+        for v in values or []:
+            if isinstance(v, _Matched) and v.method not in [e[0] for e in entries]:
+                raise GridError(f"method {name!r}: matched = {v.method!r} is not a method of this grid")
     if extend is not None and NO_FREEZING not in [e[0] for e in entries]:
         raise GridError(f"extend_to_target needs the {NO_FREEZING!r} method: its runs set the target loss")
     # the no-freezing job of a (seed, schedule) runs first: the time-to-accuracy targets come from it
@@ -200,11 +244,22 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
     for seed in seeds:  # outermost: seed i of every cell runs before seed i + 1, so slow periods spread over all
         for schedule in schedules:
             s_over = list(dict(sched_over.get(schedule, {})).items())
+            cell: list[Job] = []
             for method, values, m_over in entries:
                 overrides = tuple(base_over + s_over + list(m_over.items()))
                 ext = None if extend is None or method == NO_FREEZING else float(extend)
                 for value in values if values is not None else [None]:
-                    jobs.append(Job(schedule, method, value, seed, overrides, ext))
+                    if not isinstance(value, _Matched):
+                        cell.append(Job(schedule, method, value, seed, overrides, ext))
+            for method, values, m_over in entries:  # matched jobs right after the job they match
+                overrides = tuple(base_over + s_over + list(m_over.items()))
+                ext = None if extend is None else float(extend)
+                for value in values or []:
+                    if isinstance(value, _Matched):
+                        for target in [j for j in cell if j.method == value.method]:
+                            job = Job(schedule, method, "matched", seed, overrides, ext, target.job_id)
+                            cell.insert(cell.index(target) + 1, job)
+            jobs.extend(cell)
     ids = [j.job_id for j in jobs]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from timelyfreeze.experiments.results import throughput
+from timelyfreeze.experiments.results import cell_knob, knob_sort_key, throughput
 
 CONFIG_COLUMNS = [
     "schedule",
@@ -45,7 +45,7 @@ def aggregate_configs(
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r["status"] == "ok":
-            groups[(r["schedule"], r["method"], r["knob_name"], r["knob_value"])].append(r)
+            groups[(r["schedule"], r["method"], r["knob_name"], cell_knob(r))].append(r)
     configs = []
     for (schedule, method, kname, kval), rs in groups.items():
 
@@ -72,4 +72,4 @@ def aggregate_configs(
         ]
         for c, flag in zip(cs, pareto_front([(c["tokens_per_s"], c["loss"]) for c in cs])):
             c["pareto"] = flag
-    return sorted(configs, key=lambda c: (str(c["schedule"]), str(c["method"]), c["knob_value"] or 0))
+    return sorted(configs, key=lambda c: (str(c["schedule"]), str(c["method"]), knob_sort_key(c["knob_value"])))

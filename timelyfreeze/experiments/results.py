@@ -18,6 +18,7 @@ RESULT_COLUMNS = [
     "method",
     "knob_name",
     "knob_value",
+    "matched_to",
     "schedule",
     "seed",
     "steps",
@@ -85,8 +86,26 @@ def _parse_job_id(job_id: str) -> dict[str, Any]:
         if k == "seed":
             info["seed"] = int(v) if v.lstrip("-").isdigit() else v
         elif v:
-            info["knob"] = {"name": k, "value": float(v)}
+            try:
+                info["knob"] = {"name": k, "value": float(v)}
+            except ValueError:  # a matched job: ratio=matched-timelyfreeze-r_max0.6
+                info["knob"] = {"name": k, "value": v.split("-")[0]}
     return info
+
+
+def cell_knob(row: dict[str, Any]) -> Any:
+    """The knob value that tells a row's cell apart: its ``knob_value``, or for a matched job
+    ``matched(<the matched cell>)``, e.g. ``matched(timelyfreeze r_max=0.6)`` (each matched cell is its own)."""
+    target = row.get("matched_to")
+    if not target:
+        return row.get("knob_value")
+    parts = str(target).split("__")[1:-1]  # drop schedule and seed
+    return f"matched({' '.join(parts)})"
+
+
+def knob_sort_key(v: Any) -> tuple[int, float, str]:
+    """Orders knob values that may mix numbers, None and text (``matched``): numbers first."""
+    return (0, v, "") if num(v) is not None else (1, 0.0, "" if v is None else str(v))
 
 
 def metrics_figures(metrics: list[dict[str, Any]]) -> dict[str, Any]:
@@ -150,6 +169,7 @@ def load_job(job_dir: Path) -> dict[str, Any]:
         "method": src.get("method") or spec.get("method"),
         "knob_name": knob["name"] if knob else None,
         "knob_value": knob["value"] if knob else None,
+        "matched_to": (job.get("spec") or {}).get("matched_to"),
         "schedule": src.get("schedule") or spec.get("schedule"),
         "seed": src.get("seed", spec.get("seed")),
         "status": status,
@@ -197,7 +217,16 @@ def load_rows(out: str | Path) -> list[dict[str, Any]]:
     if not jobs.is_dir():
         return []
     rows = [load_job(d) for d in sorted(jobs.iterdir()) if d.is_dir()]
-    return sorted(rows, key=lambda r: (str(r["schedule"]), str(r["method"]), r["knob_value"] or 0, str(r["seed"])))
+    return sorted(
+        rows,
+        key=lambda r: (
+            str(r["schedule"]),
+            str(r["method"]),
+            knob_sort_key(r["knob_value"]),
+            str(r["matched_to"]),
+            str(r["seed"]),
+        ),
+    )
 
 
 def throughput(row: dict[str, Any], which: str = "stable") -> float | None:

@@ -19,6 +19,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
 from timelyfreeze.experiments.grid import NO_FREEZING
+from timelyfreeze.experiments.results import knob_sort_key, num
 
 QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
 CELL_COLUMNS = (
@@ -86,7 +87,13 @@ def cell_stats(paired: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         cells.append(c)
     return sorted(
-        cells, key=lambda c: (str(c["schedule"]), c["method"] != NO_FREEZING, str(c["method"]), c["knob_value"] or 0)
+        cells,
+        key=lambda c: (
+            str(c["schedule"]),
+            c["method"] != NO_FREEZING,
+            str(c["method"]),
+            knob_sort_key(c["knob_value"]),
+        ),
     )
 
 
@@ -113,7 +120,7 @@ def knob_trends(
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for t in paired:
-        if t["knob_value"] is not None:
+        if num(t["knob_value"]) is not None:  # numbers only (not a matched cell)
             groups[(t["schedule"], t["method"])].append(t)
     out = []
     for (schedule, method), ts in sorted(groups.items()):

@@ -25,7 +25,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from timelyfreeze.experiments.grid import NO_FREEZING
-from timelyfreeze.experiments.results import num, throughput
+from timelyfreeze.experiments.results import cell_knob, num, throughput
 
 TTA_COLUMNS = [
     "job_id",
@@ -107,10 +107,8 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
             continue
         t = {c: None for c in TTA_COLUMNS}
         t.update(
-            {
-                k: r.get(k)
-                for k in ("job_id", "schedule", "method", "knob_name", "knob_value", "seed", "steps", "speedup_in_run")
-            }
+            {k: r.get(k) for k in ("job_id", "schedule", "method", "knob_name", "seed", "steps", "speedup_in_run")}
+            | {"knob_value": cell_knob(r)}
         )
         pred = r.get("_predicted") or {}
         if num(pred.get("no_freeze")) and num(pred.get("planned")):
