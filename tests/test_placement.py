@@ -76,3 +76,50 @@ def test_matched_rows_are_cells_of_their_own():
     assert cell_knob(a) == "matched(timelyfreeze r_max=0.6)" != cell_knob(b)
     assert cell_knob({"knob_value": 0.5}) == 0.5
     assert sorted([None, "matched", 0.8, 0.6], key=knob_sort_key) == [0.6, 0.8, None, "matched"]
+
+
+def _fake_pair(out, src, seed):
+    """A committed TimelyFreeze job copied twice: as itself and as the random job matched to it."""
+    import json
+    import shutil
+
+    tf_id = f"1F1B__timelyfreeze__r_max=0.8__seed={seed}"
+    rnd_id = f"1F1B__random__ratio=matched-timelyfreeze-r_max0.8__seed={seed}"
+    for job_id in (tf_id, rnd_id):
+        shutil.copytree(src / tf_id, out / "jobs" / job_id)
+    rec = json.loads((out / "jobs" / rnd_id / "job.json").read_text())
+    rec["spec"] = {
+        **rec["spec"],
+        "method": "random",
+        "knob": {"name": "ratio", "value": "matched"},
+        "matched_to": tf_id,
+    }
+    (out / "jobs" / rnd_id / "job.json").write_text(json.dumps(rec))
+    summ = out / "jobs" / rnd_id / "dump" / "timelyfreeze" / "summary.json"
+    s = json.loads(summ.read_text())
+    s.update(method="random", knob={"name": "ratio", "value": "matched"})
+    summ.write_text(json.dumps(s))
+
+
+def test_placement_report_on_committed_jobs(tmp_path):
+    from pathlib import Path
+
+    from timelyfreeze.experiments.placement import build_placement_report
+
+    src = Path("docs/results/comparison/jobs")
+    for seed in (0, 1):
+        _fake_pair(tmp_path, src, seed)
+    md = build_placement_report(tmp_path).read_text()
+    import csv
+
+    with open(tmp_path / "report" / "placement_pairs.csv") as f:
+        pairs = list(csv.DictReader(f))
+    assert len(pairs) == 2
+    for p in pairs:  # a run paired with itself: no difference, the same shares, a finite prediction
+        assert float(p["d_speedup"]) == 0.0 and float(p["share_gap"]) == 0.0
+        assert float(p["predicted_d_speedup"]) >= -1e-9
+    with open(tmp_path / "report" / "placement_cells.csv") as f:
+        cells = {c["r_max"]: c for c in csv.DictReader(f)}
+    assert cells["all"]["pairs"] == "2" and cells["0.8"]["pairs"] == "2"
+    assert "1F1B (2 pairs): in-run speed-up, TimelyFreeze minus matched random +0.000" in md
+    assert (tmp_path / "report" / "placement.png").is_file()
