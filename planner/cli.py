@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import PlannerError
-from .estimate import ESTIMATORS
+from .estimate import DEFAULT_ESTIMATOR, ESTIMATORS
 from .lp import SOLVERS
 
 
@@ -96,8 +96,8 @@ _GAP_HELP = (
     "G is kept at the whole LP's cost); the plan records the lower bound and the gap reached"
 )
 _ESTIMATOR_HELP = (
-    f"node-weight estimator: {', '.join(ESTIMATORS)} (default median: each action's own medians; "
-    "pooled: one value per stage and kind, except microbatches whose data show an effect; "
+    f"node-weight estimator: {', '.join(ESTIMATORS)} (default {DEFAULT_ESTIMATOR}; median: each action's own "
+    "medians; pooled: one value per stage and kind, except microbatches whose data show an effect; "
     "see docs/formats.md)"
 )
 _NO_COMM_HELP = (
@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", required=True, metavar="PLAN.json")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
-    q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
+    q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--png", metavar="PATH")
     q.add_argument("--solver", default="auto", choices=SOLVERS, help=_SOLVER_HELP)
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
-    q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
+    q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")

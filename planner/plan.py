@@ -14,7 +14,7 @@ from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from .comm import estimate_edge_delays, summarize
 from .dag import BatchDag, EdgeDelays, build_dag, longest_path
 from .errors import PlannerError
-from .estimate import estimate_weights
+from .estimate import DEFAULT_ESTIMATOR, estimate_weights
 from .fileio import read_json, write_json_atomically
 from .lp import solve_problem
 from .problem import Problem, build_problem
@@ -144,7 +144,7 @@ def plan_from_trace(
     trace: Trace,
     r_max: float | Sequence[float],
     *,
-    estimator: str = "median",
+    estimator: str = DEFAULT_ESTIMATOR,
     comm: bool = True,
     edge_ms: EdgeDelays | None = None,
     solver: str = "auto",

@@ -156,7 +156,9 @@ def test_plan_on_two_replica_trace(tmp_path):
     assert load_trace(trace_dir).meta.replicas == 2
 
     plan_path = tmp_path / "plan.json"
-    assert str(plan_path) in assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path))
+    assert str(plan_path) in assert_ok(
+        run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path, "--estimator", "median")
+    )
     plan = json.loads(plan_path.read_text())
     single = [node_weights(t) for t in reps]
     for a, entry in plan["actions"].items():
@@ -170,13 +172,13 @@ def test_plan_on_two_replica_trace(tmp_path):
 
 def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
     """``--estimator pooled``: the plan's bounds are ``estimate_weights(trace, "pooled")``, the plan says so,
-    and sweep predicts the same batch time; the default stays ``median`` (``node_weights``)."""
+    and sweep predicts the same batch time; ``--estimator median`` is ``node_weights``; pooled is the default."""
     from planner.estimate import estimate_weights
     from planner.trace import load_trace, node_weights
 
     trace = load_trace(trace_dir)
     plans = {}
-    for name, extra in (("median", ()), ("pooled", ("--estimator", "pooled"))):
+    for name, extra in (("median", ("--estimator", "median")), ("pooled", ())):
         path = tmp_path / f"{name}.json"
         out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", path, *extra))
         assert f"estimator {name}" in out

@@ -202,7 +202,7 @@ def test_every_planner_solver_name_is_accepted():
 def test_estimator_names_come_from_the_planner():
     from planner.estimate import ESTIMATORS
 
-    assert Freeze().estimator == "median"
+    assert Freeze().estimator == "pooled"
     for name in ESTIMATORS:
         validate(Freeze(enable=True, estimator=name), total_steps=100, lr_warmup_steps=10)
     with pytest.raises(FreezeConfigError) as e:

@@ -11,6 +11,7 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.estimate import (
+    DEFAULT_ESTIMATOR,
     ESTIMATORS,
     MAD_TO_SIGMA,
     MEDIAN_SE_FACTOR,
@@ -124,7 +125,8 @@ def test_no_effect_gives_equal_weights_per_stage_and_kind(schedule, pp, n):
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_median_is_node_weights_exactly(replicas):
     tr = make_trace(lambda d, a, p, k: slow_first(d, a, p, k, offsets=(0.003 * d, -0.004, 0.02)), replicas=replicas)
-    assert estimate_weights(tr) == estimate_weights(tr, "median") == node_weights(tr)
+    assert estimate_weights(tr, "median") == node_weights(tr)
+    assert estimate_weights(tr) == estimate_weights(tr, DEFAULT_ESTIMATOR) == estimate_weights(tr, "pooled")
     assert estimate_weights(tr, "pooled") != node_weights(tr)
 
 
@@ -202,7 +204,7 @@ def test_plan_records_the_estimator(tmp_path):
         assert all(plan.actions[a].w_max == w.w_max[a] and plan.actions[a].w_min == w.w_min[a] for a in w.w_max)
         write_plan(plan, tmp_path / f"{name}.json")
         assert load_plan(tmp_path / f"{name}.json").extra == {"estimator": name}
-    assert plan_from_trace(tr, 0.5).extra == {"estimator": "median"}
+    assert plan_from_trace(tr, 0.5).extra == {"estimator": DEFAULT_ESTIMATOR} == {"estimator": "pooled"}
 
 
 def test_runtime_planning_step_uses_the_estimator(tmp_path):

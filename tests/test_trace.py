@@ -274,7 +274,8 @@ def test_node_weights_are_per_action_max_over_replicas(tmp_path) -> None:
     assert both.w_max["1F1"] == single[0].w_max["1F1"] > single[1].w_max["1F1"]  # replica 0 slower
     assert both.w_min["0B0"] == single[0].w_min["0B0"] > single[1].w_min["0B0"]
     assert single[1].w_min["1B1"] == single[1].w_max["1B1"]  # clamped within its replica
-    plan = plan_from_trace(load_trace(write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, recs)), 0.5)
+    trace = load_trace(write_replica_trace(tmp_path / "t", good_meta() | {"replicas": 2}, recs))
+    plan = plan_from_trace(trace, 0.5, estimator="median")
     assert plan.actions["0F0"].w_max == both.w_max["0F0"]
 
 

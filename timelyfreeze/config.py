@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from planner.errors import PlannerError
-from planner.estimate import ESTIMATORS
+from planner.estimate import DEFAULT_ESTIMATOR, ESTIMATORS
 from planner.lp import SOLVERS
 from planner.schedules import check_microbatch_count, min_microbatches
 from timelyfreeze.errors import FreezeConfigError
@@ -89,11 +89,12 @@ class Freeze:
     (the default: the whole LP, or from 20,000 actions a growing near-critical region), ``whole`` (always
     the whole LP) or ``region`` (always the region method)."""
 
-    estimator: str = "median"
+    estimator: str = DEFAULT_ESTIMATOR
     """How the plan's per-action times come from the monitoring records (``planner.estimate.ESTIMATORS``):
-    ``median`` (each action's own medians of its upper/lower records) or ``pooled`` (per stage and kind, the
-    median of every microbatch's records, except microbatches whose own median differs by more than noise;
-    see ``docs/formats.md``). The recorded trace is the same either way."""
+    ``pooled`` (the default: per stage and kind, the median of every microbatch's records, except microbatches
+    whose own median differs by more than noise; it predicted the stable phase better on 72 recorded runs,
+    docs/results/runtime/estimators.md) or ``median`` (each action's own medians of its upper/lower records);
+    see ``docs/formats.md``. The recorded trace is the same either way."""
 
     replan: bool = True
     """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.errors import PlannerError
+from planner.estimate import DEFAULT_ESTIMATOR
 from timelyfreeze.errors import FreezeConfigError
 
 
@@ -24,7 +25,7 @@ def solve(
     solver: str,
     trace_dir: Path,
     plan_path: Path,
-    estimator: str = "median",
+    estimator: str = DEFAULT_ESTIMATOR,
 ) -> dict:
     """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
     w_max] ms), or ``{"failure": message}``. The node
