@@ -219,3 +219,25 @@ def test_gap_table_pools_by_schedule_phase_and_class():
     assert len(keys) == len(set(keys)) and keys == sorted(keys)
     for r in rows:
         assert r["q25_ms"] <= r["median_ms"] <= r["q75_ms"] and r["runs"] == 1 and 0 <= r["over_2ms"] <= 1
+
+
+def test_runtime_planning_step_switch(tmp_path):
+    """``timelyfreeze.planning.solve(..., gaps=)`` (``[freeze] gap_model``): with it, the plan of
+    ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
+    from timelyfreeze import planning
+
+    tr = run_timed("1F1B")
+    keys = ("step", "action", "ms", "phase", "freeze_ratio", "start_ms")
+    recs: dict[int, list[dict]] = {r: [] for r in range(tr.meta.pp_degree)}
+    for x in tr.records:
+        if x.phase in ("upper", "lower"):
+            recs[x.rank].append({k: getattr(x, k) for k in keys})
+    dag = build_dag(tr.meta)
+    for gaps in (False, True):
+        path = tmp_path / f"{gaps}.json"
+        result = planning.solve(tr.meta.to_json(), recs, 0.5, "auto", tmp_path / "t", path, "median", gaps)
+        assert "failure" not in result
+        want = plan_from_trace(tr, 0.5, gaps=gaps)
+        assert result["batch_time_ms"]["planned"] == pytest.approx(want.batch_time_ms["planned"], rel=1e-9)
+        same = [(u, v) for u, v, _ in result["edge_ms"] if dag.nodes[u]["rank"] == dag.nodes[v]["rank"]]
+        assert bool(same) == gaps and ("gaps" in json.loads(path.read_text())) == gaps
