@@ -241,3 +241,30 @@ def test_runtime_planning_step_switch(tmp_path):
         assert result["batch_time_ms"]["planned"] == pytest.approx(want.batch_time_ms["planned"], rel=1e-9)
         same = [(u, v) for u, v, _ in result["edge_ms"] if dag.nodes[u]["rank"] == dag.nodes[v]["rank"]]
         assert bool(same) == gaps and ("gaps" in json.loads(path.read_text())) == gaps
+
+
+def test_gap_report_on_a_fake_job(tmp_path):
+    """``scripts/gap_eval.py``'s logic on one job folder made from a synthetic timed trace: the runtime's
+    prediction in ``metrics.jsonl`` is the re-solved plan's, and the gap model explains the monitoring
+    batches (their replay error is 0 with it)."""
+    from timelyfreeze.experiments.gap_eval import evaluate_job
+    from timelyfreeze.experiments.gap_report import main as report_main
+
+    tr = run_timed("1F1B", jitter=0.0)
+    out = tmp_path / "jobs" / "1F1B__timelyfreeze__r_max=0.5__seed=0" / "dump" / "timelyfreeze"
+    write_trace(tr, out / "trace")
+    planned = plan_from_trace(tr, 0.5).batch_time_ms["planned"]
+    (out / "summary.json").write_text(json.dumps({"method": "timelyfreeze", "knob": {"name": "r_max", "value": 0.5}}))
+    phase = {r.step: r.phase for r in tr.records}
+    rows = [{"step": k, "phase": p, "replans": 0, "predicted_batch_ms": planned} for k, p in sorted(phase.items())]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    row = evaluate_job(out.parents[1])
+    assert row["plan_matches"] and row["stable_steps"] == 3 and row["gap_edges"] > 0
+    assert row["upper_err_new"] == pytest.approx(0.0, abs=1e-9) and row["upper_err_old"] > 0.001
+    assert row["stable_err_new"] < row["stable_err_old"]
+    md = tmp_path / "g.md"
+    assert report_main(["--jobs", str(tmp_path / "jobs"), "--out", str(md)]) == 0
+    text = md.read_text()
+    assert text.startswith("# Gap model") and "python scripts/gap_eval.py" in text and "| 1F1B | 1 |" in text
+    assert len(md.with_suffix(".csv").read_text().splitlines()) == 2
+    assert report_main(["--jobs", str(tmp_path / "none"), "--out", str(md)]) == 2
