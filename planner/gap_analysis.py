@@ -31,6 +31,7 @@ import networkx as nx
 from .comm import cross_rank_edges, estimate_edge_delays
 from .dag import EdgeDelays, build_dag, longest_path
 from .gap_model import GapSample, batches, gap_samples, rank_neighbours
+from .spans import one_host
 from .trace import Trace
 
 __all__ = ["BatchSplit", "RankSplit", "decompose_batch", "decompose_trace", "gap_table"]
@@ -126,7 +127,10 @@ def decompose_trace(
     edge_ms: EdgeDelays | None = None,
 ) -> list[tuple[int, str, BatchSplit]]:
     """``(step, phase, split)`` of every batch of ``phases`` (None: all) that has a timed record of every
-    action (:func:`decompose_batch`; ``cross`` defaults to the trace's cross-rank delays)."""
+    action (:func:`decompose_batch`; ``cross`` defaults to the trace's cross-rank delays); ``[]`` when the
+    ranks of replica 0 are on several hosts (``planner.spans.one_host``)."""
+    if not one_host(trace):
+        return []
     if dag is None:
         dag = build_dag(trace.meta)
     if cross is None:

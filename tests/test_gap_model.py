@@ -268,3 +268,13 @@ def test_gap_report_on_a_fake_job(tmp_path):
     assert text.startswith("# Gap model") and "python scripts/gap_eval.py" in text and "| 1F1B | 1 |" in text
     assert len(md.with_suffix(".csv").read_text().splitlines()) == 2
     assert report_main(["--jobs", str(tmp_path / "none"), "--out", str(md)]) == 2
+
+
+def test_ranks_on_two_hosts_give_only_the_gaps_that_need_no_other_clock():
+    tr = run_timed("1F1B", jitter=0.0)
+    tr.meta.extra["hosts"] = ["a", "b"]
+    dag = build_dag(tr.meta)
+    receives = {v for _, v in cross_rank_edges(dag)}
+    samples = gap_samples(tr, dag=dag, cross={})
+    assert samples and all(s.action not in receives and s.free for s in samples)
+    assert decompose_trace(tr, dag=dag, cross={}) == []
