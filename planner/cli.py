@@ -104,6 +104,11 @@ _NO_COMM_HELP = (
     "ignore the delays on cross-rank edges measured in the trace (records with start_ms; "
     "see docs/formats.md) and plan on compute times alone"
 )
+_GAPS_HELP = (
+    "also put on each rank-order edge the mean gap measured between those two kinds of action on that rank "
+    "when the next one's input was there (runtime work between actions; planner/gap_model.py, "
+    "docs/formats.md); needs the cross-rank delays (not with --no-comm)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -125,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
+    q.add_argument("--gaps", action="store_true", help=_GAPS_HELP)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -135,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
+    q.add_argument("--gaps", action="store_true", help=_GAPS_HELP)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -175,30 +182,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     from .comm import summary_line
+    from .gap_model import gap_line
     from .plan import plan_from_trace, plan_summary, write_plan
     from .trace import load_trace
 
+    _check_gaps(args)
     trace = load_trace(args.trace)
     # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
     plan = plan_from_trace(
-        trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm, gap=args.gap
+        trace,
+        args.r_max,
+        solver=args.solver,
+        estimator=args.estimator,
+        comm=not args.no_comm,
+        gap=args.gap,
+        gaps=args.gaps,
     )
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
     if "comm" in plan.extra:
         print(summary_line(plan.extra["comm"]))
+    if "gaps" in plan.extra:
+        print(gap_line(plan.extra["gaps"]))
     print(f"wrote {args.out}")
 
 
+def _check_gaps(args: argparse.Namespace) -> None:
+    if args.gaps and args.no_comm:
+        raise PlannerError("--gaps needs the cross-rank delays: drop --no-comm")
+
+
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from .comm import estimate_edge_delays, summarize, summary_line
+    from .comm import estimate_edge_delays, summary_line
+    from .dag import build_dag
     from .estimate import estimate_weights
+    from .gap_model import delay_fields, gap_line, with_gap_costs
     from .sweep import format_table, plot_sweep, sweep, write_csv
     from .trace import load_trace
 
+    _check_gaps(args)
     trace = load_trace(args.trace)
-    edge_ms = {} if args.no_comm else estimate_edge_delays(trace)
+    dag = build_dag(trace.meta)
+    edge_ms = {} if args.no_comm else estimate_edge_delays(trace, dag)
+    if args.gaps:
+        edge_ms = with_gap_costs(trace, dag, edge_ms)[0]
     rows = sweep(
         trace.meta,
         estimate_weights(trace, args.estimator),
@@ -211,8 +239,11 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         f"{trace.meta.schedule}, pp={trace.meta.pp_degree}, {trace.meta.num_microbatches} microbatches, "
         f"estimator {args.estimator}"
     )
-    if edge_ms:
-        print(summary_line(summarize(edge_ms)))
+    fields = delay_fields(dag, edge_ms)
+    if "comm" in fields:
+        print(summary_line(fields["comm"]))
+    if "gaps" in fields:
+        print(gap_line(fields["gaps"]))
     print(format_table(rows))
     if args.csv:
         write_csv(rows, args.csv)

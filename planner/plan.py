@@ -11,11 +11,12 @@ from typing import Any
 
 from .actions import FREEZABLE_KINDS, parse_action
 from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
-from .comm import estimate_edge_delays, summarize
+from .comm import estimate_edge_delays
 from .dag import BatchDag, EdgeDelays, build_dag, longest_path
 from .errors import PlannerError
 from .estimate import DEFAULT_ESTIMATOR, estimate_weights
 from .fileio import read_json, write_json_atomically
+from .gap_model import delay_fields, with_gap_costs
 from .lp import solve_problem
 from .problem import Problem, build_problem
 from .trace import NodeWeights, Trace, TraceMeta
@@ -98,7 +99,8 @@ def make_plan(
     (:func:`planner.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
     ``budget_sensitivity`` says per stage how many ms of batch time one more 0.01 of its ``r_max`` saves.
     ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
-    non-empty the plan's top-level ``comm`` field summarises them (``planner.comm.summarize``).
+    non-empty the plan's top-level ``comm`` field summarises those on cross-rank edges and ``gaps`` those on
+    same-rank edges (``planner.comm.summarize``).
     ``gap``: certified relative gap accepted (:func:`planner.lp.solve_freeze_lp`); the plan's ``solver`` records
     the lower bound and the gap reached (``lower_bound_ms``, ``gap``)."""
     return plan_problem(build_problem(build_dag(meta), weights, r_max, edge_ms), solver=solver, gap=gap)
@@ -134,7 +136,7 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
             "gap": sol.gap,
             **({} if sol.gap_target is None else {"gap_target": sol.gap_target}),
         },
-        extra={"comm": summarize(problem.edge_ms)} if problem.edge_ms else {},
+        extra=delay_fields(problem.dag, problem.edge_ms),
         budget_sensitivity=sol.budget_sensitivity,
         critical_path=sol.critical_path,
     )
@@ -150,12 +152,15 @@ def plan_from_trace(
     solver: str = "auto",
     gap: float | None = None,
     dag: BatchDag | None = None,
+    gaps: bool = False,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
     recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
     measured in the trace (``planner.comm.estimate_edge_delays``; none for a trace without ``start_ms``),
     or ``edge_ms`` when given (the caller estimated them already); False ignores them.  ``dag``:
-    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan."""
+    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan.  ``gaps`` (with
+    ``comm``): also the fixed costs between consecutive actions of a rank (``planner.gap_model``), recorded
+    in the plan's ``gaps`` field."""
     weights = estimate_weights(trace, estimator)
     if dag is None:
         dag = build_dag(trace.meta)
@@ -163,8 +168,13 @@ def plan_from_trace(
         edge_ms = None
     elif edge_ms is None:
         edge_ms = estimate_edge_delays(trace, dag)
+    model = None
+    if gaps and comm:
+        edge_ms, model = with_gap_costs(trace, dag, edge_ms)
     plan = plan_problem(build_problem(dag, weights, r_max, edge_ms), solver=solver, gap=gap)
     plan.extra["estimator"] = estimator
+    if model is not None:
+        plan.extra["gaps"] = {**plan.extra.get("gaps", {"edges": 0}), **model.summary()}
     return plan
 
 

@@ -32,7 +32,7 @@ def test_matched_jobs_follow_the_job_they_match():
 
 def test_the_committed_placement_grid_expands():
     jobs = expand_grid(load_grid_file("scripts/placement_grid.toml"))
-    assert len(jobs) == 30 and sum(j.matched_to is not None for j in jobs) == 12
+    assert len(jobs) == 60 and sum(j.matched_to is not None for j in jobs) == 24
 
 
 @pytest.mark.parametrize(

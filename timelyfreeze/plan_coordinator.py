@@ -117,6 +117,7 @@ class PlanCoordinator:
                 self.paths.trace,
                 self.paths.plan,
                 self.cfg.estimator,
+                self.cfg.gap_model,
             )
         result = self.job.broadcast(result)
         if "failure" in result:

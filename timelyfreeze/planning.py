@@ -26,21 +26,28 @@ def solve(
     trace_dir: Path,
     plan_path: Path,
     estimator: str = DEFAULT_ESTIMATOR,
+    gaps: bool = False,
 ) -> dict:
     """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
     w_max] ms), or ``{"failure": message}``. The node
     weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
-    as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
+    as ``python -m planner plan --estimator`` makes them, and the plan records the estimator.  ``gaps``
+    (``[freeze] gap_model``): also the fixed costs between a rank's consecutive actions
+    (``planner.gap_model``, as ``python -m planner plan --gaps``); the delays handed on for re-plans
+    (``edge_ms``) then include them."""
     try:
         from planner.comm import estimate_edge_delays
         from planner.dag import build_dag
+        from planner.gap_model import with_gap_costs
         from planner.plan import plan_from_trace, plan_summary, write_plan
         from planner.trace import trace_from_records
 
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
         dag = build_dag(trace.meta)
         edge_ms = estimate_edge_delays(trace, dag)
-        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag)
+        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag, gaps=gaps)
+        if gaps:
+            edge_ms = with_gap_costs(trace, dag, edge_ms)[0]  # what the plan was made with (re-plans keep it)
         write_plan(plan, plan_path)
         return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta)}
     except Exception as e:
