@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner.comm import estimate_edge_delays
 from planner.dag import build_dag, longest_path
+from planner.estimate import ESTIMATORS
 from planner.gap_model import fit_gap_model, merge_delays
 from planner.plan import plan_from_trace
 from planner.spans import step_spans
@@ -78,7 +79,11 @@ def evaluate_job(job: Path) -> dict:
     trace = load_trace(out / "trace")
     dag = build_dag(trace.meta)
     cross = estimate_edge_delays(trace, dag)
-    plan = plan_from_trace(trace, summary["knob"]["value"], edge_ms=cross, dag=dag)
+    # the estimator the run planned with (plans written before the field existed used median)
+    estimator = json.loads((out / "plan.json").read_text()).get("estimator", "median")
+    if estimator not in ESTIMATORS:  # an online re-plan writes "rescaled"; its first plan used the default then
+        estimator = "median"
+    plan = plan_from_trace(trace, summary["knob"]["value"], estimator=estimator, edge_ms=cross, dag=dag)
     gaps = fit_gap_model(trace, dag=dag, cross=cross).edge_delays(dag)
     gaps_lo = fit_gap_model(trace, dag=dag, cross=cross, phases=("lower",)).edge_delays(dag)
     new = merge_delays(cross, gaps)
@@ -86,7 +91,7 @@ def evaluate_job(job: Path) -> dict:
     w_max = {a: p.w_max for a, p in plan.actions.items()}
     planned_old = plan.batch_time_ms["planned"]
     planned_new = longest_path(dag, durations, new)[0]
-    gap_plan = plan_from_trace(trace, summary["knob"]["value"], edge_ms=cross, dag=dag, gaps=True)
+    gap_plan = plan_from_trace(trace, summary["knob"]["value"], estimator=estimator, edge_ms=cross, dag=dag, gaps=True)
     nf_old = plan.batch_time_ms["no_freeze"]
     nf_new = longest_path(dag, w_max, new)[0]
     nf_lo = longest_path(dag, w_max, merge_delays(cross, gaps_lo))[0]
