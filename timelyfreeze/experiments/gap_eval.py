@@ -80,7 +80,8 @@ def evaluate_job(job: Path) -> dict:
     dag = build_dag(trace.meta)
     cross = estimate_edge_delays(trace, dag)
     # the estimator the run planned with (plans written before the field existed used median)
-    estimator = json.loads((out / "plan.json").read_text()).get("estimator", "median")
+    plan_file = out / "plan.json"
+    estimator = json.loads(plan_file.read_text()).get("estimator", "median") if plan_file.is_file() else "median"
     if estimator not in ESTIMATORS:  # an online re-plan writes "rescaled"; its first plan used the default then
         estimator = "median"
     plan = plan_from_trace(trace, summary["knob"]["value"], estimator=estimator, edge_ms=cross, dag=dag)
