@@ -116,10 +116,11 @@ def test_placement_report_on_committed_jobs(tmp_path):
         pairs = list(csv.DictReader(f))
     assert len(pairs) == 2
     for p in pairs:  # a run paired with itself: no difference, the same shares, a finite prediction
-        assert float(p["d_speedup"]) == 0.0 and float(p["share_gap"]) == 0.0
+        assert float(p["d_speedup"]) == 0.0 == float(p["d_speedup_f"]) and float(p["share_gap"]) == 0.0
         assert float(p["predicted_d_speedup"]) >= -1e-9
     with open(tmp_path / "report" / "placement_cells.csv") as f:
         cells = {c["r_max"]: c for c in csv.DictReader(f)}
     assert cells["all"]["pairs"] == "2" and cells["0.8"]["pairs"] == "2"
     assert "1F1B (2 pairs): in-run speed-up, TimelyFreeze minus matched random +0.000" in md
+    assert "all schedules (2 pairs)" in md
     assert (tmp_path / "report" / "placement.png").is_file()

@@ -22,6 +22,7 @@ from planner.comm import estimate_edge_delays
 from planner.errors import PlannerError
 from planner.placement import predict_placement
 from planner.plan import load_plan
+from planner.spans import f_factor
 from planner.trace import load_trace, phase_stage_ratios
 from timelyfreeze.experiments.report import md_table, write_csv
 from timelyfreeze.experiments.results import load_rows, num
@@ -36,6 +37,9 @@ PAIR_COLUMNS = [
     "speedup_tf",
     "speedup_random",
     "d_speedup",
+    "f_tf",
+    "f_random",
+    "d_speedup_f",
     "d_val_loss",
     "tokens_per_s_ratio",
     "shares_tf",
@@ -45,23 +49,27 @@ PAIR_COLUMNS = [
     "predicted_speedup_uniform",
     "predicted_d_speedup",
 ]
-QUANTITIES = ("d_speedup", "predicted_d_speedup", "d_val_loss", "tokens_per_s_ratio", "share_gap")
+QUANTITIES = ("d_speedup", "d_speedup_f", "predicted_d_speedup", "d_val_loss", "tokens_per_s_ratio", "share_gap")
 CELL_COLUMNS = (
     ["schedule", "r_max", "pairs"]
     + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
-    + [
-        "speed",
-        "loss",
-    ]
+    + ["speed", "speed_f", "loss"]
 )
-NULLS = {"tokens_per_s_ratio": 1.0}
 
 
-def _shares(row: dict[str, Any]) -> list[float] | None:
+def _trace_figures(row: dict[str, Any]) -> tuple[list[float] | None, float | None]:
+    """(realised stable-phase shares per stage, F factor stable over upper) of the row's trace."""
     try:
-        return phase_stage_ratios(load_trace(row["_trace"])) if row.get("_trace") else None
+        trace = load_trace(row["_trace"]) if row.get("_trace") else None
     except (PlannerError, OSError, ValueError):
-        return None
+        return None, None
+    return (None, None) if trace is None else (phase_stage_ratios(trace), f_factor(trace, "stable", "upper"))
+
+
+def _f_corrected(speedup: Any, f: float | None) -> float | None:
+    """The in-run speed-up with the machine's speed change taken out: ``speedup * f`` (``f``: stable F over
+    upper F; a machine that sped up by ``f < 1`` shortened the stable batches by ``f`` on its own)."""
+    return None if num(speedup) is None or f is None else speedup * f
 
 
 def _prediction(row: dict[str, Any], shares: list[float] | None) -> dict[str, float | None]:
@@ -92,7 +100,7 @@ def placement_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tf = by_id.get(rnd.get("matched_to") or "")
         if tf is None or rnd["status"] != "ok" or tf["status"] != "ok":
             continue
-        s_tf, s_rnd = _shares(tf), _shares(rnd)
+        (s_tf, f_tf), (s_rnd, f_rnd) = _trace_figures(tf), _trace_figures(rnd)
         tps_tf, tps_rnd = num(tf.get("tokens_per_s_stable")), num(rnd.get("tokens_per_s_stable"))
         out.append(
             {
@@ -104,6 +112,11 @@ def placement_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "speedup_tf": tf["speedup_in_run"],
                 "speedup_random": rnd["speedup_in_run"],
                 "d_speedup": _diff(tf["speedup_in_run"], rnd["speedup_in_run"]),
+                "f_tf": f_tf,
+                "f_random": f_rnd,
+                "d_speedup_f": _diff(
+                    _f_corrected(tf["speedup_in_run"], f_tf), _f_corrected(rnd["speedup_in_run"], f_rnd)
+                ),
                 "d_val_loss": _diff(tf["val_loss"], rnd["val_loss"]),
                 "tokens_per_s_ratio": tps_tf / tps_rnd if tps_tf and tps_rnd else None,
                 "shares_tf": None if s_tf is None else " ".join(f"{x:.3f}" for x in s_tf),
@@ -121,12 +134,14 @@ def placement_cells(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for p in pairs:
         groups.setdefault((p["schedule"], str(p["r_max"])), []).append(p)
         groups.setdefault((p["schedule"], "all"), []).append(p)
+        groups.setdefault(("all", "all"), []).append(p)
     cells = []
     for (schedule, r_max), ps in sorted(groups.items()):
         c: dict[str, Any] = {"schedule": schedule, "r_max": r_max, "pairs": len(ps)}
         for q in QUANTITIES:
             c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(p.get(q) for p in ps)
         c["speed"] = verdict(c["d_speedup_lo"], c["d_speedup_hi"], 0.0, "TimelyFreeze faster", "random faster")
+        c["speed_f"] = verdict(c["d_speedup_f_lo"], c["d_speedup_f_hi"], 0.0, "TimelyFreeze faster", "random faster")
         c["loss"] = verdict(c["d_val_loss_lo"], c["d_val_loss_hi"], 0.0, "TimelyFreeze worse", "TimelyFreeze better")
         cells.append(c)
     return cells
@@ -145,12 +160,14 @@ def statement(cells: list[dict[str, Any]]) -> list[str]:
     """One sentence per schedule (all r_max pooled): what the intervals support."""
     lines = []
     for c in (c for c in cells if c["r_max"] == "all"):
-        speed = c["speed"] or NO_DIFFERENCE
+        speed, speed_f = c["speed"] or NO_DIFFERENCE, c["speed_f"] or NO_DIFFERENCE
         loss = c["loss"] or NO_DIFFERENCE
+        name = "all schedules" if c["schedule"] == "all" else c["schedule"]
         lines.append(
-            f"{c['schedule']} ({c['pairs']} pairs): in-run speed-up, TimelyFreeze minus matched random "
-            f"{_ci(c, 'd_speedup')} ({speed}); the planner predicted {_ci(c, 'predicted_d_speedup')}; "
-            f"validation loss difference {_ci(c, 'd_val_loss', 4)} ({loss})."
+            f"{name} ({c['pairs']} pairs): in-run speed-up, TimelyFreeze minus matched random "
+            f"{_ci(c, 'd_speedup')} ({speed}); with the F factor taken out {_ci(c, 'd_speedup_f')} ({speed_f}); "
+            f"the planner predicted {_ci(c, 'predicted_d_speedup')}; validation loss difference "
+            f"{_ci(c, 'd_val_loss', 4)} ({loss})."
         )
     return lines
 
@@ -158,7 +175,7 @@ def statement(cells: list[dict[str, Any]]) -> list[str]:
 def plot_placement(pairs: list[dict[str, Any]], cells: list[dict[str, Any]], out_png: Path) -> bool:
     """Per schedule: each pair's measured difference of in-run speed-up (dots), the mean with its 95 % interval,
     and the planner's predicted difference (crosses)."""
-    pooled = [c for c in cells if c["r_max"] == "all" and c["d_speedup_mean"] is not None]
+    pooled = [c for c in cells if c["r_max"] == "all" and c["schedule"] != "all" and c["d_speedup_mean"] is not None]
     if not pooled:
         return False
     import matplotlib
@@ -225,11 +242,12 @@ def build_placement_report(out: str | Path) -> Path:
                     "pairs": c["pairs"],
                     **{q: _ci(c, q, 4 if q == "d_val_loss" else 3) for q in QUANTITIES},
                     "speed": c["speed"],
+                    "speed_f": c["speed_f"],
                     "loss": c["loss"],
                 }
                 for c in cells
             ],
-            ["schedule", "r_max", "pairs", *QUANTITIES, "speed", "loss"],
+            ["schedule", "r_max", "pairs", *QUANTITIES, "speed", "speed_f", "loss"],
         ),
         "",
         "## Pairs",
