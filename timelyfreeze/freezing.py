@@ -63,7 +63,7 @@ class FreezingHook:
         if kind == "F":
             view = self.views[stage]
             names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
-            if view.anchor is not None:
+            if view.anchor is not None and not self.method.may_freeze_anchor:
                 names = names - {view.anchor}
             frozen = tuple(n for n in view.params if n in names)  # registration order: same on every rank
             self._frozen[key] = frozen

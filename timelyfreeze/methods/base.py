@@ -93,6 +93,10 @@ class FreezeMethod:
     """Phases whose per-action timings this method's plan is made from; the runtime keeps those trace
     records (and checkpoints them) and hands them to the planner when ``needs_plan`` says so."""
 
+    may_freeze_anchor: ClassVar[bool] = False
+    """True where the method may freeze the first stage's anchor (``StageView.anchor``) and itself keeps the
+    stage's backward meaningful: Egeria freezes its prefix whole, so its output is fixed (its cache)."""
+
     def __init__(self, cfg: Any, ctx: MethodContext):
         self.cfg = cfg
         self.ctx = ctx
@@ -141,6 +145,11 @@ class FreezeMethod:
 
     def summary(self) -> dict[str, Any]:
         """Method-specific figures for the end-of-run summary (JSON-serialisable)."""
+        return {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """This rank's method figures of the step just ended, for its ``metrics.jsonl`` row (summed over the
+        ranks; called once per step after ``after_optimizer_step``)."""
         return {}
 
     def close(self) -> None:
