@@ -67,6 +67,28 @@ def test_seeded_order_is_a_fresh_permutation_every_epoch_and_resumes():
     assert _ids(iter(again), 5) == _ids(it, 5)
 
 
+def test_titans_dataloader_checkpoint_carries_the_position():
+    from torchtitan.components.dataloader import ParallelAwareDataloader
+
+    seqs = torch.arange(6 * 3).view(6, 3)
+
+    def loader():
+        return ParallelAwareDataloader(
+            epoch_data.FixedSequenceDataset(seqs, seed=2), dp_rank=0, dp_world_size=1, batch_size=2
+        )
+
+    a = loader()
+    it = iter(a)
+    for _ in range(4):  # an epoch and a third
+        next(it)
+    state = a.state_dict()
+    b = loader()
+    b.load_state_dict(state)
+    want = [next(it)[0][epoch_data.SAMPLE_ID].tolist() for _ in range(3)]
+    ib = iter(b)
+    assert [next(ib)[0][epoch_data.SAMPLE_ID].tolist() for _ in range(3)] == want
+
+
 def test_lru_bound_eviction_and_invalidation():
     c = PrefixCache(limit_mb=3 * 4 / 2**20)  # room for three 1-float entries
     c.set_boundary(2, 0)

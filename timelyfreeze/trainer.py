@@ -170,10 +170,10 @@ class TimelyFreezeTrainer(Trainer):
         rt.end_step(self.step)
 
     def post_dataloading_process(self, input_dict, labels):
-        """TorchTitan's, less the sample id (``epoch_data.SAMPLE_ID``) where the first stage's module does not
-        take it (only Egeria's activation cache does: ``egeria_cache``)."""
+        """TorchTitan's, less the sample id (``epoch_data.SAMPLE_ID``) unless every local stage's module takes
+        it (only with Egeria's activation cache: ``egeria_cache``; multi-stage schedules hand it to them all)."""
         inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels)
-        if epoch_data.SAMPLE_ID in extra_inputs and not epoch_data.takes_sample_id(self.model_parts[0]):
+        if epoch_data.SAMPLE_ID in extra_inputs and not all(map(epoch_data.takes_sample_id, self.model_parts)):
             extra_inputs = {k: v for k, v in extra_inputs.items() if k != epoch_data.SAMPLE_ID}
         return inputs, labels, extra_inputs, extra_kwargs
 

@@ -33,7 +33,9 @@ The first stage's module gets the cache through a subclass of its own class (the
 extends a pipeline stage): its ``forward`` takes the ``sample_id`` keyword and, for a module with a cache attached
 and during training (autograd on), runs TorchTitan's decoder forward (``tok_embeddings``, ``layers``, ``norm``,
 ``output``) with the prefix replaced by the look-up. Any other call (validation, Egeria's reference copy, which is
-built from the same class but has no cache) runs the class's own ``forward``.
+built from the same class but has no cache) runs the class's own ``forward``. The other stages of the rank get the
+same subclass without a cache: torch's multi-stage schedules (Interleaved1F1B, ZBV, DualPipeV) hand the first
+stage's keyword arguments to every stage of the rank.
 """
 
 from __future__ import annotations
@@ -141,11 +143,16 @@ def decoder_layout(module: nn.Module) -> str | None:
     return None
 
 
-def attach(module: nn.Module, cache: PrefixCache) -> None:
-    """Give ``module`` (see ``decoder_layout``) the cached forward, served by ``cache``."""
+def accept_sample_id(module: nn.Module) -> None:
+    """Let ``module``'s forward take (and, without a cache, ignore) the ``sample_id`` keyword."""
     cls = type(module)
     if not getattr(cls, "takes_sample_id", False):
         module.__class__ = _cached_class(cls)
+
+
+def attach(module: nn.Module, cache: PrefixCache) -> None:
+    """Give ``module`` (see ``decoder_layout``) the cached forward, served by ``cache``."""
+    accept_sample_id(module)
     _ATTACHED[module] = cache
 
 
@@ -218,13 +225,15 @@ def install(stages, enabled: bool, limit_mb: float) -> tuple[PrefixCache | None,
     cache = PrefixCache(limit_mb)
     cache.stage_layers = max(first[0].layer_of.values(), default=-1) + 1
     attach(first[0].module, cache)
+    for v in stages:  # multi-stage schedules hand the first stage's keyword arguments to every local stage
+        if not v.is_first:
+            accept_sample_id(v.module)
     return cache, None
 
 
 def uninstall(stages) -> None:
     for v in stages:
-        if v.is_first:
-            detach(v.module)
+        detach(v.module)
 
 
 def summary(cache: PrefixCache | None, off: str | None) -> dict[str, Any]:
