@@ -202,8 +202,8 @@ def _forward(self, tokens, attention_masks=None, positions=None, sample_id=None)
         for layer, blk in blocks:
             if layer < cache.boundary:
                 h = blk(h, self.freqs_cis, **kw)
+        cache.record_miss(time.perf_counter() - t0)  # the prefix's forward, without keeping its output
         cache.put(key, h.detach().to("cpu", copy=True))
-        cache.record_miss(time.perf_counter() - t0)
     for layer, blk in blocks:
         if layer >= cache.boundary:
             h = blk(h, self.freqs_cis, **kw)
