@@ -87,5 +87,7 @@ class FreezingHook:
         return out
 
     def freezable_tensors(self) -> dict[int, int]:
-        """Number of tensors each local stage can freeze (all trainable tensors but the anchor)."""
-        return {s: len(v.params) - (v.anchor is not None) for s, v in self.views.items()}
+        """Number of tensors each local stage can freeze (all trainable tensors but the anchor, unless the method
+        may freeze it)."""
+        keep = not self.method.may_freeze_anchor
+        return {s: len(v.params) - (v.anchor is not None and keep) for s, v in self.views.items()}
