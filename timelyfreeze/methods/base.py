@@ -45,7 +45,8 @@ class StageView:
     is_last: bool
     anchor: str | None = None
     """On a stage whose input needs no gradient (the first), one small early tensor that is never
-    frozen, so the stage's backward always has something to reach; ``None`` elsewhere."""
+    frozen, so the stage's backward always has something to reach; ``None`` elsewhere. A method with
+    ``may_freeze_anchor`` (Egeria, which freezes its prefix whole) may freeze it."""
     units: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Freezing units, front to back: unit name -> its tensors (``timelyfreeze.stage_layout.freeze_units``;
     the anchor in none). Methods that freeze a share of the stage sample whole units. Empty: every
