@@ -204,7 +204,8 @@ def test_two_ranks_agree_on_readings_from_the_owner_and_freeze_the_prefix():
     ls.run(*(lambda m=m: m.after_optimizer_step(2) for m in ranks))
     for m in ranks:
         assert m.ctrl.cur == 1 and m.ctrl.events[-1] == (2, "freeze", 0)
-    assert ranks[0].frozen_tensors(3, 0, 0) == frozenset()  # layer 0 = the anchor only
+    # layer 0 = the anchor only, frozen too: Egeria freezes its prefix whole (may_freeze_anchor)
+    assert ranks[0].frozen_tensors(3, 0, 0) == frozenset({"tok.weight"})
     # a non-evaluation step gathers nothing
     calls = ls.calls
     ls.run(*(lambda m=m: m.after_optimizer_step(3) for m in ranks))

@@ -63,7 +63,7 @@ class FreezingHook:
         if kind == "F":
             view = self.views[stage]
             names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
-            if view.anchor is not None:
+            if view.anchor is not None and not self.method.may_freeze_anchor:
                 names = names - {view.anchor}
             frozen = tuple(n for n in view.params if n in names)  # registration order: same on every rank
             self._frozen[key] = frozen
@@ -87,5 +87,7 @@ class FreezingHook:
         return out
 
     def freezable_tensors(self) -> dict[int, int]:
-        """Number of tensors each local stage can freeze (all trainable tensors but the anchor)."""
-        return {s: len(v.params) - (v.anchor is not None) for s, v in self.views.items()}
+        """Number of tensors each local stage can freeze (all trainable tensors but the anchor, unless the method
+        may freeze it)."""
+        keep = not self.method.may_freeze_anchor
+        return {s: len(v.params) - (v.anchor is not None and keep) for s, v in self.views.items()}

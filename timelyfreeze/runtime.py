@@ -145,12 +145,16 @@ class FreezeRuntime:
                 "tensors": self.hook.freezable_tensors() if first else None,
                 "host": socket.gethostname() if first else None,
                 "scales": self.plans.local_scales(records) if watch else None,
+                "method": self.method.step_metrics(),
             }
         )
         if first:
             self._write_meta(gathered)
         self.plans.after_gather(step)
         row = self.meter.row(step, phase, gathered, self.plans.predicted_ms())
+        for g in gathered:
+            for k, v in g["method"].items():
+                row[k] = row.get(k, 0) + v
         self.plans.check_drift(step, row, [g["scales"] for g in gathered] if watch else None)
         self.ctx.last_loss = row["loss"]
         self.state.history.append(row)

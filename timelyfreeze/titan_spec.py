@@ -7,9 +7,11 @@ of ours, in place of patching TorchTitan's instances.
   would not be comparable. It rewinds the dataset with the dataset's own checkpoint API.
 * ``FreezeMetricsProcessor``: TorchTitan's metrics processor that also hands each validation loss to its
   ``on_validation`` listeners (the freezing runtime's validation curve, the stop rule).
+* ``epoch_data.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
+  the fixed multi-epoch set whose samples carry a stable id (``timelyfreeze.epoch_data``).
 
 ``use_freeze_spec(model_name)`` registers, under the model's own name (TorchTitan's user-defined specs take
-precedence over its built-in ones), the model's ``TrainSpec`` with these two builders where the model uses
+precedence over its built-in ones), the model's ``TrainSpec`` with these builders where the model uses
 TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so).
 """
 
@@ -22,7 +24,10 @@ from typing import Callable
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.validate import Validator
 from torchtitan.components.validate import build_validator as titan_build_validator
+from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+from timelyfreeze import epoch_data
 
 
 class FixedBatchValidator(Validator):
@@ -81,6 +86,9 @@ def use_freeze_spec(model_name: str) -> None:
         build_metrics_processor_fn=build_metrics_processor
         if spec.build_metrics_processor_fn is None
         else spec.build_metrics_processor_fn,
+        build_dataloader_fn=epoch_data.build_dataloader
+        if spec.build_dataloader_fn is build_text_dataloader
+        else spec.build_dataloader_fn,
     )
     try:
         register_train_spec(model_name, ours)

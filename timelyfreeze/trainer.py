@@ -17,7 +17,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from planner.schedules import v_shaped
-from timelyfreeze import corpus, cpu_shims, titan_spec
+from timelyfreeze import corpus, cpu_shims, epoch_data, titan_spec
 from timelyfreeze.config import (
     FreezeConfigError,
     check_compile_schedule,
@@ -168,6 +168,14 @@ class TimelyFreezeTrainer(Trainer):
         self._batch_in_step = 0
         super().train_step(data_iterator)
         rt.end_step(self.step)
+
+    def post_dataloading_process(self, input_dict, labels):
+        """TorchTitan's, less the sample id (``epoch_data.SAMPLE_ID``) unless every local stage's module takes
+        it (only with Egeria's activation cache: ``egeria_cache``; multi-stage schedules hand it to them all)."""
+        inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels)
+        if epoch_data.SAMPLE_ID in extra_inputs and not all(map(epoch_data.takes_sample_id, self.model_parts)):
+            extra_inputs = {k: v for k, v in extra_inputs.items() if k != epoch_data.SAMPLE_ID}
+        return inputs, labels, extra_inputs, extra_kwargs
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         rt = self.freeze_rt

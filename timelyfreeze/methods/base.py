@@ -45,7 +45,8 @@ class StageView:
     is_last: bool
     anchor: str | None = None
     """On a stage whose input needs no gradient (the first), one small early tensor that is never
-    frozen, so the stage's backward always has something to reach; ``None`` elsewhere."""
+    frozen, so the stage's backward always has something to reach; ``None`` elsewhere. A method with
+    ``may_freeze_anchor`` (Egeria, which freezes its prefix whole) may freeze it."""
     units: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Freezing units, front to back: unit name -> its tensors (``timelyfreeze.stage_layout.freeze_units``;
     the anchor in none). Methods that freeze a share of the stage sample whole units. Empty: every
@@ -92,6 +93,10 @@ class FreezeMethod:
     monitor_phases: ClassVar[tuple[str, ...]] = ()
     """Phases whose per-action timings this method's plan is made from; the runtime keeps those trace
     records (and checkpoints them) and hands them to the planner when ``needs_plan`` says so."""
+
+    may_freeze_anchor: ClassVar[bool] = False
+    """True where the method may freeze the first stage's anchor (``StageView.anchor``) and itself keeps the
+    stage's backward meaningful: Egeria freezes its prefix whole, so its output is fixed (its cache)."""
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         self.cfg = cfg
@@ -141,6 +146,11 @@ class FreezeMethod:
 
     def summary(self) -> dict[str, Any]:
         """Method-specific figures for the end-of-run summary (JSON-serialisable)."""
+        return {}
+
+    def step_metrics(self) -> dict[str, float]:
+        """This rank's method figures of the step just ended, for its ``metrics.jsonl`` row (summed over the
+        ranks; called once per step after ``after_optimizer_step``)."""
         return {}
 
     def close(self) -> None:

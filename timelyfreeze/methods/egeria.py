@@ -26,7 +26,12 @@ Choices where the paper is silent or differs from our setting (digest 2.6/7):
 - The snapshot for a refresh (the stage's ``state_dict()``) is copied to CPU on the training thread
   (asynchronously into pinned memory on CUDA); the stage's CPU reference is built once, on its first
   evaluation, by ``egeria_reference.build_reference`` (a fresh module tree, no hooks, no wrappers).
-- No activation caching / forward skipping (the other methods have none either).
+- The activation cache (``[freeze.egeria] cache``, ``egeria_cache``): on the first stage, a microbatch whose
+  samples come back skips the frozen prefix's forward (embedding and frozen blocks of that stage). Frozen
+  layers on later stages still run their forward. Needs a dataset with sample ids (``timelyfreeze.epoch_data``).
+- The prefix is frozen whole: on the first stage the runtime's anchor tensor is frozen with it (it would
+  otherwise keep block 0 training, so the prefix's output would change and its backward would still reach
+  back to block 0). With the whole first stage frozen its backward is empty.
 - Which steps' readings arrive at which decision depends on the worker's speed, so runs are not
   bit-reproducible across machines; all ranks of one run always agree.
 
@@ -42,6 +47,7 @@ from typing import Any
 import torch
 
 from timelyfreeze.fields import check_section
+from timelyfreeze.methods import egeria_cache
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Prefix, warmup_of
 from timelyfreeze.methods.egeria_capture import StageCapture
@@ -77,6 +83,12 @@ class EgeriaConfig:
     """At most this many activation rows (token vectors) enter the b x b similarity matrices; larger
     microbatches are subsampled at evenly spaced rows (our choice, not in the paper: its b is an image
     batch, ours is batch x sequence, and a 16k x 16k Gram matrix would dominate the CPU work)."""
+    cache: bool = True
+    """Activation cache (digest 2.8): on the first stage, keep the frozen prefix's output per microbatch of
+    sample ids and skip the prefix's forward when the samples come back (``methods/egeria_cache``). Works
+    only with a dataset whose samples carry ids (``pystdlib_<split>_fixed<N>``); otherwise it stays idle."""
+    cache_mb: float = 512.0
+    """Bound of the activation cache in MiB (host memory; least recently used entries are dropped first)."""
 
     def validate(self, section: str = "freeze.egeria") -> None:
         """``FreezeConfigError`` naming the first field whose type or value cannot work."""
@@ -91,6 +103,7 @@ class EgeriaConfig:
                 ("bootstrap_loss_rate", lambda v: v >= 0.0, "must be >= 0"),
                 ("unfreeze_lr_drop", lambda v: v > 1.0, "must be > 1"),
                 ("sp_max_rows", lambda v: v >= 2, "must be >= 2"),
+                ("cache_mb", lambda v: v >= 0.0, "must be >= 0"),
             ),
         )
 
@@ -99,6 +112,7 @@ class Egeria(FreezeMethod):
     """Egeria baseline: every microbatch of a step freezes the modules in front of the frontmost active one."""
 
     name = "egeria"
+    may_freeze_anchor = True  # the prefix is frozen whole (module docstring)
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)
@@ -123,6 +137,8 @@ class Egeria(FreezeMethod):
         self.submitted = 0
         self.skipped_busy = 0
         self.disabled: str | None = None
+        self.cache, self.cache_off = egeria_cache.install(ctx.stages, bool(eg.cache), float(eg.cache_mb))
+        self._cache_seen: dict[str, float] = {}
 
     # -- layout ---------------------------------------------------------------------------------
     def _ensure_layout(self) -> None:
@@ -145,13 +161,22 @@ class Egeria(FreezeMethod):
     def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         if step <= self.warmup_steps or self.ctrl.cur == 0:
             return frozenset()
-        return self.prefix.names(stage, self.ctrl.cur)
+        v = self.views[stage]
+        names = self.prefix.names(stage, self.ctrl.cur)
+        return names | {v.anchor} if v.anchor is not None and v.layer_of[v.anchor] < self.ctrl.cur else names
 
     def _is_eval_step(self, step: int) -> bool:
         return self.n is not None and step % self.n == 0
 
+    def _cache_boundary(self, step: int) -> None:
+        """The activation cache serves this step's frozen prefix, as far as it lies on the first stage."""
+        if self.cache is not None:
+            frozen = 0 if step <= self.warmup_steps else self.ctrl.cur
+            self.cache.set_boundary(min(frozen, self.cache.stage_layers), self.ctrl.generation)
+
     def begin_step(self, step: int) -> None:
         self._ensure_layout()
+        self._cache_boundary(step)
         if not (self._is_eval_step(step) and self.ctrl.bootstrapped and not self.ctrl.done):
             return
         stage = self.layer_stage.get(self.ctrl.cur)
@@ -263,6 +288,7 @@ class Egeria(FreezeMethod):
             "loss_count": self._loss_count,
             "submitted": self.submitted,
             "skipped_busy": self.skipped_busy,
+            "cache": self.cache.counters() if self.cache is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -273,6 +299,8 @@ class Egeria(FreezeMethod):
         self._loss_count = int(state["loss_count"])
         self.submitted = int(state["submitted"])
         self.skipped_busy = int(state["skipped_busy"])
+        if self.cache is not None and state.get("cache"):
+            self.cache.load_counters(state["cache"])  # the entries are not kept: the cache refills
         self._ref_generation.clear()  # the reference is rebuilt at the next evaluation
 
     def summary(self) -> dict[str, Any]:
@@ -291,7 +319,12 @@ class Egeria(FreezeMethod):
             "reference_int8": self.worker.quantized,
             "worker_errors": self.worker.errors[:10],
             "disabled": self.disabled,
+            **egeria_cache.summary(self.cache, self.cache_off),
         }
+
+    def step_metrics(self) -> dict[str, float]:
+        return egeria_cache.step_metrics(self.cache, self._cache_seen)
 
     def close(self) -> None:
         self.worker.close()
+        egeria_cache.uninstall(self.ctx.stages)
