@@ -8,7 +8,6 @@ refresh the reference first. ``close()`` stops the thread and joins it.
 
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +48,9 @@ class EvalJob:
 class EgeriaWorker:
     """One daemon thread; at most one job in flight. ``submit`` never blocks: it refuses while busy."""
 
-    def __init__(self, quantize: bool, sp_max_rows: int, delay_s: float = 0.0):
+    def __init__(self, quantize: bool, sp_max_rows: int):
         self.quantize = quantize
         self.sp_max_rows = sp_max_rows
-        self.delay_s = delay_s
-        """Test hook: extra seconds each job sleeps (to prove the training step never waits)."""
         self._q: "queue.Queue[EvalJob | None]" = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._busy = False
@@ -150,8 +147,6 @@ class EgeriaWorker:
     def _process(self, job: EvalJob) -> float:
         if job.event is not None:
             job.event.synchronize()
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
         if job.snapshot is not None:
             self._refresh(job)
         ref = self._ref[job.stage]
