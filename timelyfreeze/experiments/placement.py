@@ -41,7 +41,7 @@ PAIR_COLUMNS = [
     "f_random",
     "d_speedup_f",
     "d_val_loss",
-    "tokens_per_s_ratio",
+    "throughput_ratio",
     "shares_tf",
     "shares_random",
     "share_gap",
@@ -49,7 +49,7 @@ PAIR_COLUMNS = [
     "predicted_speedup_uniform",
     "predicted_d_speedup",
 ]
-QUANTITIES = ("d_speedup", "d_speedup_f", "predicted_d_speedup", "d_val_loss", "tokens_per_s_ratio", "share_gap")
+QUANTITIES = ("d_speedup", "d_speedup_f", "predicted_d_speedup", "d_val_loss", "throughput_ratio", "share_gap")
 CELL_COLUMNS = (
     ["schedule", "r_max", "pairs"]
     + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
@@ -118,7 +118,7 @@ def placement_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     _f_corrected(tf["speedup_in_run"], f_tf), _f_corrected(rnd["speedup_in_run"], f_rnd)
                 ),
                 "d_val_loss": _diff(tf["val_loss"], rnd["val_loss"]),
-                "tokens_per_s_ratio": tps_tf / tps_rnd if tps_tf and tps_rnd else None,
+                "throughput_ratio": tps_tf / tps_rnd if tps_tf and tps_rnd else None,
                 "shares_tf": None if s_tf is None else " ".join(f"{x:.3f}" for x in s_tf),
                 "shares_random": None if s_rnd is None else " ".join(f"{x:.3f}" for x in s_rnd),
                 "share_gap": None if s_tf is None or s_rnd is None else max(abs(a - b) for a, b in zip(s_tf, s_rnd)),
