@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import monitor
 from .actions import FREEZABLE_KINDS, parse_action
 from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from .comm import estimate_edge_delays, summarize
@@ -150,13 +151,18 @@ def plan_from_trace(
     solver: str = "auto",
     gap: float | None = None,
     dag: BatchDag | None = None,
+    anchor: bool | None = None,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
     recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
     measured in the trace (``planner.comm.estimate_edge_delays``; none for a trace without ``start_ms``),
     or ``edge_ms`` when given (the caller estimated them already); False ignores them.  ``dag``:
-    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan."""
-    weights = estimate_weights(trace, estimator)
+    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan.  ``anchor``
+    (``planner.monitor``): True brings the lower-bound window to the upper-bound window's machine speed
+    before the weights are estimated, False does not; either way the plan records the windows' factors
+    and noise floors in its ``monitoring`` field. None (the default): neither."""
+    monitoring = monitor.monitoring_summary(trace, bool(anchor)) if anchor is not None else None
+    weights = estimate_weights(monitor.anchored(trace, monitoring["factors"]) if anchor else trace, estimator)
     if dag is None:
         dag = build_dag(trace.meta)
     if not comm:
@@ -165,6 +171,8 @@ def plan_from_trace(
         edge_ms = estimate_edge_delays(trace, dag)
     plan = plan_problem(build_problem(dag, weights, r_max, edge_ms), solver=solver, gap=gap)
     plan.extra["estimator"] = estimator
+    if monitoring is not None:
+        plan.extra["monitoring"] = monitoring
     return plan
 
 

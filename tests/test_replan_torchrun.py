@@ -69,6 +69,10 @@ def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     for a in f1:
         assert again.actions[a].w_max == pytest.approx(original.actions[a].w_max * first["scales"]["1F"])
     assert original.batch_time_ms == summary["predicted_batch_ms"]
+    # the monitoring windows: the plan and the summary carry the lower window's F factor (one replica)
+    assert original.extra["monitoring"]["anchored"] and len(original.extra["monitoring"]["factors"]["lower"]) == 1
+    assert summary["monitoring"]["factors"] == original.extra["monitoring"]["factors"]
+    assert "machine_factor" in first and all("machine_factor" in rows[s] for s in range(SLOW_FROM, first["step"] + 1))
     # per-stage budgets: in both plans, each stage's mean ratio within its own budget; sensitivity per stage
     assert summary["r_max_per_stage"] == list(BUDGETS)
     for p in (original, again):

@@ -25,11 +25,14 @@ def solve(
     trace_dir: Path,
     plan_path: Path,
     estimator: str = "median",
+    anchor: bool = True,
 ) -> dict:
-    """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
-    w_max] ms), or ``{"failure": message}``. The node
-    weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
-    as ``python -m planner plan --estimator`` makes them, and the plan records the estimator."""
+    """``{"ratios", "batch_time_ms", "weights", "edge_ms", "monitoring", "summary"}`` of the plan
+    (``weights``: action -> [w_min, w_max] ms; ``monitoring``: the windows' machine factors and noise
+    floors, ``planner.monitor``), or ``{"failure": message}``. The node weights come from
+    ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``), as ``python -m planner
+    plan --estimator`` makes them, after the lower-bound window is brought to the upper-bound window's
+    machine speed where ``anchor`` (``[freeze] anchor_monitoring``); the plan records both."""
     try:
         from planner.comm import estimate_edge_delays
         from planner.dag import build_dag
@@ -39,9 +42,15 @@ def solve(
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
         dag = build_dag(trace.meta)
         edge_ms = estimate_edge_delays(trace, dag)
-        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag)
+        plan = plan_from_trace(
+            trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag, anchor=anchor
+        )
         write_plan(plan, plan_path)
-        return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta)}
+        return {
+            **plan_result(plan, edge_ms),
+            "monitoring": plan.extra["monitoring"],
+            "summary": plan_summary(plan, trace.meta),
+        }
     except Exception as e:
         return {"failure": f"planning failed: {one_line(e)}"}
 

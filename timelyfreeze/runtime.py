@@ -261,6 +261,8 @@ class FreezeRuntime:
             failures=state.failures,
             replans=state.replanner.events if state.replanner is not None else [],
             trace=trace,
+            monitoring=state.monitoring,
+            rescales=state.replanner.rescales if state.replanner is not None else [],
         )
         if compiled is not None:
             summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
