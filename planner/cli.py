@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default="median", choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
+    q.add_argument(
+        "--anchor",
+        action="store_true",
+        help="bring the lower-bound window to the upper one's machine speed (its F/I factor) first, as the "
+        "runtime does; the plan records the factors (field monitoring)",
+    )
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -181,11 +187,20 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     trace = load_trace(args.trace)
     # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
     plan = plan_from_trace(
-        trace, args.r_max, solver=args.solver, estimator=args.estimator, comm=not args.no_comm, gap=args.gap
+        trace,
+        args.r_max,
+        solver=args.solver,
+        estimator=args.estimator,
+        comm=not args.no_comm,
+        gap=args.gap,
+        anchor=True if args.anchor else None,
     )
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
+    if args.anchor:
+        f = ", ".join(f"{x:.3f}" for x in plan.extra["monitoring"]["factors"]["lower"])
+        print(f"monitoring: lower-bound window F factor {f} against the upper window; anchored")
     if "comm" in plan.extra:
         print(summary_line(plan.extra["comm"]))
     print(f"wrote {args.out}")

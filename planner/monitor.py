@@ -14,10 +14,13 @@ Rules (``docs/formats.md``, "F-anchored monitoring windows"):
   weights are estimated, so ``w_min`` and ``w_max`` describe one machine speed. (A uniform slowdown
   scales every weight alike and cannot change the optimal plan; a lower-bound window that ran slower
   than the upper one inflates every ``w_min`` and shrinks what freezing seems to save.)
-* **Noise floor** of a group ``g`` (stage and kind, over every replica): the robust relative dispersion
-  of its monitoring records, ``1.4826 * median |ms / m - 1|`` with ``m`` the median of the record's own
-  (replica, action, window). The online re-planner (``timelyfreeze.replan``) takes it as the scale of
-  a group's noise.
+* **Noise floor** of a group ``g`` (stage and kind, over every replica): how much its per-step scale moves
+  against the machine's within the monitoring windows, the statistic the online re-planner
+  (``timelyfreeze.replan``) tests. Per (replica, window, step): the group's scale ``s_g`` is the median over
+  its records of ``ms / m`` (``m``: the median of the record's own replica, action and window), the step's
+  machine factor ``f`` the median of the F/I groups' scales (1 without), and the floor is
+  ``1.4826 * median |s_g / f - 1|`` over the steps. A load that slows every group of a step alike does not
+  raise it; one that slows one rank's stages more than the other's does.
 """
 
 from __future__ import annotations
@@ -80,14 +83,22 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
 
 
 def noise_floors(trace: Trace) -> dict[str, float]:
-    """Per group (stage and kind), the robust relative dispersion of its monitoring records (module
-    docstring); 0 for a group whose actions have one record per window."""
+    """Per group (stage and kind), the robust dispersion of its per-step, machine-corrected scale in the
+    monitoring windows (module docstring); 0 where the windows show none (e.g. one step per window)."""
     med = _medians(trace)
-    dev: dict[str, list[float]] = {}
+    per_step: dict[tuple[int, str, int], dict[str, list[float]]] = {}
     for r in trace.records:
         m = med.get((r.replica, r.action, r.phase)) if r.phase in WINDOWS else None
         if m:
-            dev.setdefault(group_key(r.action), []).append(abs(r.ms / m - 1.0))
+            step = per_step.setdefault((r.replica, r.phase, r.step), {})
+            step.setdefault(group_key(r.action), []).append(r.ms / m)
+    dev: dict[str, list[float]] = {}
+    for groups in per_step.values():
+        scale = {g: statistics.median(v) for g, v in groups.items()}
+        anchors = [s for g, s in scale.items() if g.lstrip("0123456789") in ANCHOR_KINDS]
+        machine = statistics.median(anchors) if anchors else 1.0
+        for g, s in scale.items():
+            dev.setdefault(g, []).append(abs(s / machine - 1.0))
     return {g: MAD_TO_SIGMA * float(statistics.median(v)) for g, v in sorted(dev.items())}
 
 

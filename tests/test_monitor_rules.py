@@ -59,11 +59,19 @@ def test_replicas_have_their_own_factor():
     assert monitor.window_factors(two) == [pytest.approx(1.0), pytest.approx(1.5)]
 
 
-def test_noise_floors_measure_the_windows_dispersion():
-    quiet = monitor.noise_floors(synthetic_trace("1F1B", 2, 4, steps=3))
-    assert set(quiet) == {"0F", "0B", "1F", "1B"} and all(v == 0.0 for v in quiet.values())
+def test_noise_floors_measure_the_windows_dispersion_against_the_machine():
+    quiet = synthetic_trace("1F1B", 2, 4, steps=3)
+    assert monitor.noise_floors(quiet) == {"0B": 0.0, "0F": 0.0, "1B": 0.0, "1F": 0.0}
     noisy = monitor.noise_floors(synthetic_trace("1F1B", 2, 4, steps=5, jitter=0.1, seed=1))
     assert all(0.005 < v < 0.1 for v in noisy.values())
+    # a step in which every action ran 30 % slower (the machine) raises no floor ...
+    recs = [replace(r, ms=r.ms * 1.3) if r.step == 2 else r for r in quiet.records]
+    assert set(monitor.noise_floors(Trace(quiet.meta, recs, "t")).values()) == {0.0}
+    # ... stage 1's backwards alone running 30 % slower every other step raise theirs
+    four = synthetic_trace("1F1B", 2, 4, steps=4)
+    recs = [replace(r, ms=r.ms * 1.3) if r.step % 2 == 0 and r.action[:2] == "1B" else r for r in four.records]
+    floors = monitor.noise_floors(Trace(four.meta, recs, "t"))
+    assert floors["1B"] > 0.1 and floors["0B"] == floors["0F"] == 0.0
 
 
 def test_machine_factor_is_the_median_of_the_f_and_i_groups():
