@@ -115,8 +115,9 @@ class Freeze:
     median scales the re-plan uses)."""
 
     replan_noise_k: float = 3.0
-    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust relative dispersion
-    (1.4826 MAD / median) of its records in the monitoring windows (``planner.monitor``)."""
+    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust dispersion
+    (1.4826 MAD) of its per-step scale against the step's F/I machine factor in the monitoring windows
+    (``planner.monitor``). 0: only ``replan_threshold`` counts."""
 
     anchor_monitoring: bool = True
     """Bring the lower-bound window to the upper-bound window's machine speed before planning: its records
