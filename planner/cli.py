@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
     q.add_argument("--gaps", action="store_true", help=_GAPS_HELP)
+    q.add_argument(
+        "--anchor",
+        action="store_true",
+        help="bring the lower-bound window to the upper one's machine speed (its F/I factor) first, as the "
+        "runtime does; the plan records the factors (field monitoring)",
+    )
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -197,10 +203,14 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         comm=not args.no_comm,
         gap=args.gap,
         gaps=args.gaps,
+        anchor=True if args.anchor else None,
     )
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
+    if args.anchor:
+        f = ", ".join(f"{x:.3f}" for x in plan.extra["monitoring"]["factors"]["lower"])
+        print(f"monitoring: lower-bound window F factor {f} against the upper window; anchored")
     if "comm" in plan.extra:
         print(summary_line(plan.extra["comm"]))
     if "gaps" in plan.extra:

@@ -16,6 +16,11 @@ minus 1. Longest paths are monotone and positively homogeneous in the durations 
 between ``min(min(scale), 1) - 1`` and ``max(max(scale), 1) - 1``: a group slowed that is not on any critical
 path moves it less, and so do fixed delays.
 
+**Machine factor** of a set of scales: the median over the groups of the kinds freezing never changes
+(``F``, and ``I`` with split backward) of their scales, or None without such a group. Dividing every
+group's scale by it leaves what changed *relative* to the machine: a uniform slowdown gives 1.0
+everywhere, and a uniform change cannot move the optimal plan (every weight scales alike).
+
 **Re-plan weights**: the current node weights with both bounds of every group multiplied by its scale (the
 per-group median over the last steps): what freezing saves in a slowed stage grows with it.
 """
@@ -55,6 +60,16 @@ def step_scales(samples: Iterable[tuple[str, float, float]], weights: NodeWeight
         if e > 0:
             ratios.setdefault(group_of(action), []).append(ms / e)
     return {g: float(statistics.median(v)) for g, v in sorted(ratios.items())}
+
+
+MACHINE_KINDS = ("F", "I")
+"""Kinds whose time does not depend on freezing: they measure the machine."""
+
+
+def machine_factor(scales: Mapping[str, float]) -> float | None:
+    """The median scale of the ``F``/``I`` groups (module docstring); None without one."""
+    vals = [s for g, s in scales.items() if g.lstrip("0123456789") in MACHINE_KINDS]
+    return float(statistics.median(vals)) if vals else None
 
 
 def max_scales(per_rank: Iterable[Mapping[str, float] | None]) -> dict[str, float]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import monitor
 from .actions import FREEZABLE_KINDS, parse_action
 from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from .comm import estimate_edge_delays
@@ -153,6 +154,7 @@ def plan_from_trace(
     gap: float | None = None,
     dag: BatchDag | None = None,
     gaps: bool = False,
+    anchor: bool | None = None,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
     recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
@@ -160,8 +162,11 @@ def plan_from_trace(
     or ``edge_ms`` when given (the caller estimated them already); False ignores them.  ``dag``:
     ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan.  ``gaps`` (with
     ``comm``): also the fixed costs between consecutive actions of a rank (``planner.gap_model``), recorded
-    in the plan's ``gaps`` field."""
-    weights = estimate_weights(trace, estimator)
+    in the plan's ``gaps`` field.  ``anchor`` (``planner.monitor``): True brings the lower-bound window to the
+    upper-bound window's machine speed before the weights are estimated, False does not; either way the plan
+    records the windows' factors and noise floors in its ``monitoring`` field. None (the default): neither."""
+    monitoring = monitor.monitoring_summary(trace, bool(anchor)) if anchor is not None else None
+    weights = estimate_weights(monitor.anchored(trace, monitoring["factors"]) if anchor else trace, estimator)
     if dag is None:
         dag = build_dag(trace.meta)
     if not comm:
@@ -175,6 +180,8 @@ def plan_from_trace(
     plan.extra["estimator"] = estimator
     if model is not None:
         plan.extra["gaps"] = {**plan.extra.get("gaps", {"edges": 0}), **model.summary()}
+    if monitoring is not None:
+        plan.extra["monitoring"] = monitoring
     return plan
 
 

@@ -107,19 +107,36 @@ class Freeze:
 
     replan: bool = True
     """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action
-    times with the plan in force; when the batch time they imply drifts beyond ``replan_threshold`` (the
-    median over the last ``replan_patience`` steps: load, throttling, data), rescale the node weights by what was
-    measured and solve the LP again, the same plan on every rank (``timelyfreeze.replan``). Each re-plan is
+    times with the plan in force; when the stages or kinds change relative to one another beyond their noise
+    (``replan_threshold``, ``replan_noise_k``), rescale the node weights by what was measured and solve the LP
+    again, the same plan on every rank (``timelyfreeze.replan``); a change of every group alike (the machine,
+    seen on the F actions) only rescales the predicted batch time (logged as a rescale). Each re-plan is
     logged in the metrics, TensorBoard and the summary, written to ``replans/plan_step<N>.json`` and
     checkpointed; ``plan.json`` stays the plan made from the monitoring windows."""
 
-    replan_threshold: float = 0.1
-    """Drift that counts: the batch time the measured per-stage scales imply, relative to the plan's
-    prediction (0.1: slower or faster by more than 10 %)."""
+    replan_threshold: float = 0.05
+    """The smallest change that re-plans: a re-plan is due when some (stage, kind) group's measured / planned
+    time, with the machine's factor (from the F and I actions) taken out, departs from 1 by more than
+    ``max(replan_noise_k * its noise floor, replan_threshold)`` (the median over the last ``replan_patience``
+    stable steps). A change of every group alike keeps the plan and only rescales its prediction."""
 
     replan_patience: int = 3
-    """Stable steps whose median drift must lie beyond ``replan_threshold`` for a re-plan (also the steps
-    whose median scales the re-plan uses)."""
+    """Stable steps whose median scales decide a re-plan or a rescaled prediction (also the steps whose
+    median scales the re-plan uses)."""
+
+    replan_noise_k: float = 3.0
+    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust dispersion
+    (1.4826 MAD) of its per-step scale against the step's F/I machine factor in the monitoring windows
+    (``planner.monitor``). 0: only ``replan_threshold`` counts."""
+
+    anchor_monitoring: bool = True
+    """Bring the lower-bound window to the upper-bound window's machine speed before planning: its records
+    are divided by its F factor (median over stages of its F and I actions' time / the upper window's), as
+    freezing never changes those actions; the plan records the factors (``monitoring``)."""
+
+    monitor_tolerance: float = 0.1
+    """A monitoring window whose F factor departs from 1 by more than this is flagged in the summary's
+    ``monitoring`` entry and the log (the machine changed speed between the two windows)."""
 
     stop_at_val_loss: float = 0.0
     """Time-to-accuracy runs: when > 0, the run stops after the first validation at or below this loss, once
@@ -222,6 +239,9 @@ def _check_ranges(cfg: Freeze) -> None:
         fail("freeze", "replan_threshold", cfg.replan_threshold, "must be a number > 0")
     if cfg.replan_patience < 1:
         fail("freeze", "replan_patience", cfg.replan_patience, "must be an integer >= 1")
+    for name in ("replan_noise_k", "monitor_tolerance"):
+        if not 0.0 <= getattr(cfg, name) < math.inf:
+            fail("freeze", name, getattr(cfg, name), "must be a number >= 0")
     if not 0.0 <= cfg.stop_at_val_loss < math.inf:
         fail("freeze", "stop_at_val_loss", cfg.stop_at_val_loss, "must be a number >= 0")
     if cfg.plan and cfg.method not in PLANNED_METHODS:

@@ -15,7 +15,9 @@ re-planner. Fields:
 - ``plan_batch_ms``: the plan's predicted batch times; ``history``: per-step metrics rows;
 - ``val_curve``: ``[step, loss]`` pairs; ``meta``: the trace's ``meta.json`` dict; ``failures``;
 - ``replan``: the online re-planner's state (``timelyfreeze.replan.Replanner.state_dict``) or None; a state
-  saved before re-planning existed has no such field and loads as None.
+  saved before re-planning existed has no such field and loads as None;
+- ``monitoring``: the monitoring windows' machine factors and warnings (``planner.monitor``) or None
+  (absent in older states: None).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ FIELDS = (
     "meta",
     "failures",
     "replan",
+    "monitoring",
 )
 
 
@@ -66,6 +69,8 @@ class FreezeState:
     """Problems the run survived (e.g. no plan): reported in the summary; a sweep marks the job failed."""
     replanner: Replanner | None = None
     """Online re-planning (``[freeze] replan``): the plan in force and its drift; None before a plan."""
+    monitoring: dict | None = None
+    """The monitoring windows' F factors against the reference, the tolerance and the warnings (summary)."""
 
     def pack(self, *, step: int, run: dict, method: dict) -> str:
         """JSON text of this state saved at ``step`` by a run with identity ``run``."""
@@ -80,17 +85,19 @@ class FreezeState:
             meta=self.meta,
             failures=self.failures,
             replan=self.replanner.state_dict() if self.replanner is not None else None,
+            monitoring=self.monitoring,
         )
 
     def restore(self, st: dict, replanner: Replanner | None) -> None:
         """Take the fields of ``unpack``'s checked state ``st``, and ``restore_replanner``'s re-planner."""
-        for name in ("monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures"):
+        for name in ("monitor_records", "plan_batch_ms", "history", "val_curve", "meta", "failures", "monitoring"):
             setattr(self, name, st[name])
         self.replanner = replanner
 
 
 def pack(**state: Any) -> str:
-    """JSON text of the state (keyword arguments: exactly ``FIELDS``)."""
+    """JSON text of the state (keyword arguments: exactly ``FIELDS``; ``monitoring`` may be left out: None)."""
+    state.setdefault("monitoring", None)
     assert set(state) == set(FIELDS), sorted(set(state) ^ set(FIELDS))
     return state_codec.encode({"format": state_codec.STATE_FORMAT, **state})
 
@@ -153,6 +160,7 @@ def check(st: Any, identity: dict, step: int) -> None:
     if st.get("format") != state_codec.STATE_FORMAT:
         fail(f"format {st.get('format')!r}, expected {state_codec.STATE_FORMAT!r}")
     st.setdefault("replan", None)  # (saved before online re-planning existed)
+    st.setdefault("monitoring", None)  # (saved before F-anchored monitoring existed)
     fields = {
         "step": int,
         "run": dict,
@@ -164,6 +172,7 @@ def check(st: Any, identity: dict, step: int) -> None:
         "meta": (dict, type(None)),
         "failures": list,
         "replan": (dict, type(None)),
+        "monitoring": (dict, type(None)),
     }
     for name, typ in fields.items():
         if name not in st:

@@ -32,6 +32,8 @@ class StepMetrics:
         self._losses: list[Any] = []
         self._t0 = 0.0
         self._step_s = 0.0
+        self._stage_of: dict[str, int] = {}
+        """Stage of every action seen (parsed once)."""
 
     # -- this rank, while the step runs ------------------------------------------------------------
     def begin(self, lr: float) -> None:
@@ -54,7 +56,11 @@ class StepMetrics:
     def local(self, records: list[ActionRecord], batches: int) -> dict:
         """This rank's part of the step's gather: the elements its ``records`` froze (per batch, of
         ``batches`` accumulation batches), its batch and step time, and its summed loss (or None)."""
-        frozen = sum(r.freeze_ratio * self.trainable[parse_action(r.action).stage] for r in records)
+        stage_of = self._stage_of
+        for r in records:
+            if r.action not in stage_of:
+                stage_of[r.action] = parse_action(r.action).stage
+        frozen = sum(r.freeze_ratio * self.trainable[stage_of[r.action]] for r in records)
         return {
             "frozen": frozen / max(1, batches),
             "batch_s": self._batch_s,

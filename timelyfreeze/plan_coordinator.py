@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 from planner.budget import check_r_max
-from planner.drift import max_scales
+from planner.drift import machine_factor, max_scales
 from planner.errors import PlannerError
 from timelyfreeze import planning
 from timelyfreeze.config import Freeze, FreezeConfigError
@@ -76,10 +76,10 @@ class PlanCoordinator:
             self.make_plan(step)
 
     def predicted_ms(self) -> float | None:
-        """The plan in force's predicted batch time."""
+        """The plan in force's predicted batch time (at the machine speed last seen, ``Replanner.rescale``)."""
         replanner, first = self.state.replanner, self.state.plan_batch_ms
         if replanner is not None and replanner.batch_ms:
-            return replanner.batch_ms["planned"]
+            return replanner.predicted_ms()
         return first["planned"] if first else None
 
     def check_drift(self, step: int, row: dict, scales: list[dict | None] | None) -> None:
@@ -87,9 +87,20 @@ class PlanCoordinator:
         watched step, else None), re-plan when one is due (collective), and count the re-plans."""
         replanner = self.state.replanner
         if scales is not None:
-            row["drift"] = replanner.observe(max_scales(scales))
+            job_scales = max_scales(scales)
+            row["drift"] = replanner.observe(job_scales)
+            machine = machine_factor(job_scales)
+            if machine is not None:
+                row["machine_factor"] = machine
             if replanner.due():
                 self._replan(step, row)
+            elif (event := replanner.rescale(step)) is not None:
+                row["rescale"] = event
+                self.log(
+                    f"[freeze] uniform change after step {step}: machine factor x{event['machine_factor']:.2f} "
+                    f"(every group alike): plan kept, predicted batch {event['old_predicted_ms']:.1f} -> "
+                    f"{event['new_predicted_ms']:.1f} ms"
+                )
         if replanner is not None:
             row["replans"] = len(replanner.events)
 
@@ -118,6 +129,7 @@ class PlanCoordinator:
                 self.paths.plan,
                 self.cfg.estimator,
                 self.cfg.gap_model,
+                self.cfg.anchor_monitoring,
             )
         result = self.job.broadcast(result)
         if "failure" in result:
@@ -127,6 +139,7 @@ class PlanCoordinator:
             return
         self.method.set_plan(result["ratios"])
         self.state.plan_batch_ms = result["batch_time_ms"]
+        self._note_monitoring(result["monitoring"])
         self._start_replanner(result)
         self.log(f"[freeze] plan written to {self.paths.plan} ({time.perf_counter() - t0:.2f} s)\n" + result["summary"])
 
@@ -136,19 +149,36 @@ class PlanCoordinator:
         self.state.replanner = Replanner.for_run(self.cfg, self.state.meta)
         if self.state.replanner is not None:
             self.state.replanner.install(
-                result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"]
+                result["weights"],
+                result["ratios"],
+                result["batch_time_ms"],
+                result["edge_ms"],
+                (result.get("monitoring") or {}).get("noise"),
             )
+
+    def _note_monitoring(self, monitoring: dict) -> None:
+        """Keep the windows' factors for the summary; flag a window off by more than ``monitor_tolerance``."""
+        tol = self.cfg.monitor_tolerance
+        warnings = [
+            f"the lower-bound window ran at F factor {f:.3f} against the upper-bound window"
+            f"{f' (replica {d})' if len(monitoring['factors']['lower']) > 1 else ''}, beyond the {tol:.0%} "
+            f"tolerance: {'its records were brought to' if monitoring['anchored'] else 'not anchored to'} the "
+            "upper window's speed"
+            for d, f in enumerate(monitoring["factors"]["lower"])
+            if abs(f - 1.0) > tol
+        ]
+        self.state.monitoring = {**monitoring, "tolerance": tol, "warnings": warnings}
+        for w in warnings:
+            self.log(f"[freeze] WARNING {w}")
 
     def _replan(self, step: int, row: dict) -> None:
         """Re-plan after ``step``: from the current node weights rescaled by the drifting steps' median
         scales; the new plan applies from the next step."""
         replanner = self.state.replanner
         weights, scales = replanner.proposed_weights()
-        old = replanner.batch_ms["planned"]
-        reason = (
-            f"median drift {replanner.window_drift():+.1%} over the last {replanner.patience} stable step"
-            f"{'s' if replanner.patience > 1 else ''} (beyond {replanner.threshold:.0%})"
-        )
+        old = replanner.predicted_ms()
+        machine = replanner.assess()["machine"]
+        reason = replanner.reason()
         path = self.paths.replan(step)
         result = None
         if self.job.rank == 0:
@@ -174,6 +204,7 @@ class PlanCoordinator:
             "step": step,
             "reason": reason,
             "scales": scales,
+            "machine_factor": machine,
             "old_planned_ms": old,
             "new_planned_ms": new,
             "plan": str(path),

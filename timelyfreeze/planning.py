@@ -27,11 +27,14 @@ def solve(
     plan_path: Path,
     estimator: str = DEFAULT_ESTIMATOR,
     gaps: bool = False,
+    anchor: bool = True,
 ) -> dict:
-    """``{"ratios", "batch_time_ms", "weights", "summary"}`` of the plan (``weights``: action -> [w_min,
-    w_max] ms), or ``{"failure": message}``. The node
-    weights come from ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``),
-    as ``python -m planner plan --estimator`` makes them, and the plan records the estimator.  ``gaps``
+    """``{"ratios", "batch_time_ms", "weights", "edge_ms", "monitoring", "summary"}`` of the plan
+    (``weights``: action -> [w_min, w_max] ms; ``monitoring``: the windows' machine factors and noise
+    floors, ``planner.monitor``), or ``{"failure": message}``. The node weights come from
+    ``planner.estimate.estimate_weights(trace, estimator)`` (``[freeze] estimator``), as ``python -m planner
+    plan --estimator`` makes them, after the lower-bound window is brought to the upper-bound window's
+    machine speed where ``anchor`` (``[freeze] anchor_monitoring``); the plan records both.  ``gaps``
     (``[freeze] gap_model``): also the fixed costs between a rank's consecutive actions
     (``planner.gap_model``, as ``python -m planner plan --gaps``); the delays handed on for re-plans
     (``edge_ms``) then include them."""
@@ -45,11 +48,17 @@ def solve(
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
         dag = build_dag(trace.meta)
         edge_ms = estimate_edge_delays(trace, dag)
-        plan = plan_from_trace(trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag, gaps=gaps)
+        plan = plan_from_trace(
+            trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag, gaps=gaps, anchor=anchor
+        )
         if gaps:
             edge_ms = with_gap_costs(trace, dag, edge_ms)[0]  # what the plan was made with (re-plans keep it)
         write_plan(plan, plan_path)
-        return {**plan_result(plan, edge_ms), "summary": plan_summary(plan, trace.meta)}
+        return {
+            **plan_result(plan, edge_ms),
+            "monitoring": plan.extra["monitoring"],
+            "summary": plan_summary(plan, trace.meta),
+        }
     except Exception as e:
         return {"failure": f"planning failed: {one_line(e)}"}
 

@@ -66,14 +66,17 @@ class ActionProfiler:
         self.use_cuda = use_cuda
         self.pairs = dict(pairs or {})
         self._open: dict[tuple[int, str, int], object] = {}
+        self._names: dict[tuple[int, str, int], str] = {}
+        """Action name of every (stage, kind, microbatch) seen: made once, not per call."""
         self._parts: dict[str, list[tuple[object, object]]] = {}  # pair -> intervals of its parts ended so far
         self._lock = threading.Lock()
-        self._pending: list[tuple[str, list[tuple[object, object]]]] = []  # (action, [(start, end), ...])
+        self._pending: list[tuple] = []
+        """``(action, start, end)`` per plain action, ``(action, [(start, end), ...])`` per pair."""
         self.order: list[str] = []
         """Actions in the order this rank executed them in the current step (first batch only)."""
         self._seen: set[str] = set()
 
-    # -- listener ----------------------------------------------------------------------------
+    # -- listener (per action: no allocation beyond the timestamps and one tuple) --------------
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         if self.use_cuda:
             ev = torch.cuda.Event(enable_timing=True)
@@ -83,22 +86,26 @@ class ActionProfiler:
             self._open[(stage, kind, microbatch)] = time.perf_counter()
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        start = self._open.pop((stage, kind, microbatch))
         if self.use_cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
         else:
             end = time.perf_counter()
-        name = f"{stage}{kind}{microbatch}"
-        intervals = [(start, end)]
+        key = (stage, kind, microbatch)
+        start = self._open.pop(key)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"{stage}{kind}{microbatch}"
         if name in self.pairs:
             name = self.pairs[name]
             with self._lock:  # the two parts may end in two threads (TorchTitan's overlap callback)
-                intervals = self._parts.pop(name, []) + intervals
+                intervals = self._parts.pop(name, []) + [(start, end)]
                 if len(intervals) < 2:  # the pair's other part is still to come
                     self._parts[name] = intervals
                     return
-        self._pending.append((name, intervals))
+            self._pending.append((name, intervals))
+        else:
+            self._pending.append((name, start, end))
         if name not in self._seen:
             self._seen.add(name)
             self.order.append(name)
@@ -107,10 +114,11 @@ class ActionProfiler:
     def collect(self) -> list[tuple[str, float, float | None]]:
         """(action, ms, start ms or None) of every action timed since the last call, in execution order;
         the start (on the host's monotonic clock) only with CPU timing."""
-        if self.use_cuda and self._pending:
-            self._pending[-1][1][-1][1].synchronize()
+        pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
+        if self.use_cuda and pending:
+            pending[-1][1][-1][1].synchronize()
             out = []
-            for a, iv in self._pending:
+            for a, iv in pending:
                 t0 = iv[0][0]  # CUDA events give differences only: times relative to the first part's start
                 ms = (
                     iv[0][0].elapsed_time(iv[0][1])
@@ -119,7 +127,7 @@ class ActionProfiler:
                 )
                 out.append((a, ms, None))
         else:
-            out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in self._pending]
+            out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in pending]
         self._pending.clear()
         return out
 

@@ -6,7 +6,8 @@ plan and the re-plans, ``freeze_state`` holds what a checkpoint carries.
 The trainer calls, every step: ``begin_step`` -> for every gradient-accumulation batch ``begin_batch``,
 (the pipeline runs; the stage hooks fire), ``add_batch`` -> ``after_backward`` -> (optimizer step) ->
 ``end_step``. ``end_step`` gathers a few numbers over the whole job (every rank, same step: this rank's
-metrics, on step 1 what the trace's ``meta.json`` needs, in the stable phase the drift scales), writes
+metrics, on step 1 what the trace's ``meta.json`` needs, in the stable phase the drift scales; from
+step 2 on one fixed-size float64 tensor, ``timelyfreeze.step_gather``), writes
 the trace and the metrics row, and when the method asks for a plan (``FreezeMethod.needs_plan``) or the
 plan in force stops matching the measurements, has the plan coordinator make one. The masks a plan
 implies depend only on (seed, step, stage, microbatch, accumulation batch), so the replicas of a stage
@@ -37,6 +38,7 @@ from timelyfreeze.plan_coordinator import PlanCoordinator
 from timelyfreeze.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.stage_layout import build_stage_views
+from timelyfreeze.step_gather import StepGather
 
 
 class FreezeRuntime:
@@ -83,6 +85,8 @@ class FreezeRuntime:
         self.plans = PlanCoordinator(
             cfg, info, self.num_stages, job=self.job, method=self.method, state=self.state, log=self.log
         )
+        self._gather: StepGather | None = None
+        """The per-step gather's fixed layout, once ``meta`` is known (``timelyfreeze.step_gather``)."""
         self.refused = False
         """True once a checkpoint's freezing state was refused: the run ends without a summary."""
 
@@ -137,19 +141,25 @@ class FreezeRuntime:
             self.writer.write(records)
         self.plans.record(phase, records)
         watch = self.plans.watching(phase)
-        first = self.state.meta is None
-        gathered = self.job.all_gather(
-            {
-                **self.meter.local(records, self.accum + 1),
-                "order": list(self.profiler.order),
-                "tensors": self.hook.freezable_tensors() if first else None,
-                "host": socket.gethostname() if first else None,
-                "scales": self.plans.local_scales(records) if watch else None,
-                "method": self.method.step_metrics(),
-            }
-        )
-        if first:
+        local = self.meter.local(records, self.accum + 1)
+        scales = self.plans.local_scales(records) if watch else None
+        method = self.method.step_metrics()
+        if self.state.meta is None:  # step 1: meta.json needs every rank's order, tensors and host
+            gathered = self.job.all_gather(
+                {
+                    **local,
+                    "order": list(self.profiler.order),
+                    "tensors": self.hook.freezable_tensors(),
+                    "host": socket.gethostname(),
+                    "scales": scales,
+                    "method": method,
+                }
+            )
             self._write_meta(gathered)
+        else:  # then a fixed layout: one float64 tensor collective (timelyfreeze.step_gather)
+            if self._gather is None:
+                self._gather = StepGather(_all_actions(self.state.meta), type(self.method).step_metric_names)
+            gathered = self._gather.unpack(self.job.all_gather_floats(self._gather.pack(local, scales, method)))
         self.plans.after_gather(step)
         row = self.meter.row(step, phase, gathered, self.plans.predicted_ms())
         for g in gathered:
@@ -265,6 +275,8 @@ class FreezeRuntime:
             failures=state.failures,
             replans=state.replanner.events if state.replanner is not None else [],
             trace=trace,
+            monitoring=state.monitoring,
+            rescales=state.replanner.rescales if state.replanner is not None else [],
         )
         if compiled is not None:
             summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
@@ -292,6 +304,11 @@ class FreezeRuntime:
         self.meter.close()
         self.plans.close()
         self.pg = self.job = None
+
+
+def _all_actions(meta: dict) -> list[str]:
+    """Every action of ``meta.json``'s ``rank_orders``."""
+    return [a for order in meta["rank_orders"].values() for a in order]
 
 
 def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:

@@ -26,10 +26,14 @@ def build(
     failures: list[str],
     replans: list[dict] | None = None,
     trace: Trace | None = None,
+    monitoring: dict | None = None,
+    rescales: list[dict] | None = None,
 ) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
     (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed); ``trace``, when rank 0
-    could load the run's whole trace, gives the pipeline spans and the F factor (``planner.spans``)."""
+    could load the run's whole trace, gives the pipeline spans and the F factor (``planner.spans``);
+    ``monitoring`` (the monitoring windows' F factors and warnings) and ``rescales`` (uniform changes that
+    kept the plan) make the ``monitoring`` entry (None with neither)."""
     hist = sorted(history, key=lambda h: h["step"])
     ranges: dict[str, list[int]] = {}
     by_phase: dict[str, list[dict]] = {}
@@ -74,6 +78,7 @@ def build(
         "method_summary": method_summary,
         "failures": list(failures),
         "replans": list(replans or []),
+        "monitoring": {**(monitoring or {}), "rescales": list(rescales or [])} if monitoring or rescales else None,
     }
 
 
@@ -153,6 +158,20 @@ def format_summary(s: dict) -> str:
         lines.append(
             f"  re-planned after step {e['step']}: {e['reason']}; predicted batch "
             f"{e['old_planned_ms']:.1f} -> {e['new_planned_ms']:.1f} ms"
+        )
+    mon = s.get("monitoring") or {}
+    if mon.get("factors"):
+        lines.append(
+            f"  monitoring: lower-bound window F factor "
+            f"{', '.join(f'{x:.3f}' for x in mon['factors']['lower'])} against the {mon['reference']} window"
+            f" ({'anchored' if mon['anchored'] else 'not anchored'})"
+        )
+    for w in mon.get("warnings") or []:
+        lines.append(f"  WARNING: {w}")
+    for e in mon.get("rescales") or []:
+        lines.append(
+            f"  uniform change after step {e['step']}: machine factor x{e['machine_factor']:.2f}, plan kept; "
+            f"predicted batch {e['old_predicted_ms']:.1f} -> {e['new_predicted_ms']:.1f} ms"
         )
     tps = s["tokens_per_s"]
     lines.append(f"  throughput: {f(tps['all'], ' tok/s')} overall, {f(tps['stable'], ' tok/s')} steady")

@@ -204,7 +204,8 @@ def plan_jobs(opts) -> list[tuple[str, str, int]]:
         for s in opts.schedules:
             if not opts.skip_overhead:
                 jobs.append(("overhead", s, i))
-            jobs.append(("phases", s, i))
+            if not getattr(opts, "overhead_only", False):
+                jobs.append(("phases", s, i))
         for s in opts.load_change:
             if i < opts.load_repeats:
                 jobs.append((load_kind(opts), s, i))
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
     ap.add_argument("--skip-overhead", action="store_true")
+    ap.add_argument("--overhead-only", action="store_true", help="only the overhead jobs (no phases jobs)")
     ap.add_argument("--out", default="docs/results/runtime")
     ap.add_argument("--dumps", default="outputs/bench_runtime")
     ap.add_argument("--dp-shard", type=int, default=1)

@@ -94,6 +94,10 @@ class FreezeMethod:
     """Phases whose per-action timings this method's plan is made from; the runtime keeps those trace
     records (and checkpoints them) and hands them to the planner when ``needs_plan`` says so."""
 
+    step_metric_names: ClassVar[tuple[str, ...]] = ()
+    """Every name ``step_metrics`` may return: the per-step gather's fixed layout has a slot for each
+    (``timelyfreeze.step_gather``)."""
+
     may_freeze_anchor: ClassVar[bool] = False
     """True where the method may freeze the first stage's anchor (``StageView.anchor``) and itself keeps the
     stage's backward meaningful: Egeria freezes its prefix whole, so its output is fixed (its cache)."""
@@ -150,7 +154,7 @@ class FreezeMethod:
 
     def step_metrics(self) -> dict[str, float]:
         """This rank's method figures of the step just ended, for its ``metrics.jsonl`` row (summed over the
-        ranks; called once per step after ``after_optimizer_step``)."""
+        ranks; called once per step after ``after_optimizer_step``); names from ``step_metric_names``."""
         return {}
 
     def close(self) -> None:

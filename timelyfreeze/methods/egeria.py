@@ -113,6 +113,7 @@ class Egeria(FreezeMethod):
 
     name = "egeria"
     may_freeze_anchor = True  # the prefix is frozen whole (module docstring)
+    step_metric_names = egeria_cache.STEP_METRIC_NAMES
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

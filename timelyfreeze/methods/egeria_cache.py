@@ -255,6 +255,10 @@ def summary(cache: PrefixCache | None, off: str | None) -> dict[str, Any]:
     }
 
 
+STEP_METRIC_NAMES = ("cache_hits", "cache_misses", "forward_ms_saved", "cache_mb")
+"""What :func:`step_metrics` returns with a cache (``FreezeMethod.step_metric_names``)."""
+
+
 def step_metrics(cache: PrefixCache | None, seen: dict[str, float]) -> dict[str, float]:
     """This step's hits, misses and saved forward ms (since the last call; ``seen`` keeps the totals) and the
     cache's size now; empty without a cache."""
