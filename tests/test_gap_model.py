@@ -237,7 +237,7 @@ def test_runtime_planning_step_switch(tmp_path):
         path = tmp_path / f"{gaps}.json"
         result = planning.solve(tr.meta.to_json(), recs, 0.5, "auto", tmp_path / "t", path, "median", gaps)
         assert "failure" not in result
-        want = plan_from_trace(tr, 0.5, estimator="median", gaps=gaps)
+        want = plan_from_trace(tr, 0.5, estimator="median", gaps=gaps, anchor=True)
         assert result["batch_time_ms"]["planned"] == pytest.approx(want.batch_time_ms["planned"], rel=1e-9)
         same = [(u, v) for u, v, _ in result["edge_ms"] if dag.nodes[u]["rank"] == dag.nodes[v]["rank"]]
         assert bool(same) == gaps and ("gaps" in json.loads(path.read_text())) == gaps

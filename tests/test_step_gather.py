@@ -32,9 +32,23 @@ def test_rows_carry_exactly_what_the_object_gather_carried():
     assert len({len(r) for r in rows}) == 1
     back = g.unpack(rows)
     for (local, scales), got in zip(cases, back):
-        assert got == {**local, "scales": scales}
+        assert got == {**local, "scales": scales, "method": {}}
     nan = g.unpack([g.pack({"frozen": 0.0, "batch_s": 0.0, "step_s": 0.0, "loss": math.nan}, None)])[0]
     assert math.isnan(nan["loss"])  # a NaN loss stays a loss, not None
+
+
+def test_method_figures_ride_their_named_slots():
+    import pytest
+
+    from timelyfreeze.methods.egeria import Egeria
+
+    g = StepGather(validate_meta(schedule_meta("1F1B", 2, 4), "meta").all_actions(), Egeria.step_metric_names)
+    local = {"frozen": 1.0, "batch_s": 0.5, "step_s": 0.6, "loss": 2.0}
+    figures = {"cache_hits": 3.0, "cache_misses": 1.0, "forward_ms_saved": 12.5, "cache_mb": 0.25}
+    rank0, rank1 = g.unpack([g.pack(local, None, figures), g.pack(local, None, {})])
+    assert rank0["method"] == figures and rank1["method"] == {}  # a rank without a cache gives none
+    with pytest.raises(ValueError, match="step_metric_names"):
+        g.pack(local, None, {"surprise": 1.0})
 
 
 def test_all_gather_floats_is_exact_and_reuses_its_buffer():
