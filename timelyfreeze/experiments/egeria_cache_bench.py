@@ -163,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     if opts.dry_run:
         return 0
     command = "python scripts/bench_egeria_cache.py --seeds " + " ".join(map(str, opts.seeds))
+    if opts.steps != STEPS:
+        command += f" --steps {opts.steps}"
     jobs = [j for j in done if j["steps"] == opts.steps and j["seed"] in opts.seeds]
     (opts.out / "egeria_cache.md").write_text(report(jobs, command))
     print(f"wrote {opts.out / 'egeria_cache.md'}")
