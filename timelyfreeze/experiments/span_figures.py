@@ -1,0 +1,86 @@
+"""Issue 27's figures of finished runs, from their ``summary.json`` and ``metrics.jsonl`` alone (spans from
+``start_ms``, like with like):
+
+- **stable span vs the plan in force**: per stable step, its pipeline span (``step_span_ms``) over the
+  ``predicted_batch_ms`` of its metrics row (the plan in force then, times the machine factor of the last
+  rescale); the run's median over its stable steps;
+- **upper span vs the no-freeze prediction**: the upper-bound window's median span over the first plan's
+  ``no_freeze`` batch time;
+- **share of the predicted speed-up**, from spans, raw and with the F factor taken out (``summary.speedup``);
+- re-plans, rescales, the lower window's F factor and monitoring warnings.
+
+Per schedule, the median [min, max] over runs (``python scripts/span_figures.py FOLDER...``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ["stable_vs_plan", "upper_vs_no_freeze", "share_f", "share", "replans", "rescales", "lower_f"]
+
+
+def run_figures(folder: Path) -> dict[str, Any] | None:
+    """One run's figures (``COLUMNS`` plus ``schedule`` and ``run``); None without a stable phase."""
+    s = json.loads((folder / "summary.json").read_text())
+    span = {int(k): v for k, v in s.get("step_span_ms") or []}
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    errs = [
+        span[r["step"]] / r["predicted_batch_ms"] - 1
+        for r in rows
+        if r.get("phase") == "stable" and r.get("step") in span and r.get("predicted_batch_ms")
+    ]
+    upper, no_freeze = (s.get("span_ms") or {}).get("upper"), (s.get("predicted_batch_ms") or {}).get("no_freeze")
+    if not errs or not upper or not no_freeze:
+        return None
+    monitoring, speedup = s.get("monitoring") or {}, s.get("speedup") or {}
+    return {
+        "run": folder.parent.name,
+        "schedule": s["schedule"],
+        "stable_vs_plan": statistics.median(errs),
+        "upper_vs_no_freeze": upper / no_freeze - 1,
+        "share_f": speedup.get("share_span_f_corrected"),
+        "share": speedup.get("share_span"),
+        "replans": len(s.get("replans") or []),
+        "rescales": len(monitoring.get("rescales") or []),
+        "lower_f": ((monitoring.get("factors") or {}).get("lower") or [None])[0],
+    }
+
+
+def table(folders: list[Path]) -> str:
+    runs = [r for f in folders for d in sorted(Path(f).glob("**/summary.json")) if (r := run_figures(d.parent))]
+    lines = [
+        "| schedule | runs | stable span vs plan in force | upper span vs no-freeze | share (F factor out) | share "
+        "(raw) | re-plans | rescales |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for schedule in sorted({r["schedule"] for r in runs}):
+        rs = [r for r in runs if r["schedule"] == schedule]
+
+        def cell(key: str, pct: bool) -> str:
+            vals = [r[key] for r in rs if r[key] is not None]
+            if not vals:
+                return "n/a"
+            med, lo, hi = statistics.median(vals), min(vals), max(vals)
+            if pct:
+                return f"{100 * med:+.1f} % [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+            return f"{med:.2f} [{lo:.2f}, {hi:.2f}]" if key.startswith("share") else f"{med:g} [{lo:g}, {hi:g}]"
+
+        lines.append(
+            f"| {schedule} | {len(rs)} | {cell('stable_vs_plan', True)} | {cell('upper_vs_no_freeze', True)} | "
+            f"{cell('share_f', False)} | {cell('share', False)} | {cell('replans', False)} | "
+            f"{cell('rescales', False)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    folders = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    if not folders or not all(f.is_dir() for f in folders):
+        print("error: give one or more folders holding runs' summary.json and metrics.jsonl", file=sys.stderr)
+        return 2
+    print(table(folders), end="")
+    return 0
