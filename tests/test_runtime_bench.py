@@ -121,3 +121,22 @@ def test_bad_options_are_one_error_line(capsys, argv, needle):
         rb.main(argv)
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and err.startswith(needle) and "\n" not in err
+
+
+def test_replan_ab_pairs_on_and_off_of_the_same_repeat():
+    o = opts(replan_ab=["1F1B"], load_core=1, pinning_ab=[], skip_overhead=True, repeats=2, load_repeats=2)
+    jobs = rb.plan_jobs(o)
+    assert jobs[:5] == [
+        ("phases", "1F1B", 0),
+        ("phases", "ZBVZeroBubble", 0),
+        ("load_core1", "1F1B", 0),
+        ("noreplan", "1F1B", 0),
+        ("load_core1_noreplan", "1F1B", 0),
+    ]
+    rows = []
+    for i, (on, off) in enumerate([(90.0, 100.0), (95.0, 100.0)]):
+        for kind, ms in (("phases", on), ("noreplan", off), ("load_core1", on), ("load_core1_noreplan", off)):
+            rows.append({"kind": kind, "schedule": "1F1B", "repeat": i, "stable_ms": ms, "replans": 1})
+    lines = rr._replan_ab(rows, o)
+    assert any(line.startswith("| 1F1B | quiet | 2 | 92 [90, 95] | 100 [100, 100] | 0.925 [") for line in lines)
+    assert any("| 1F1B | co-tenant from the stable phase | 2 |" in line for line in lines)

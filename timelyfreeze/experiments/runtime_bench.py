@@ -20,6 +20,9 @@ Job kinds, per schedule and repeat:
   planned batch times (the upper bound is not re-measured under the new load).
 * ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[freeze] cpu_pinning = false``, next to the
   ``phases`` runs of the same schedule, which (like ``load`` and ``overhead``) run with ``cpu_pinning = true``.
+* ``noreplan`` (``--replan-ab``): a ``phases`` run with ``[freeze] replan = false``, right after the ``phases``
+  run of the same schedule and repeat; with ``--load-change`` on that schedule also ``<load kind>_noreplan``
+  after its ``load`` run. Reported as the paired ratio of stable batch times, re-planning on over off.
 
 Where the stable error comes from (``decompose``, from a run's trace and metrics, per stable step ``k``):
 measured batch ``M_k`` / predicted ``P_k`` = (``M_k / L_k``) x (``L_k / P_k``), with ``L_k`` the DAG's longest
@@ -211,6 +214,10 @@ def plan_jobs(opts) -> list[tuple[str, str, int]]:
                 jobs.append((load_kind(opts), s, i))
         for s in opts.pinning_ab:
             jobs.append(("unpinned", s, i))
+        for s in getattr(opts, "replan_ab", []):
+            jobs.append(("noreplan", s, i))
+            if s in opts.load_change and i < opts.load_repeats:
+                jobs.append((load_kind(opts) + "_noreplan", s, i))
     return jobs
 
 
@@ -237,7 +244,8 @@ def run(opts) -> list[dict]:
         else:
             # every job but the A/B's other half runs pinned, as the results so far were measured
             pin = "--freeze.no-cpu-pinning" if kind == "unpinned" else "--freeze.cpu-pinning"
-            res = phases_job(s, dump, opts, extra=[pin], load=kind.startswith("load"), load_core=opts.load_core)
+            extra = [pin, "--freeze.no-replan"] if kind.endswith("noreplan") else [pin]
+            res = phases_job(s, dump, opts, extra=extra, load=kind.startswith("load"), load_core=opts.load_core)
         durations.append(time.time() - t0)
         rec = {
             "kind": kind,
@@ -331,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         help="pin the co-tenant to this core (the rank pinned there slows; default: free to move)",
     )
     ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
+    ap.add_argument("--replan-ab", default="", help="schedules that also run with replan off (and under load)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--overhead-only", action="store_true", help="only the overhead jobs (no phases jobs)")
     ap.add_argument("--out", default="docs/results/runtime")
@@ -353,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.schedules = _schedules(opts.schedules, "--schedules")
     opts.load_change = _schedules(opts.load_change, "--load-change")
     opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")
+    opts.replan_ab = _schedules(opts.replan_ab, "--replan-ab")
     opts.nproc = 2 * opts.dp_shard * opts.dp_replicate * opts.tp
     opts.layout = [
         "--parallelism.data_parallel_shard_degree",

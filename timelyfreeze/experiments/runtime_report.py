@@ -99,7 +99,43 @@ def report(rows: list[dict], opts) -> str:
                     f"{agg([r['stable_ms'] for r in rs], '.0f')} | {agg([r['error_pct'] for r in rs], '+.1f')} % | "
                     f"{agg([r['share_pct'] for r in rs], '.0f')} % |"
                 )
+    lines += _replan_ab(rows, opts)
     return "\n".join(lines)
+
+
+def _replan_ab(rows: list[dict], opts) -> list[str]:
+    """Re-planning on against off: per schedule and condition, the stable batch of each and the paired ratio
+    on / off of the same repeat (mean and 95 % interval; below 1: re-planning made the stable phase faster)."""
+    from timelyfreeze.experiments.stats import mean_ci
+
+    if not getattr(opts, "replan_ab", []):
+        return []
+    lines = [
+        "",
+        "Re-planning on against off (`[freeze] replan`), each pair the same schedule and repeat, run back to back:",
+        "",
+        "| schedule | condition | pairs | stable (ms), on | stable (ms), off | on / off, mean [95 % interval] | "
+        "re-plans per run, on |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in opts.replan_ab:
+        conds = [("quiet", "phases")]
+        if s in opts.load_change:
+            conds.append(("co-tenant from the stable phase", load_kind(opts)))
+        for label, on_kind in conds:
+            on = {r["repeat"]: r for r in rows if r["kind"] == on_kind and r["schedule"] == s}
+            off = {r["repeat"]: r for r in rows if r["kind"] == on_kind + "_noreplan" and r["schedule"] == s}
+            if on_kind == "phases":
+                off = {r["repeat"]: r for r in rows if r["kind"] == "noreplan" and r["schedule"] == s}
+            keys = sorted(set(on) & set(off))
+            m, lo, hi, n = mean_ci(on[k]["stable_ms"] / off[k]["stable_ms"] for k in keys)
+            ci = "n/a" if m is None else f"{m:.3f}" + ("" if lo is None else f" [{lo:.3f}, {hi:.3f}]")
+            lines.append(
+                f"| {s} | {label} | {n} | {agg([on[k]['stable_ms'] for k in keys], '.0f')} | "
+                f"{agg([off[k]['stable_ms'] for k in keys], '.0f')} | {ci} | "
+                f"{agg([on[k]['replans'] for k in keys], '.0f')} |"
+            )
+    return lines
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
