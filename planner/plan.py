@@ -156,23 +156,17 @@ def plan_from_trace(
     gaps: bool = False,
     anchor: bool | None = None,
 ) -> Plan:
-    """:func:`make_plan` on a loaded trace, with node weights by ``estimator`` (``planner.estimate.ESTIMATORS``),
-    recorded as the plan's top-level ``estimator`` field.  ``comm``: plan with the delays on cross-rank edges
-    measured in the trace (``planner.comm.estimate_edge_delays``; none for a trace without ``start_ms``),
-    or ``edge_ms`` when given (the caller estimated them already); False ignores them.  ``dag``:
-    ``build_dag(trace.meta)`` when the caller has it; one DAG serves the delays and the plan.  ``gaps`` (with
-    ``comm``): also the fixed costs between consecutive actions of a rank (``planner.gap_model``), recorded
-    in the plan's ``gaps`` field.  ``anchor`` (``planner.monitor``): True brings the lower-bound window to the
-    upper-bound window's machine speed before the weights are estimated, False does not; either way the plan
-    records the windows' factors and noise floors in its ``monitoring`` field. None (the default): neither."""
+    """:func:`make_plan` on a loaded trace, node weights by ``estimator`` (recorded as the plan's ``estimator``).
+    ``comm``: the delays on cross-rank edges measured in the trace (``planner.comm``; none without ``start_ms``),
+    or ``edge_ms`` when given; False ignores them. ``dag``: ``build_dag(trace.meta)`` when the caller has it.
+    ``gaps`` (with ``comm``): also the fixed costs between a rank's consecutive actions (``planner.gap_model``;
+    the plan's ``gaps`` field). ``anchor`` (``planner.monitor``): True brings the lower-bound window to the
+    upper window's machine speed before estimating, False does not; either way the plan records the factors
+    and noise floors (``monitoring``). None (the default): neither."""
     monitoring = monitor.monitoring_summary(trace, bool(anchor)) if anchor is not None else None
     weights = estimate_weights(monitor.anchored(trace, monitoring["factors"]) if anchor else trace, estimator)
-    if dag is None:
-        dag = build_dag(trace.meta)
-    if not comm:
-        edge_ms = None
-    elif edge_ms is None:
-        edge_ms = estimate_edge_delays(trace, dag)
+    dag = build_dag(trace.meta) if dag is None else dag
+    edge_ms = None if not comm else edge_ms if edge_ms is not None else estimate_edge_delays(trace, dag)
     model = None
     if gaps and comm:
         edge_ms, model = with_gap_costs(trace, dag, edge_ms)
