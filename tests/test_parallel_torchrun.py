@@ -87,9 +87,17 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     trace = load_trace(run.out / "trace")
     assert trace.meta.replicas == replicas and trace.meta.num_stages == num_stages
     assert {(r.replica, r.rank) for r in trace.records} == {(d, r) for d in range(replicas) for r in range(2)}
-    # one plan for every pipeline, and the offline planner makes the same plan from the trace
+    # one plan for every pipeline, and the offline planner makes the same plan from the trace with the options
+    # the plan records (its estimator, the gap model, the anchored monitoring windows)
     plan = load_plan(run.out / "plan.json")
-    offline = plan_from_trace(trace, plan.r_max)
+    monitoring = plan.extra.get("monitoring")
+    offline = plan_from_trace(
+        trace,
+        plan.r_max,
+        estimator=plan.extra["estimator"],
+        gaps="gaps" in plan.extra and "classes" in plan.extra["gaps"],
+        anchor=None if monitoring is None else monitoring["anchored"],
+    )
     assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
         {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
     )
