@@ -59,16 +59,16 @@ def evaluate_trace(trace: Trace) -> dict[str, Any] | None:
         return None
     dag = build_dag(trace.meta)
     row: dict[str, Any] = {"f_factor": f, "stable_steps": len(steps)}
+    measured_paths = {k: longest_path(dag, {r.action: r.ms for r in recs})[0] for k, recs in steps.items()}
     for est in ESTIMATORS:
         w = estimate_weights(trace, est)
         action_errs, path_errs = [], []
-        for recs in steps.values():
-            measured = {r.action: r.ms for r in recs}
+        for k, recs in steps.items():
             predicted = {r.action: f * _predicted(w, r.action, r.freeze_ratio) for r in recs}
             action_errs += [
                 abs(r.ms / predicted[r.action] - 1) for r in recs if parse_action(r.action).kind in FREEZABLE_KINDS
             ]
-            path_errs.append(abs(longest_path(dag, predicted)[0] / longest_path(dag, measured)[0] - 1))
+            path_errs.append(abs(longest_path(dag, predicted)[0] / measured_paths[k] - 1))
         row[f"action_err_{est}"] = statistics.median(action_errs) if action_errs else None
         row[f"path_err_{est}"] = statistics.median(path_errs)
     return row

@@ -23,7 +23,7 @@ from planner.errors import PlannerError
 from planner.placement import predict_placement
 from planner.plan import load_plan
 from planner.spans import f_factor
-from planner.trace import load_trace, phase_stage_ratios
+from planner.trace import Trace, load_trace, phase_stage_ratios
 from timelyfreeze.experiments.report import md_table, write_csv
 from timelyfreeze.experiments.results import load_rows, num
 from timelyfreeze.experiments.stats import NO_DIFFERENCE, mean_ci, verdict
@@ -57,12 +57,16 @@ CELL_COLUMNS = (
 )
 
 
-def _trace_figures(row: dict[str, Any]) -> tuple[list[float] | None, float | None]:
-    """(realised stable-phase shares per stage, F factor stable over upper) of the row's trace."""
+def _load(row: dict[str, Any]) -> Trace | None:
+    """The row's trace, or None where it has none or it does not load."""
     try:
-        trace = load_trace(row["_trace"]) if row.get("_trace") else None
+        return load_trace(row["_trace"]) if row.get("_trace") else None
     except (PlannerError, OSError, ValueError):
-        return None, None
+        return None
+
+
+def _trace_figures(trace: Trace | None) -> tuple[list[float] | None, float | None]:
+    """(realised stable-phase shares per stage, F factor stable over upper) of a run's trace."""
     return (None, None) if trace is None else (phase_stage_ratios(trace), f_factor(trace, "stable", "upper"))
 
 
@@ -72,12 +76,11 @@ def _f_corrected(speedup: Any, f: float | None) -> float | None:
     return None if num(speedup) is None or f is None else speedup * f
 
 
-def _prediction(row: dict[str, Any], shares: list[float] | None) -> dict[str, float | None]:
+def _prediction(row: dict[str, Any], trace: Trace | None, shares: list[float] | None) -> dict[str, float | None]:
     none = {"predicted_speedup_tf": None, "predicted_speedup_uniform": None, "predicted_d_speedup": None}
-    if shares is None or not row.get("_plan") or not row.get("_trace"):
+    if shares is None or trace is None or not row.get("_plan"):
         return none
     try:
-        trace = load_trace(row["_trace"])
         p = predict_placement(trace.meta, load_plan(row["_plan"]), shares, estimate_edge_delays(trace))
     except (PlannerError, OSError, ValueError):
         return none
@@ -100,7 +103,8 @@ def placement_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         tf = by_id.get(rnd.get("matched_to") or "")
         if tf is None or rnd["status"] != "ok" or tf["status"] != "ok":
             continue
-        (s_tf, f_tf), (s_rnd, f_rnd) = _trace_figures(tf), _trace_figures(rnd)
+        tf_trace = _load(tf)
+        (s_tf, f_tf), (s_rnd, f_rnd) = _trace_figures(tf_trace), _trace_figures(_load(rnd))
         tps_tf, tps_rnd = num(tf.get("tokens_per_s_stable")), num(rnd.get("tokens_per_s_stable"))
         out.append(
             {
@@ -122,7 +126,7 @@ def placement_pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "shares_tf": None if s_tf is None else " ".join(f"{x:.3f}" for x in s_tf),
                 "shares_random": None if s_rnd is None else " ".join(f"{x:.3f}" for x in s_rnd),
                 "share_gap": None if s_tf is None or s_rnd is None else max(abs(a - b) for a, b in zip(s_tf, s_rnd)),
-                **_prediction(tf, s_tf),
+                **_prediction(tf, tf_trace, s_tf),
             }
         )
     return sorted(out, key=lambda p: (str(p["schedule"]), str(p["r_max"]), str(p["seed"])))
