@@ -9,7 +9,7 @@ import pytest
 
 from timelyfreeze.experiments import runtime_bench as rb
 from timelyfreeze.experiments import runtime_report as rr
-from timelyfreeze.experiments.runtime_analysis import decompose
+from timelyfreeze.experiments.runtime_analysis import decompose, paired_differences
 
 
 def opts(**kw):
@@ -82,7 +82,7 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
         phases("1F1B", 0, 80.0),
         phases("1F1B", 1, 90.0),
         phases("ZBVZeroBubble", 0, 70.0),
-        {"kind": "overhead", "schedule": "1F1B", "repeat": 0, "overhead_pct": 0.5},
+        {"kind": "overhead", "schedule": "1F1B", "repeat": 0, "overhead_pct": 0.5, "direct_pct": 0.25},
         {
             "kind": "load",
             "schedule": "1F1B",
@@ -98,10 +98,22 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
         dict(phases("1F1B", 0, 50.0), kind="unpinned"),
     ]
     text = rr.report(rows, opts())
-    assert "| 1F1B | 2 | +0.50 % | 100 [100, 100] / 95 [95, 95] |" in text
+    assert "| 1F1B | 2 | +0.50 % / 0.25 % | 100 [100, 100] / 95 [95, 95] |" in text
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
     assert "| 1F1B | 1 | 1 | 6 |" in text  # the first re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
     assert "| 1F1B | off | 1 |" in text
+
+
+def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():
+    # the machine speeds up by 10 ms a step; attached steps cost 3 ms more: every difference is exactly 3 ms
+    kinds = ["cycle", "hooks", "plain", "hooks", "plain", "hooks", "plain"]
+    rows = [
+        {"step": 8 + i, "kind": k, "s": 1.0 - 0.010 * i + (0.003 if k == "hooks" else 0.0)} for i, k in enumerate(kinds)
+    ]
+    diffs = paired_differences([r for r in rows if r["kind"] != "cycle"])
+    assert len(diffs) == 3
+    assert diffs[1:] == pytest.approx([0.003, 0.003])  # both neighbours detached: the drift cancels
+    assert diffs[0] == pytest.approx(0.003 + 0.010)  # the first attached step has one detached neighbour
 
 
 def test_decompose_without_a_trace_is_empty(tmp_path):

@@ -1,6 +1,6 @@
 """What a finished runtime-benchmark job's dump says (``runtime_bench``): phase medians, the plan in force
-after a re-plan, and where the stable error comes from (``decompose``; the module docstring of
-``runtime_bench`` defines the quantities)."""
+after a re-plan, the overhead bench's paired differences, and where the stable error comes from
+(``decompose``; the module docstring of ``runtime_bench`` defines the quantities)."""
 
 from __future__ import annotations
 
@@ -87,3 +87,19 @@ def share(measured: float, predicted: float) -> float:
 
     got = achieved_share(measured, predicted)
     return 100 * got if got is not None else float("nan")
+
+
+def paired_differences(rows: list[dict]) -> list[float]:
+    """Per attached (``hooks``) step, its wall time minus the mean of its detached neighbours' (the steps
+    before and after; one where only one is detached): a drift of the machine that is linear over three
+    steps cancels, which pairing with the next step alone does not (a job speeding up after its ramp would
+    count as overhead)."""
+    by_step = {r["step"]: r for r in rows}
+    out = []
+    for s, r in sorted(by_step.items()):
+        if r["kind"] != "hooks":
+            continue
+        near = [by_step[n]["s"] for n in (s - 1, s + 1) if by_step.get(n, {}).get("kind") == "plain"]
+        if near:
+            out.append(r["s"] - statistics.fmean(near))
+    return out

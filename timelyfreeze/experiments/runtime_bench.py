@@ -6,8 +6,9 @@ Job kinds, per schedule and repeat:
 
 * ``overhead``: ``[freeze] r_max = 0`` (the plan freezes nothing); in the stable phase, steps alternate
   between hooks detached (TorchTitan's own step) and TimelyFreeze at ratio 0 with everything on, online
-  re-planning included (``timelyfreeze.experiments.overhead_trainer``). Overhead = mean paired difference
-  of neighbouring steps / median detached step.
+  re-planning included (``timelyfreeze.experiments.overhead_trainer``). Overhead = mean over attached
+  steps of (its time - the mean of its detached neighbours) / median detached step; *direct* = median
+  time inside the runtime's own code per attached step (the rank that spent most) / median detached step.
 * ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
   *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
@@ -51,7 +52,7 @@ from typing import Callable
 
 from timelyfreeze import launch
 from timelyfreeze.experiments.runner import fmt_duration
-from timelyfreeze.experiments.runtime_analysis import after_replan, decompose, phase_median, share
+from timelyfreeze.experiments.runtime_analysis import after_replan, decompose, paired_differences, phase_median, share
 from timelyfreeze.experiments.runtime_report import WARMUP, load_kind, report, write_csv
 from timelyfreeze.launch import CONFIGS, REPO_ROOT
 
@@ -121,21 +122,18 @@ def overhead_job(schedule: str, dump: Path, opts) -> dict:
         [*cycle_args(0.0, 2, 1, 2 * opts.pairs), "--freeze.cpu-pinning"],
     )
     rows = [r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"]
-    by_step = {r["step"]: r for r in rows}
-    diffs = [
-        by_step[s]["s"] - by_step[s + 1]["s"]
-        for s in by_step
-        if by_step[s]["kind"] == "hooks" and by_step.get(s + 1, {}).get("kind") == "plain"
-    ]
+    diffs = paired_differences(rows)
     plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
+    hooks = [r for r in rows if r["kind"] == "hooks"]
     mean_d = statistics.fmean(diffs)
+    direct = statistics.median(r["direct_s"] for r in hooks) if all("direct_s" in r for r in hooks) else None
     return {
         "pairs": len(diffs),
         "plain_ms": plain * 1e3,
-        "hooks_ms": statistics.median(r["s"] for r in rows if r["kind"] == "hooks") * 1e3,
+        "hooks_ms": statistics.median(r["s"] for r in hooks) * 1e3,
         "diff_ms": mean_d * 1e3,
         "overhead_pct": 100 * mean_d / plain,
-    }
+    } | ({"direct_ms": direct * 1e3, "direct_pct": 100 * direct / plain} if direct is not None else {})
 
 
 def phases_job(

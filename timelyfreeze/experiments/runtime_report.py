@@ -41,7 +41,7 @@ def report(rows: list[dict], opts) -> str:
         "",
     ]
     lines += [
-        "| schedule | n | overhead at ratio 0 | stable: measured / predicted (ms) | stable error | of which: "
+        "| schedule | n | overhead at ratio 0: wall / direct | stable: measured / predicted (ms) | stable error | of which: "
         "model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
         "| avg freeze ratio |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -49,7 +49,8 @@ def report(rows: list[dict], opts) -> str:
     for s in opts.schedules:
         ph, ov = of("phases", s), of("overhead", s)
         lines.append(
-            f"| {s} | {len(ph)} | {agg([r['overhead_pct'] for r in ov], '+.2f')} % | "
+            f"| {s} | {len(ph)} | {agg([r['overhead_pct'] for r in ov], '+.2f')} % / "
+            f"{agg([r.get('direct_pct') for r in ov], '.2f')} % | "
             f"{agg([r['stable_ms'] for r in ph], '.0f')} / {agg([r['pred_planned_ms'] for r in ph], '.0f')} | "
             f"{agg([r['error_pct'] for r in ph], '+.1f')} % | {agg([r.get('model_gap_pct') for r in ph], '+.1f')} % / "
             f"{agg([r.get('action_drift_pct') for r in ph], '+.1f')} % "
