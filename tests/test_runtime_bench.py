@@ -102,6 +102,8 @@ def test_report_has_one_row_per_schedule_and_the_extra_tables():
     assert "85 [80, 90] %" in text and "| ZBVZeroBubble | 1 |" in text
     assert "| 1F1B | 1 | 1 | 6 |" in text  # the first re-plan 6 steps after the ramp (3 + 8 + 3 = 14)
     assert "| 1F1B | off | 1 |" in text
+    rows.append({"kind": "overhead", "schedule": "1F1B", "repeat": 1, "overhead_pct": 1.5, "direct_pct": 0.75})
+    assert "over 2 jobs: wall 1.00 [-5.35, 7.35] %, direct 0.50 [-2.68, 3.68] %" in rr.report(rows, opts())
 
 
 def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():

@@ -41,8 +41,8 @@ def report(rows: list[dict], opts) -> str:
         "",
     ]
     lines += [
-        "| schedule | n | overhead at ratio 0: wall / direct | stable: measured / predicted (ms) | stable error | of which: "
-        "model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
+        "| schedule | n | overhead at ratio 0: wall / direct | stable: measured / predicted (ms) | stable error "
+        "| of which: model gap / action drift | speed-up measured / predicted | achieved share | re-plans per run "
         "| avg freeze ratio |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -58,6 +58,7 @@ def report(rows: list[dict], opts) -> str:
             f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
             f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |"
         )
+    lines += _overhead_means(rows, opts)
     if opts.load_change:
         where = "free to move between cores" if opts.load_core is None else f"pinned to core {opts.load_core}"
         lines += [
@@ -102,6 +103,22 @@ def report(rows: list[dict], opts) -> str:
                 )
     lines += _replan_ab(rows, opts)
     return "\n".join(lines)
+
+
+def _overhead_means(rows: list[dict], opts) -> list[str]:
+    """The overhead at ratio 0 per schedule as mean and 95 % interval over its jobs, wall and direct."""
+    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
+
+    out = []
+    for s in opts.schedules:
+        ov = [r for r in rows if r["kind"] == "overhead" and r["schedule"] == s]
+        if len(ov) > 1:
+            wall, direct = mean_ci(r["overhead_pct"] for r in ov), mean_ci(r.get("direct_pct") for r in ov)
+            out.append(
+                f"Overhead at ratio 0, {s}, mean [95 % interval] over {wall[3]} jobs: wall {fmt_ci(*wall[:3], 2)} %"
+                + (f", direct {fmt_ci(*direct[:3], 2)} %" if direct[3] else "")
+            )
+    return ["", *out] if out else []
 
 
 def _replan_ab(rows: list[dict], opts) -> list[str]:
