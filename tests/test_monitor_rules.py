@@ -10,11 +10,10 @@ import pytest
 
 from planner import monitor
 from planner.drift import machine_factor
-from planner.plan import make_plan, plan_from_trace
-from planner.schedules import schedule_meta
+from planner.plan import plan_from_trace
 from planner.simulate import synthetic_trace
-from planner.synthetic import synthetic_weights
 from planner.trace import Trace, node_weights, validate_meta
+from tests.test_replan import as_lists, setup
 from timelyfreeze import state_codec
 from timelyfreeze.config import Freeze, FreezeConfigError, validate
 from timelyfreeze.replan import Replanner
@@ -80,16 +79,9 @@ def test_machine_factor_is_the_median_of_the_f_and_i_groups():
 
 
 def replanner(noise: dict[str, float] | None = None, threshold: float = 0.05) -> tuple[Replanner, dict, float]:
-    meta = validate_meta(schedule_meta("1F1B", 2, 4), "meta")
-    weights = synthetic_weights(meta, seed=1)
-    plan = make_plan(meta, weights, 0.8)
+    meta, weights, plan, ratios = setup()
     rp = Replanner(meta, threshold=threshold, patience=3, noise_k=3.0)
-    rp.install(
-        {a: [weights.w_min[a], weights.w_max[a]] for a in weights.w_max},
-        {a: ap.freeze_ratio for a, ap in plan.actions.items()},
-        plan.batch_time_ms,
-        noise=noise,
-    )
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms, noise=noise)
     groups = {"0F": 1.0, "0B": 1.0, "1F": 1.0, "1B": 1.0}
     return rp, groups, plan.batch_time_ms["planned"]
 

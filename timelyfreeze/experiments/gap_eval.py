@@ -168,18 +168,19 @@ def _replay(trace, spans, steps, dag, cross, new) -> tuple[float, float, float]:
 MIN_STEPS = 10
 """Runs with fewer stable steps under the initial plan are left out of the second summary table."""
 
-ERRORS = (
-    "stable_err_old",
-    "stable_err_new",
-    "upper_err_old",
-    "upper_err_new",
-    "upper_err_new_lower_only",
-    "upper_action_drift",
-    "replay_err_old",
-    "replay_err_new",
-    "action_drift",
-    "gap_plan_gain",
-)
+ERRORS = {
+    "stable_err_old": "stable old",
+    "stable_err_new": "stable new",
+    "upper_err_old": "upper old",
+    "upper_err_new": "upper new",
+    "upper_err_new_lower_only": "upper new, lower only",
+    "upper_action_drift": "upper action drift",
+    "replay_err_old": "replay old",
+    "replay_err_new": "replay new",
+    "action_drift": "action drift",
+    "gap_plan_gain": "gap plan gain",
+}
+"""The error columns of :data:`COLUMNS` the summary tables show, with their headers."""
 
 
 def summarize_rows(rows: list[dict]) -> list[dict]:
@@ -197,6 +198,17 @@ def summarize_rows(rows: list[dict]) -> list[dict]:
 
 def _pct(t: tuple[float, float, float] | None) -> str:
     return "-" if t is None else f"{100 * t[0]:+.1f} [{100 * t[1]:+.1f}, {100 * t[2]:+.1f}]"
+
+
+def _error_table(rows: list[dict]) -> list[str]:
+    """The Markdown table of :func:`summarize_rows` over ``rows``."""
+    lines = [
+        "| schedule | runs | " + " | ".join(ERRORS.values()) + " |",
+        "|---|---|" + "---|" * len(ERRORS),
+    ]
+    for s in summarize_rows(rows):
+        lines.append(f"| {s['schedule']} | {s['runs']} | " + " | ".join(_pct(s[c]) for c in ERRORS) + " |")
+    return lines
 
 
 def write_outputs(rows: list[dict], md: Path, command: str, table_md: str = "") -> None:
@@ -224,24 +236,14 @@ def write_outputs(rows: list[dict], md: Path, command: str, table_md: str = "") 
         "under the gap model / that of the plan the LP makes with the gap model - 1 (a prediction: no run",
         "measured those plans). Per-job rows: the `.csv` beside this file.",
         "",
-        "| schedule | runs | stable old | stable new | upper old | upper new | upper new, lower only "
-        "| upper action drift "
-        "| replay old | replay new | action drift | gap plan gain |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in summarize_rows(rows):
-        cells = " | ".join(_pct(s[c]) for c in ERRORS)
-        lines.append(f"| {s['schedule']} | {s['runs']} | {cells} |")
     long = [r for r in rows if r["stable_steps"] >= MIN_STEPS]
+    lines += _error_table(rows)
     lines += [
         "",
         f"The same over the {len(long)} runs with at least {MIN_STEPS} stable steps under the initial plan (the",
         "others re-planned within a few steps, because their machine's speed moved: their `action drift`):",
         "",
-        lines[-len(summarize_rows(rows)) - 2],
-        lines[-len(summarize_rows(rows)) - 1],
+        *_error_table(long),
     ]
-    for s in summarize_rows(long):
-        cells = " | ".join(_pct(s[c]) for c in ERRORS)
-        lines.append(f"| {s['schedule']} | {s['runs']} | {cells} |")
     md.write_text("\n".join(lines) + "\n" + table_md)

@@ -244,17 +244,23 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
     for seed in seeds:  # outermost: seed i of every cell runs before seed i + 1, so slow periods spread over all
         for schedule in schedules:
             s_over = list(dict(sched_over.get(schedule, {})).items())
-            cell: list[Job] = []
-            for method, values, m_over in entries:
-                overrides = tuple(base_over + s_over + list(m_over.items()))
-                ext = None if extend is None or method == NO_FREEZING else float(extend)
-                for value in values if values is not None else [None]:
-                    if not isinstance(value, _Matched):
-                        cell.append(Job(schedule, method, value, seed, overrides, ext))
-            for method, values, m_over in entries:  # matched jobs right after the job they match
-                overrides = tuple(base_over + s_over + list(m_over.items()))
-                ext = None if extend is None else float(extend)
-                for value in values or []:
+            methods = [  # (method, knob values, overrides, extension) of every method of this cell
+                (
+                    method,
+                    values if values is not None else [None],
+                    tuple(base_over + s_over + list(m_over.items())),
+                    None if extend is None or method == NO_FREEZING else float(extend),
+                )
+                for method, values, m_over in entries
+            ]
+            cell = [
+                Job(schedule, method, value, seed, overrides, ext)
+                for method, values, overrides, ext in methods
+                for value in values
+                if not isinstance(value, _Matched)
+            ]
+            for method, values, overrides, ext in methods:  # matched jobs right after the job they match
+                for value in values:
                     if isinstance(value, _Matched):
                         for target in [j for j in cell if j.method == value.method]:
                             job = Job(schedule, method, "matched", seed, overrides, ext, target.job_id)
