@@ -86,6 +86,11 @@ def test_replanner_replans_when_a_group_changes_relative_to_the_machine_over_the
     assert all(
         proposed.w_max[a] == pytest.approx(weights.w_max[a] * (1.5 if a[:2] == "1B" else 1.0)) for a in weights.w_max
     )
+    # keeping the plan under the proposed weights takes longer than the LP's new plan (the kept ratios are
+    # feasible for the same budget), and exactly the plan's own prediction under its own weights
+    again = make_plan(meta, proposed, 0.8)
+    assert rp.kept_plan_ms(proposed) >= again.batch_time_ms["planned"] * (1 - 1e-6)
+    assert rp.kept_plan_ms(weights) == pytest.approx(plan.batch_time_ms["planned"], rel=1e-6)
     # a new plan starts a new window; a faster machine (every group alike) keeps the plan, rescales the prediction
     rp.install(as_lists(proposed), ratios, plan.batch_time_ms)
     assert not rp.due()

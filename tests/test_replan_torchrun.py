@@ -59,6 +59,7 @@ def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     assert first["step"] == SLOW_FROM + PATIENCE - 1
     # stage 1's forwards slowed against stage 0's (relative: the test machine's own load moves both)
     assert first["scales"]["1F"] > first["scales"]["0F"] and first["new_planned_ms"] > first["old_planned_ms"]
+    assert first["kept_plan_ms"] >= first["new_planned_ms"] * (1 - 1e-6)  # the re-plan is never slower than keeping
     assert "re-plan after step" in run.log
     # the metrics: the drift of every stable step, the event on its step, then the new prediction
     rows = {r["step"]: r for r in run.metrics() if "phase" in r}

@@ -176,7 +176,7 @@ class PlanCoordinator:
         scales; the new plan applies from the next step."""
         replanner = self.state.replanner
         weights, scales = replanner.proposed_weights()
-        old = replanner.predicted_ms()
+        old, kept = replanner.predicted_ms(), replanner.kept_plan_ms(weights)
         machine = replanner.assess()["machine"]
         reason = replanner.reason()
         path = self.paths.replan(step)
@@ -207,14 +207,20 @@ class PlanCoordinator:
             "machine_factor": machine,
             "old_planned_ms": old,
             "new_planned_ms": new,
+            "kept_plan_ms": kept,
             "plan": str(path),
         }
         replanner.events.append(event)
         row["replan"] = event
         self.log(
             f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
-            f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}); {path}"
+            f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}; {_gain(kept, new)}); {path}"
         )
+
+
+def _gain(kept: float, new: float) -> str:
+    """What a re-plan buys: the plan in force against the new plan, both under the new weights."""
+    return f"kept, the plan in force would take {kept:.1f} ms: the re-plan saves {100 * (1 - new / kept):.1f} %"
 
 
 def _budgets(cfg: Freeze, num_stages: int) -> float | tuple[float, ...]:

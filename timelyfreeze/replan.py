@@ -167,6 +167,11 @@ class Replanner:
         self.rescales.append(event)
         return event
 
+    def kept_plan_ms(self, weights: NodeWeights) -> float:
+        """The plan in force's batch time under ``weights`` (a re-plan's rescaled weights): what keeping it
+        would predict, next to the new plan's own prediction (the difference is what the re-plan buys)."""
+        return plan_drift.planned_batch(self._dag, weights, self.ratios, self.edge_ms)
+
     def predicted_ms(self) -> float | None:
         """The plan in force's predicted batch time at the machine speed last seen (``rescale``)."""
         return self.batch_ms["planned"] * self.machine if self.batch_ms else None

@@ -158,6 +158,7 @@ def format_summary(s: dict) -> str:
         lines.append(
             f"  re-planned after step {e['step']}: {e['reason']}; predicted batch "
             f"{e['old_planned_ms']:.1f} -> {e['new_planned_ms']:.1f} ms"
+            + (f" (the plan in force, kept: {e['kept_plan_ms']:.1f} ms)" if "kept_plan_ms" in e else "")
         )
     mon = s.get("monitoring") or {}
     if mon.get("factors"):

@@ -48,7 +48,8 @@ def after_replan(dump: Path) -> dict:
 
 
 def decompose(dump: Path) -> dict:
-    """``{"model_gap_pct", "action_drift_pct"}`` of a phases run (module docstring); {} without a trace."""
+    """``{"model_gap_pct", "action_drift_pct", "upper_f_ms"}`` of a phases run (module docstring; the last:
+    :func:`upper_f_ms`); {} without a trace."""
     from planner.comm import estimate_edge_delays
     from planner.dag import build_dag, longest_path
     from planner.trace import load_trace
@@ -77,7 +78,25 @@ def decompose(dump: Path) -> dict:
         drift.append(length / rows[k]["predicted_batch_ms"] - 1)
     if not gap:
         return {}
-    return {"model_gap_pct": 100 * statistics.median(gap), "action_drift_pct": 100 * statistics.median(drift)}
+    return {
+        "model_gap_pct": 100 * statistics.median(gap),
+        "action_drift_pct": 100 * statistics.median(drift),
+        "upper_f_ms": upper_f_ms(trace),
+    }
+
+
+def upper_f_ms(trace) -> float:
+    """The machine's speed before anything differs between two runs of a pair: the sum over the forward
+    actions of their median time in the upper-bound window (replica 0). Forward actions do not depend on the
+    plan, and the upper window comes before any plan or load, so the ratio of two runs' values is the ratio
+    of their machines' speeds (the re-plan A/B divides it out)."""
+    from planner.actions import action_kind
+
+    times: dict[str, list[float]] = {}
+    for rec in trace.records:
+        if rec.phase == "upper" and rec.replica == 0 and action_kind(rec.action) == "F":
+            times.setdefault(rec.action, []).append(rec.ms)
+    return sum(statistics.median(v) for v in times.values())
 
 
 def share(measured: float, predicted: float) -> float:

@@ -123,34 +123,44 @@ def _overhead_means(rows: list[dict], opts) -> list[str]:
 
 def _replan_ab(rows: list[dict], opts) -> list[str]:
     """Re-planning on against off: per schedule and condition, the stable batch of each and the paired ratio
-    on / off of the same repeat (mean and 95 % interval; below 1: re-planning made the stable phase faster)."""
-    from timelyfreeze.experiments.stats import mean_ci
+    on / off of the same repeat (mean and 95 % interval; below 1: re-planning made the stable phase faster),
+    raw and with the machine factor taken out (divided by the pair's ratio of ``upper_f_ms``: the two jobs of
+    a pair can run on a machine of different speed before anything differs between them), and the average
+    freeze ratio of each (at the same speed, less freezing is the better plan)."""
+    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
 
     if not getattr(opts, "replan_ab", []):
         return []
     lines = [
         "",
-        "Re-planning on against off (`[freeze] replan`), each pair the same schedule and repeat, run back to back:",
+        "Re-planning on against off (`[freeze] replan`), each pair the same schedule and repeat, run back to back;",
+        "on / off of the stable batch, mean [95 % interval], raw and with the machine factor (the pair's ratio of",
+        "forward times in the upper-bound window, before any plan or load) taken out:",
         "",
-        "| schedule | condition | pairs | stable (ms), on | stable (ms), off | on / off, mean [95 % interval] | "
-        "re-plans per run, on |",
-        "|---|---|---|---|---|---|---|",
+        "| schedule | condition | pairs | stable (ms), on | stable (ms), off | on / off | on / off, machine factor "
+        "out | avg freeze ratio, on / off | re-plans per run, on |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in opts.replan_ab:
-        conds = [("quiet", "phases")]
+        conds = [("quiet", "phases", "noreplan")]
         if s in opts.load_change:
-            conds.append(("co-tenant from the stable phase", load_kind(opts)))
-        for label, on_kind in conds:
+            conds.append(("co-tenant from the stable phase", load_kind(opts), load_kind(opts) + "_noreplan"))
+        for label, on_kind, off_kind in conds:
             on = {r["repeat"]: r for r in rows if r["kind"] == on_kind and r["schedule"] == s}
-            off = {r["repeat"]: r for r in rows if r["kind"] == on_kind + "_noreplan" and r["schedule"] == s}
-            if on_kind == "phases":
-                off = {r["repeat"]: r for r in rows if r["kind"] == "noreplan" and r["schedule"] == s}
+            off = {r["repeat"]: r for r in rows if r["kind"] == off_kind and r["schedule"] == s}
             keys = sorted(set(on) & set(off))
-            m, lo, hi, n = mean_ci(on[k]["stable_ms"] / off[k]["stable_ms"] for k in keys)
-            ci = "n/a" if m is None else f"{m:.3f}" + ("" if lo is None else f" [{lo:.3f}, {hi:.3f}]")
+            raw = {k: on[k]["stable_ms"] / off[k]["stable_ms"] for k in keys}
+            m, lo, hi, n = mean_ci(raw.values())
+            machine = mean_ci(
+                raw[k] * off[k]["upper_f_ms"] / on[k]["upper_f_ms"]
+                for k in keys
+                if on[k].get("upper_f_ms") and off[k].get("upper_f_ms")
+            )
             lines.append(
                 f"| {s} | {label} | {n} | {agg([on[k]['stable_ms'] for k in keys], '.0f')} | "
-                f"{agg([off[k]['stable_ms'] for k in keys], '.0f')} | {ci} | "
+                f"{agg([off[k]['stable_ms'] for k in keys], '.0f')} | {fmt_ci(m, lo, hi) or 'n/a'} | "
+                f"{fmt_ci(*machine[:3]) or 'n/a'} | {agg([on[k]['avg_freeze_ratio'] for k in keys], '.3f')} / "
+                f"{agg([off[k]['avg_freeze_ratio'] for k in keys], '.3f')} | "
                 f"{agg([on[k]['replans'] for k in keys], '.0f')} |"
             )
     return lines
