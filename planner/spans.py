@@ -13,9 +13,17 @@ between two phases, and the achieved share of a predicted speed-up.
 * **F factor** of a phase against a base phase: the median ``ms`` of the F (forward) records of the phase
   divided by the median of the base's. Freezing never changes a forward action, so this measures the
   machine (1.0: the same speed; 1.1: 10 % slower in the phase).
+* **Per-rank F factors** and the **DAG's F factor**: each pipeline rank is its own device (a GPU; here a
+  pinned CPU core), and their speeds drift apart (on the 2-core test VM by up to 12 % within a run), so one
+  median over all F records, which weights ranks by their record count and ignores which rank is
+  critical, can move a share by 0.3. A rank's factor is the median over its F actions of (the action's
+  median ``ms`` in the phase / in the base); the DAG's factor is the longest path of a plan's durations
+  with every action scaled by its rank's factor, over the longest path of the durations themselves: how
+  much slower the plan's batch is on the phase's machine.
 * **Share** of a predicted speed-up: ``(measured - 1) / (predicted - 1)``; with the F factor taken out the
   measured speed-up is multiplied by the stable phase's F factor against the upper bound's (the stable
-  batch brought back to the upper bound's machine speed).
+  batch brought back to the upper bound's machine speed): the DAG's factor where the plan is known, else
+  the pooled one.
 """
 
 from __future__ import annotations
@@ -23,15 +31,18 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .actions import action_kind
+from .actions import action_kind, parse_action
+from .dag import EdgeDelays, longest_path
 from .trace import Trace
 
 __all__ = [
     "StepTimeline",
     "achieved_share",
+    "dag_f_factor",
     "f_factor",
     "one_host",
     "phase_spans",
+    "rank_f_factors",
     "representative_step",
     "step_spans",
     "step_timeline",
@@ -134,6 +145,36 @@ def f_factor(trace: Trace, phase: str = "stable", base: str = "upper") -> float 
         return None
     lo = statistics.median(ms[base])
     return float(statistics.median(ms[phase]) / lo) if lo > 0 else None
+
+
+def rank_f_factors(trace: Trace, phase: str = "stable", base: str = "upper") -> dict[int, float]:
+    """Per pipeline rank, the median over its F actions of (the action's median ms in ``phase`` / in
+    ``base``), replica 0 (module docstring); ranks without F actions in both phases are left out."""
+    ms: dict[tuple[str, str], list[float]] = {}
+    for rec in trace.records:
+        if rec.replica == 0 and rec.phase in (phase, base) and action_kind(rec.action) == "F":
+            ms.setdefault((rec.phase, rec.action), []).append(rec.ms)
+    ratios: dict[int, list[float]] = {}
+    for (ph, a), v in ms.items():
+        lo = statistics.median(ms.get((base, a)) or [0.0])
+        if ph == phase and lo > 0:
+            ratios.setdefault(trace.meta.stage_to_rank[parse_action(a).stage], []).append(statistics.median(v) / lo)
+    return {r: statistics.median(v) for r, v in sorted(ratios.items())}
+
+
+def dag_f_factor(
+    trace: Trace, durations: dict[str, float], dag, edge_ms: EdgeDelays | None = None, **phases: str
+) -> float | None:
+    """The longest path of ``durations`` (a plan's) with every action scaled by its rank's
+    :func:`rank_f_factors` (``phases``: their ``phase`` and ``base``), over that of ``durations``; None
+    when a rank has no factor."""
+    factors = rank_f_factors(trace, **phases)
+    rank = {a: trace.meta.stage_to_rank[parse_action(a).stage] for a in durations}
+    if any(r not in factors for r in rank.values()):
+        return None
+    base = longest_path(dag, durations, edge_ms)[0]
+    scaled = longest_path(dag, {a: d * factors[rank[a]] for a, d in durations.items()}, edge_ms)[0]
+    return scaled / base if base > 0 else None
 
 
 def achieved_share(measured: float | None, predicted: float | None) -> float | None:

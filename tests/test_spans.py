@@ -11,17 +11,21 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
+from planner.dag import build_dag
 from planner.gantt import NO_TIMESTAMPS, measured_panel, plot_timeline
+from planner.plan import load_plan
 from planner.simulate import synthetic_trace, write_trace
 from planner.spans import (
     achieved_share,
+    dag_f_factor,
     f_factor,
     phase_spans,
+    rank_f_factors,
     representative_step,
     step_spans,
     step_timeline,
 )
-from planner.trace import load_trace
+from planner.trace import Trace, load_trace
 from timelyfreeze import timeline
 from timelyfreeze.summary import build, format_summary
 
@@ -82,17 +86,48 @@ def test_f_factor_is_the_ratio_of_median_forward_times(trace) -> None:
     assert f_factor(trace, "nosuchphase") is None
 
 
+def test_each_rank_has_its_own_f_factor_and_the_dag_combines_them(trace) -> None:
+    def ratios(rank: int, recs) -> list[float]:
+        ms: dict[tuple[str, str], list[float]] = {}
+        for r in recs:
+            if r.rank == rank and r.action[1] == "F":
+                ms.setdefault((r.phase, r.action), []).append(r.ms)
+        return [statistics.median(v) / statistics.median(ms[("upper", a)]) for (p, a), v in ms.items() if p == "stable"]
+
+    factors = rank_f_factors(trace)
+    assert factors == {r: pytest.approx(statistics.median(ratios(r, trace.records))) for r in (0, 1)}
+    # rank 1's forwards 30 % slower in the stable phase: only its factor moves
+    recs = [copy.copy(r) for r in trace.records]
+    for r in recs:
+        if r.rank == 1 and r.phase == "stable":
+            r.ms *= 1.3
+    slowed = Trace(trace.meta, recs, trace.source)
+    assert rank_f_factors(slowed) == {0: pytest.approx(factors[0]), 1: pytest.approx(1.3 * factors[1])}
+    plan = load_plan(JOB / "plan.json")
+    durations = {a: ap.duration for a, ap in plan.actions.items()}
+    dag = build_dag(trace.meta)
+    f = dag_f_factor(slowed, durations, dag)
+    lo, hi = sorted(rank_f_factors(slowed).values())
+    assert lo <= f <= hi  # no delays on edges: the longest path scales between the slowest and fastest rank
+    same = Trace(trace.meta, [r for r in trace.records if r.rank == 0 or r.phase != "stable"], trace.source)
+    assert dag_f_factor(same, durations, dag) is None  # rank 1 has no stable forwards: no factor
+
+
 def test_achieved_share() -> None:
     assert achieved_share(1.1, 1.2) == pytest.approx(0.5)
     assert achieved_share(1.1, 1.0) is None and achieved_share(None, 1.2) is None
 
 
+def kw_of(s: dict, history: list[dict]) -> dict:
+    run = {k: s[k] for k in ("method", "schedule", "pp_degree", "num_stages", "num_microbatches")}
+    kw = dict(history=history, steady_phases=("stable",), tokens_per_step=s["tokens_per_step"], run=run)
+    return kw | dict(predicted_batch_ms=s["predicted_batch_ms"], val_curve=[], method_summary={}, failures=[])
+
+
 def summary_of(trace):
     s = json.loads((JOB / "summary.json").read_text())
     history = [m for m in map(json.loads, (JOB / "metrics.jsonl").read_text().splitlines()) if "phase" in m]
-    run = {k: s[k] for k in ("method", "schedule", "pp_degree", "num_stages", "num_microbatches")}
-    kw = dict(history=history, steady_phases=("stable",), tokens_per_step=s["tokens_per_step"], run=run)
-    kw |= dict(predicted_batch_ms=s["predicted_batch_ms"], val_curve=[], method_summary={}, failures=[])
+    kw = kw_of(s, history)
     return build(**kw, trace=trace), build(**kw), history, s
 
 
@@ -116,6 +151,10 @@ def test_summary_gives_speedups_shares_and_spans(trace) -> None:
         assert with_trace[key] == pytest.approx(old[key])
     text = format_summary(with_trace)
     assert "pipeline span from timestamps" in text and "share of the predicted speedup" in text
+    # the F factor through the plan's DAG, where known, is the one the corrected shares take out
+    dag = build(**kw_of(old, history), trace=trace, f_factor_dag=1.25)["speedup"]
+    assert dag["f_factor"] == pytest.approx(f) and dag["f_factor_dag"] == 1.25
+    assert dag["share_span_f_corrected"] == pytest.approx((sp["measured_span"] * 1.25 - 1) / (pred - 1))
     # without the trace: no spans, no F factor; the wall-time speed-up and share stay
     assert without["span_ms"] == {} and without["step_span_ms"] == []
     assert without["speedup"]["f_factor"] is None and without["speedup"]["share_f_corrected"] is None
@@ -172,3 +211,17 @@ def test_the_reports_timeline_is_the_gantt_commands(tmp_path) -> None:
 
     Planner().gantt(JOB / "trace", JOB / "plan.json", tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_runtime_takes_the_plans_durations_and_delays(trace, tmp_path) -> None:
+    from timelyfreeze.runtime import _plan_f_factor
+
+    logged: list[str] = []
+    f = _plan_f_factor(trace, JOB / "plan.json", logged.append)
+    lo, hi = sorted(rank_f_factors(trace).values())
+    # delays on edges (not scaled) keep the factor between the ranks' factors and 1
+    assert f is not None and min(lo, 1.0) <= f <= max(hi, 1.0) and not logged
+    assert _plan_f_factor(trace, tmp_path / "none.json", logged.append) is None and not logged  # no plan made
+    (tmp_path / "bad.json").write_text("{}")
+    assert _plan_f_factor(trace, tmp_path / "bad.json", logged.append) is None
+    assert len(logged) == 1 and "bad.json" in logged[0]

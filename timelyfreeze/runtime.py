@@ -277,6 +277,7 @@ class FreezeRuntime:
             trace=trace,
             monitoring=state.monitoring,
             rescales=state.replanner.rescales if state.replanner is not None else [],
+            f_factor_dag=_plan_f_factor(trace, self.paths.plan, self.log) if trace is not None else None,
         )
         if compiled is not None:
             summary["compile"] = {k: [c[k] for c in compiled] for k in ("regions", "graphs", "graphs_after_warmup")}
@@ -331,4 +332,29 @@ def _read_trace(trace_dir, log) -> Trace | None:
         return load_trace(trace_dir)
     except (PlannerError, OSError) as e:
         log(f"[freeze] no spans or F factor: trace not read: {e}")
+        return None
+
+
+def _plan_f_factor(trace: Trace, plan_path, log) -> float | None:
+    """``planner.spans.dag_f_factor`` of the stable phase against the upper bound, over the monitoring plan's
+    durations (``plan.json``) with the delays it was made with (estimated again from the trace's monitoring
+    windows, as ``planning.solve`` did; the gap costs where the plan has them). None without that plan or
+    where it does not fit the trace (logged: the shares then take the pooled F factor out)."""
+    from planner.comm import estimate_edge_delays
+    from planner.dag import build_dag
+    from planner.gap_model import with_gap_costs
+    from planner.plan import load_plan
+    from planner.spans import dag_f_factor
+
+    if not plan_path.exists():
+        return None
+    try:
+        plan = load_plan(plan_path)
+        dag = build_dag(trace.meta)
+        edges = estimate_edge_delays(trace, dag)
+        if "gaps" in plan.extra:
+            edges = with_gap_costs(trace, dag, edges)[0]
+        return dag_f_factor(trace, {a: ap.duration for a, ap in plan.actions.items()}, dag, edges)
+    except (PlannerError, KeyError, ValueError) as e:
+        log(f"[freeze] no F factor through the plan's DAG ({plan_path}): {e}")
         return None

@@ -28,12 +28,15 @@ def build(
     trace: Trace | None = None,
     monitoring: dict | None = None,
     rescales: list[dict] | None = None,
+    f_factor_dag: float | None = None,
 ) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
     (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed); ``trace``, when rank 0
     could load the run's whole trace, gives the pipeline spans and the F factor (``planner.spans``);
     ``monitoring`` (the monitoring windows' F factors and warnings) and ``rescales`` (uniform changes that
-    kept the plan) make the ``monitoring`` entry (None with neither)."""
+    kept the plan) make the ``monitoring`` entry (None with neither); ``f_factor_dag``: the stable phase's
+    F factor through the monitoring plan's DAG (``planner.spans.dag_f_factor``), which the shares with the
+    F factor out use where it is known."""
     hist = sorted(history, key=lambda h: h["step"])
     ranges: dict[str, list[int]] = {}
     by_phase: dict[str, list[dict]] = {}
@@ -69,7 +72,9 @@ def build(
         "span_ms": span,
         "step_span_ms": [[k, round(ms, 3)] for k, ms in spans.items()],
         "predicted_batch_ms": predicted_batch_ms,
-        "speedup": speedup(median_batch, span, predicted_batch_ms, f_factor(trace) if trace is not None else None),
+        "speedup": speedup(
+            median_batch, span, predicted_batch_ms, f_factor(trace) if trace is not None else None, f_factor_dag
+        ),
         "avg_freeze_ratio": statistics.fmean(h["freeze_ratio"] for h in hist) if hist else 0.0,
         "final_loss": losses[-1][1] if losses else None,
         "val_loss": val_curve[-1][1] if val_curve else None,
@@ -82,24 +87,29 @@ def build(
     }
 
 
-def speedup(median_batch: dict, span: dict, predicted: dict | None, f: float | None) -> dict | None:
+def speedup(
+    median_batch: dict, span: dict, predicted: dict | None, f: float | None, f_dag: float | None = None
+) -> dict | None:
     """The ``speedup`` field: measured (upper / stable, from the medians of the batch wall time and of the
-    span) against predicted (``no_freeze / planned``) and the shares achieved; None without a plan or
-    without both an upper and a stable phase."""
+    span) against predicted (``no_freeze / planned``) and the shares achieved, raw and with the machine's
+    F factor taken out (``f_dag`` where known, else the pooled ``f``); None without a plan or without both
+    an upper and a stable phase."""
     if not predicted or not predicted.get("planned") or "upper" not in median_batch or "stable" not in median_batch:
         return None
     pred = predicted["no_freeze"] / predicted["planned"]
     wall = median_batch["upper"] / median_batch["stable"]
     by_span = span["upper"] / span["stable"] if "upper" in span and "stable" in span else None
+    out = f_dag if f_dag is not None else f
     return {
         "predicted": pred,
         "measured": wall,
         "measured_span": by_span,
         "f_factor": f,
+        "f_factor_dag": f_dag,
         "share": achieved_share(wall, pred),
-        "share_f_corrected": achieved_share(wall * f, pred) if f is not None else None,
+        "share_f_corrected": achieved_share(wall * out, pred) if out is not None else None,
         "share_span": achieved_share(by_span, pred),
-        "share_span_f_corrected": achieved_share(by_span * f, pred) if f is not None and by_span else None,
+        "share_span_f_corrected": achieved_share(by_span * out, pred) if out is not None and by_span else None,
     }
 
 
