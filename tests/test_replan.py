@@ -13,7 +13,7 @@ from planner.synthetic import synthetic_weights
 from planner.trace import NodeWeights, validate_meta
 from timelyfreeze import freeze_state, state_codec
 from timelyfreeze.config import Freeze, FreezeConfigError, validate
-from timelyfreeze.replan import Replanner
+from timelyfreeze.replan import Replanner, mean_ratio
 from timelyfreeze.summary import build, format_summary
 
 
@@ -171,11 +171,26 @@ def test_freeze_state_carries_the_replan_state_and_accepts_older_states():
         ("replan_threshold", float("inf"), "replan_threshold"),
         ("replan_patience", 0, "replan_patience"),
         ("replan_patience", 1.5, "replan_patience"),
+        ("replan_min_gain", -0.01, "replan_min_gain"),
+        ("replan_min_gain", 1.0, "replan_min_gain"),
     ],
 )
 def test_bad_replan_settings_name_the_field(field, value, match):
     with pytest.raises(FreezeConfigError, match=match):
         validate(Freeze(**{field: value}), total_steps=100, lr_warmup_steps=20)
+
+
+def summary_kwargs() -> dict:
+    return dict(
+        history=[{"step": 1, "phase": "stable", "step_ms": 10.0, "batch_ms": 9.0, "freeze_ratio": 0.5, "loss": 1.0}],
+        steady_phases=("stable",),
+        tokens_per_step=8,
+        run={"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2, "num_microbatches": 4},
+        predicted_batch_ms=None,
+        val_curve=[],
+        method_summary={},
+        failures=[],
+    )
 
 
 def test_summary_lists_the_replans():
@@ -187,17 +202,7 @@ def test_summary_lists_the_replans():
         "new_planned_ms": 944.3,
         "plan": "replans/plan_step8.json",
     }
-    s = build(
-        history=[{"step": 1, "phase": "stable", "step_ms": 10.0, "batch_ms": 9.0, "freeze_ratio": 0.5, "loss": 1.0}],
-        steady_phases=("stable",),
-        tokens_per_step=8,
-        run={"method": "timelyfreeze", "schedule": "1F1B", "pp_degree": 2, "num_stages": 2, "num_microbatches": 4},
-        predicted_batch_ms=None,
-        val_curve=[],
-        method_summary={},
-        failures=[],
-        replans=[event],
-    )
+    s = build(**summary_kwargs(), replans=[event])
     assert s["replans"] == [event]
     assert (
         "re-planned after step 8: drift +185.4% (beyond 10%) for 2 stable steps; predicted batch 337.3 -> 944.3 ms"
@@ -224,3 +229,30 @@ def test_delays_on_cross_rank_edges_stay_fixed_in_the_drift_and_travel_with_the_
     assert again.edge_ms == edges
     with pytest.raises(ValueError, match="edge_ms"):
         again.load_state_dict(dict(rp.state_dict(), edge_ms=[["0F0", "nope", 1.0]]))
+
+
+def test_a_kept_replan_takes_the_measurements_and_keeps_the_ratios():
+    meta, weights, plan, ratios = setup()
+    rp = Replanner(meta, threshold=0.05, patience=3)
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms)
+    for _ in range(3):
+        rp.observe({"0F": 1.0, "0B": 1.0, "1F": 1.0, "1B": 1.2})
+    assert rp.due()
+    proposed, _ = rp.proposed_weights()
+    kept = rp.kept_plan_ms(proposed)
+    event = rp.keep(30, proposed, {**plan.batch_time_ms, "planned": kept}, reason="1B x1.20", saves=0.004, frees=0.0)
+    assert rp.ratios == ratios and rp.weights.w_max == proposed.w_max and rp.predicted_ms() == kept
+    assert (
+        event["kept_replan"] and event["old_predicted_ms"] == plan.batch_time_ms["planned"] and event["saves"] == 0.004
+    )
+    assert rp.rescales == [event] and rp.events == [] and not rp.due() and rp.window == []
+    # the same measurements again are no change against the new reference
+    assert rp.observe({"0F": 1.0, "0B": 1.0, "1F": 1.0, "1B": 1.0}) == pytest.approx(0.0)
+    text = format_summary(build(**summary_kwargs(), monitoring={"factors": {}}, rescales=[event]))
+    assert "re-plan not taken after step 30 (it would save 0.4 % of the batch, +0.000 of freezing), plan kept" in text
+
+
+def test_mean_ratio_counts_the_freezable_actions_only():
+    w = NodeWeights({"0F0": 5.0, "0B0": 4.0, "0B1": 4.0}, {"0F0": 5.0, "0B0": 8.0, "0B1": 8.0})
+    assert mean_ratio({"0F0": 0.0, "0B0": 0.5, "0B1": 1.0}, w) == 0.75
+    assert mean_ratio({}, NodeWeights({"0F0": 5.0}, {"0F0": 5.0})) == 0.0

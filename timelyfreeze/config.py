@@ -129,6 +129,13 @@ class Freeze:
     (1.4826 MAD) of its per-step scale against the step's F/I machine factor in the monitoring windows
     (``planner.monitor``). 0: only ``replan_threshold`` counts."""
 
+    replan_min_gain: float = 0.01
+    """What a due re-plan must buy to take effect: the LP's new plan is adopted only when, under the same
+    rescaled weights, it predicts at least this fraction of a batch less than keeping the plan in force, or
+    freezes at least this much less (mean freeze ratio over the freezable actions). Otherwise the plan stays,
+    its weights and prediction take the measurements (logged as a kept re-plan, with the candidate in
+    ``replans/kept_step<N>.json``). 0: every due re-plan takes effect."""
+
     anchor_monitoring: bool = True
     """Bring the lower-bound window to the upper-bound window's machine speed before planning: its records
     are divided by its F factor (median over stages of its F and I actions' time / the upper window's), as
@@ -239,6 +246,8 @@ def _check_ranges(cfg: Freeze) -> None:
         fail("freeze", "replan_threshold", cfg.replan_threshold, "must be a number > 0")
     if cfg.replan_patience < 1:
         fail("freeze", "replan_patience", cfg.replan_patience, "must be an integer >= 1")
+    if not 0.0 <= cfg.replan_min_gain < 1.0:
+        fail("freeze", "replan_min_gain", cfg.replan_min_gain, "must be a number in [0, 1)")
     for name in ("replan_noise_k", "monitor_tolerance"):
         if not 0.0 <= getattr(cfg, name) < math.inf:
             fail("freeze", name, getattr(cfg, name), "must be a number >= 0")

@@ -23,7 +23,7 @@ from timelyfreeze.freeze_state import FreezeState
 from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.pipeline_group import JobGroup
 from timelyfreeze.profiler import ActionRecord
-from timelyfreeze.replan import Replanner
+from timelyfreeze.replan import Replanner, mean_ratio
 from timelyfreeze.run_info import RunInfo
 
 
@@ -197,9 +197,14 @@ class PlanCoordinator:
             self.state.failures.append(f"{result['failure']} (step {step}); the run kept the plan in force")
             self.log(f"[freeze] ERROR {result['failure']}; the plan in force stays")
             return
+        new = result["batch_time_ms"]["planned"]
+        saves = 1.0 - new / kept if kept > 0 else 0.0
+        frees = mean_ratio(replanner.ratios, weights) - mean_ratio(result["ratios"], weights)
+        if max(saves, frees) < self.cfg.replan_min_gain:
+            self._keep(step, row, weights, result, kept, reason, saves, frees, machine)
+            return
         self.method.set_plan(result["ratios"])
         replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
-        new = result["batch_time_ms"]["planned"]
         event = {
             "step": step,
             "reason": reason,
@@ -215,6 +220,23 @@ class PlanCoordinator:
         self.log(
             f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
             f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}; {_gain(kept, new)}); {path}"
+        )
+
+    def _keep(self, step, row, weights, result, kept, reason, saves, frees, machine) -> None:
+        """The due re-plan buys less than ``replan_min_gain``: keep the plan in force under the new weights
+        (``Replanner.keep``); rank 0 renames the candidate plan's file to ``kept_step<N>.json``."""
+        path = self.paths.replan(step)
+        candidate = path.with_name(f"kept_step{step}.json")
+        if self.job.rank == 0 and path.exists():
+            path.replace(candidate)
+        batch_ms = {**result["batch_time_ms"], "planned": kept}
+        why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees, "plan": str(candidate)}
+        event = self.state.replanner.keep(step, weights, batch_ms, **why)
+        row["rescale"] = event
+        self.log(
+            f"[freeze] re-plan after step {step} not taken: {reason}; the new plan would save {100 * saves:.1f} % "
+            f"of the batch and {frees:+.3f} of freezing (< replan_min_gain {self.cfg.replan_min_gain:g}): plan kept, "
+            f"predicted batch {event['old_predicted_ms']:.1f} -> {kept:.1f} ms; candidate {candidate}"
         )
 
 

@@ -172,6 +172,17 @@ class Replanner:
         would predict, next to the new plan's own prediction (the difference is what the re-plan buys)."""
         return plan_drift.planned_batch(self._dag, weights, self.ratios, self.edge_ms)
 
+    def keep(self, step: int, weights: NodeWeights, batch_ms: dict[str, float], **why: Any) -> dict[str, Any]:
+        """A due re-plan that would not buy enough (``PlanCoordinator``): the plan in force stays, with the
+        rescaled ``weights`` and ``batch_ms`` (its prediction under them) as its new reference; the window
+        restarts. Returns the logged event (``rescales``), with ``why`` (reason, saves, frees)."""
+        old = self.predicted_ms()
+        edges = [[u, v, ms] for (u, v), ms in self.edge_ms.items()]
+        self.install({a: [weights.w_min[a], weights.w_max[a]] for a in weights.w_max}, self.ratios, batch_ms, edges)
+        event = {"step": step, "kept_replan": True, "old_predicted_ms": old, "new_predicted_ms": batch_ms["planned"]}
+        self.rescales.append({**event, **why})
+        return self.rescales[-1]
+
     def predicted_ms(self) -> float | None:
         """The plan in force's predicted batch time at the machine speed last seen (``rescale``)."""
         return self.batch_ms["planned"] * self.machine if self.batch_ms else None
@@ -259,3 +270,9 @@ class Replanner:
             for w in state["window"]
         ][-self.patience :]
         self.events = list(state["events"])
+
+
+def mean_ratio(ratios: dict[str, float], weights: NodeWeights) -> float:
+    """Mean freeze ratio over the freezable actions (``w_max > w_min``) of ``weights``; 0 without any."""
+    vals = [ratios.get(a, 0.0) for a in weights.w_max if weights.w_max[a] > weights.w_min[a]]
+    return sum(vals) / len(vals) if vals else 0.0

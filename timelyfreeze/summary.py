@@ -180,9 +180,14 @@ def format_summary(s: dict) -> str:
     for w in mon.get("warnings") or []:
         lines.append(f"  WARNING: {w}")
     for e in mon.get("rescales") or []:
+        what = (
+            f"re-plan not taken after step {e['step']} (it would save {100 * e['saves']:.1f} % of the batch, "
+            f"{e['frees']:+.3f} of freezing)"
+            if e.get("kept_replan")
+            else f"uniform change after step {e['step']}: machine factor x{e['machine_factor']:.2f}"
+        )
         lines.append(
-            f"  uniform change after step {e['step']}: machine factor x{e['machine_factor']:.2f}, plan kept; "
-            f"predicted batch {e['old_predicted_ms']:.1f} -> {e['new_predicted_ms']:.1f} ms"
+            f"  {what}, plan kept; predicted batch {e['old_predicted_ms']:.1f} -> {e['new_predicted_ms']:.1f} ms"
         )
     tps = s["tokens_per_s"]
     lines.append(f"  throughput: {f(tps['all'], ' tok/s')} overall, {f(tps['stable'], ' tok/s')} steady")
