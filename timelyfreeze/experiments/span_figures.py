@@ -7,7 +7,8 @@
 - **upper span vs the no-freeze prediction**: the upper-bound window's median span over the first plan's
   ``no_freeze`` batch time;
 - **share of the predicted speed-up**, from spans, raw and with the F factor taken out (``summary.speedup``);
-- re-plans, rescales, the lower window's F factor and monitoring warnings.
+- re-plans, kept re-plans (due but buying less than ``replan_min_gain``), rescales, the lower window's F
+  factor and monitoring warnings.
 
 Per schedule, the median [min, max] over runs (``python scripts/span_figures.py FOLDER...``).
 """
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ["stable_vs_plan", "upper_vs_no_freeze", "share_f", "share", "replans", "rescales", "lower_f"]
+COLUMNS = ["stable_vs_plan", "upper_vs_no_freeze", "share_f", "share", "replans", "kept", "rescales", "lower_f"]
 
 
 def run_figures(folder: Path) -> dict[str, Any] | None:
@@ -45,7 +46,8 @@ def run_figures(folder: Path) -> dict[str, Any] | None:
         "share_f": speedup.get("share_span_f_corrected"),
         "share": speedup.get("share_span"),
         "replans": len(s.get("replans") or []),
-        "rescales": len(monitoring.get("rescales") or []),
+        "kept": sum(1 for e in monitoring.get("rescales") or [] if e.get("kept_replan")),
+        "rescales": sum(1 for e in monitoring.get("rescales") or [] if not e.get("kept_replan")),
         "lower_f": ((monitoring.get("factors") or {}).get("lower") or [None])[0],
     }
 
@@ -54,8 +56,8 @@ def table(folders: list[Path]) -> str:
     runs = [r for f in folders for d in sorted(Path(f).glob("**/summary.json")) if (r := run_figures(d.parent))]
     lines = [
         "| schedule | runs | stable span vs plan in force | upper span vs no-freeze | share (F factor out) | share "
-        "(raw) | re-plans | rescales |",
-        "|---|---|---|---|---|---|---|---|",
+        "(raw) | re-plans | kept re-plans | rescales |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for schedule in sorted({r["schedule"] for r in runs}):
         rs = [r for r in runs if r["schedule"] == schedule]
@@ -72,7 +74,7 @@ def table(folders: list[Path]) -> str:
         lines.append(
             f"| {schedule} | {len(rs)} | {cell('stable_vs_plan', True)} | {cell('upper_vs_no_freeze', True)} | "
             f"{cell('share_f', False)} | {cell('share', False)} | {cell('replans', False)} | "
-            f"{cell('rescales', False)} |"
+            f"{cell('kept', False)} | {cell('rescales', False)} |"
         )
     return "\n".join(lines) + "\n"
 
