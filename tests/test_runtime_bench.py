@@ -118,6 +118,25 @@ def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():
     assert diffs[0] == pytest.approx(0.003 + 0.010)  # the first attached step has one detached neighbour
 
 
+def test_the_overhead_probe_is_its_own_attached_kind():
+    # 5 ms for a full attached step, 1 ms for a probe step, on a machine whose steps are 1 s
+    kinds = ["hooks", "plain", "probe", "plain"] * 3
+    rows = [
+        {"step": 9 + i, "kind": k, "s": 1.0 + {"hooks": 0.005, "probe": 0.001}.get(k, 0.0), "direct_s": 0.002}
+        for i, k in enumerate(kinds)
+    ]
+    fig = rb.overhead_figures(rows)
+    assert fig["overhead_pct"] == pytest.approx(0.5) and fig["probe_pct"] == pytest.approx(0.1)
+    assert fig["direct_pct"] == pytest.approx(0.2) and fig["pairs"] == 3
+    o = opts(skip_overhead=False, overhead_only=True, overhead_probe=True, repeats=1)
+    assert [j for j in rb.plan_jobs(o) if j[0].startswith("overhead")] == [
+        ("overhead_probe", "1F1B", 0),
+        ("overhead_probe", "ZBVZeroBubble", 0),
+    ]
+    rows = [{"kind": "overhead_probe", "schedule": "1F1B", "repeat": i, **fig} for i in range(2)]
+    assert "(with the no-op probe steps), 1F1B, mean [95 % interval] over 2 jobs: wall 0.50 [" in rr.report(rows, o)
+
+
 def test_decompose_without_a_trace_is_empty(tmp_path):
     assert decompose(tmp_path) == {}
 

@@ -15,9 +15,15 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
   is timed by a wrapper installed through ``stage_hooks.install``, the hooks' own extension point). It
   misses indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step
   noise of the wall times.
+
+With ``TIMELYFREEZE_OVERHEAD_PROBE=1`` in the environment (``bench_runtime.py --overhead-probe``) the stable
+steps cycle attached, detached, *probe*, detached: a probe step runs the stages' hooked class with
+listeners that do nothing and none of the runtime's per-step work, so its difference from its detached
+neighbours is what the hook mechanism itself costs.
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -29,7 +35,16 @@ import torch.distributed as dist  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 from timelyfreeze import stage_hooks, train  # noqa: E402
+from timelyfreeze.experiments.runtime_analysis import PROBE_ENV  # noqa: E402
 from timelyfreeze.trainer import TimelyFreezeTrainer  # noqa: E402
+
+
+class _NoListener:
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        pass
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        pass
 
 
 class _TimedListener:
@@ -53,8 +68,10 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
         clock = [0.0]
+        cycle = ("hooks", "plain", "probe", "plain") if os.environ.get(PROBE_ENV) == "1" else ("hooks", "plain")
+        kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
         t0 = time.perf_counter()
-        if self.step <= rt.phases.ramp_end or self.step % 2 == 1:
+        if kind in ("cycle", "hooks"):
             rt.attach_hooks()
             for st in self._pp_stages():  # same listeners, same order, each one timed
                 stage_hooks.install(st, [_TimedListener(rt.hook, clock), _TimedListener(rt.profiler, clock)])
@@ -66,16 +83,18 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             t = time.perf_counter()
             rt.end_step(self.step)
             clock[0] += time.perf_counter() - t
-            kind = "hooks" if self.step > rt.phases.ramp_end else "cycle"
         else:
             rt.detach_hooks()
+            if kind == "probe":
+                for st in self._pp_stages():
+                    stage_hooks.install(st, [_NoListener(), _NoListener()])
             Trainer.train_step(self, data_iterator)
-            kind = "plain"
+            rt.detach_hooks()
         dt = time.perf_counter() - t0
         times = [None] * dist.get_world_size()
         dist.all_gather_object(times, (dt, clock[0]))
         row = {"step": self.step, "kind": kind, "s": max(t[0] for t in times)}
-        if kind != "plain":
+        if kind in ("cycle", "hooks"):
             row["direct_s"] = max(t[1] for t in times)
         self._bench = getattr(self, "_bench", []) + [row]
         if dist.get_rank() == 0:

@@ -8,6 +8,10 @@ import json
 import statistics
 from pathlib import Path
 
+PROBE_ENV = "TIMELYFREEZE_OVERHEAD_PROBE"
+"""Set to ``1`` in an overhead job's environment: its stable steps include the no-op probe
+(``overhead_trainer``)."""
+
 
 def phase_median(metrics: list[dict], phase: str) -> float:
     """Median batch time (ms) of the metrics rows of ``phase``; NaN without any."""
@@ -108,15 +112,37 @@ def share(measured: float, predicted: float) -> float:
     return 100 * got if got is not None else float("nan")
 
 
-def paired_differences(rows: list[dict]) -> list[float]:
-    """Per attached (``hooks``) step, its wall time minus the mean of its detached neighbours' (the steps
-    before and after; one where only one is detached): a drift of the machine that is linear over three
-    steps cancels, which pairing with the next step alone does not (a job speeding up after its ramp would
-    count as overhead)."""
+def overhead_figures(rows: list[dict]) -> dict:
+    """An overhead job's figures from its stable steps' rows (``overhead_trainer``): per attached kind
+    (``hooks``; ``probe`` where the job has it) the mean :func:`paired_differences` over the median detached
+    step, and the median direct cost."""
+    plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
+    hooks = [r for r in rows if r["kind"] == "hooks"]
+    diffs = paired_differences(rows)
+    out = {
+        "pairs": len(diffs),
+        "plain_ms": plain * 1e3,
+        "hooks_ms": statistics.median(r["s"] for r in hooks) * 1e3,
+        "diff_ms": statistics.fmean(diffs) * 1e3,
+        "overhead_pct": 100 * statistics.fmean(diffs) / plain,
+    }
+    if all("direct_s" in r for r in hooks):
+        direct = statistics.median(r["direct_s"] for r in hooks)
+        out |= {"direct_ms": direct * 1e3, "direct_pct": 100 * direct / plain}
+    if any(r["kind"] == "probe" for r in rows):
+        out["probe_pct"] = 100 * statistics.fmean(paired_differences(rows, "probe")) / plain
+    return out
+
+
+def paired_differences(rows: list[dict], kind: str = "hooks") -> list[float]:
+    """Per attached step of ``kind`` (``hooks``, or the overhead probe's ``probe``), its wall time minus the
+    mean of its detached neighbours' (the steps before and after; one where only one is detached): a drift
+    of the machine that is linear over three steps cancels, which pairing with the next step alone does not
+    (a job speeding up after its ramp would count as overhead)."""
     by_step = {r["step"]: r for r in rows}
     out = []
     for s, r in sorted(by_step.items()):
-        if r["kind"] != "hooks":
+        if r["kind"] != kind:
             continue
         near = [by_step[n]["s"] for n in (s - 1, s + 1) if by_step.get(n, {}).get("kind") == "plain"]
         if near:

@@ -9,6 +9,8 @@ Job kinds, per schedule and repeat:
   re-planning included (``timelyfreeze.experiments.overhead_trainer``). Overhead = mean over attached
   steps of (its time - the mean of its detached neighbours) / median detached step; *direct* = median
   time inside the runtime's own code per attached step (the rank that spent most) / median detached step.
+  ``--overhead-probe`` (kind ``overhead_probe``): steps cycle attached, detached, *probe* (the hooked stage
+  class with listeners that do nothing), detached; the probe's overhead is what the hook mechanism costs.
 * ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
   *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
@@ -52,7 +54,14 @@ from typing import Callable
 
 from timelyfreeze import launch
 from timelyfreeze.experiments.runner import fmt_duration
-from timelyfreeze.experiments.runtime_analysis import after_replan, decompose, paired_differences, phase_median, share
+from timelyfreeze.experiments.runtime_analysis import (
+    PROBE_ENV,
+    after_replan,
+    decompose,
+    overhead_figures,
+    phase_median,
+    share,
+)
 from timelyfreeze.experiments.runtime_report import WARMUP, load_kind, report, write_csv
 from timelyfreeze.launch import CONFIGS, REPO_ROOT
 
@@ -79,6 +88,7 @@ def torchrun(
     layout: list[str],
     args: list[str],
     on_row: Callable[[dict], None] | None = None,
+    env: dict | None = None,
 ) -> None:
     """One bench job (``launch``): ``target`` on ``config`` with tensorboard and validation off, its log in
     ``<dump>/bench.log``; ``on_row`` is called for every new metrics row. BenchError when it fails."""
@@ -92,7 +102,7 @@ def torchrun(
         dump_folder=dump,
         target=target,
     )
-    rc = launch.run(cmd, dump / "bench.log", metrics=dump / "timelyfreeze" / "metrics.jsonl", on_row=on_row)
+    rc = launch.run(cmd, dump / "bench.log", metrics=dump / "timelyfreeze" / "metrics.jsonl", on_row=on_row, env=env)
     if rc != 0:
         raise BenchError(f"job failed (exit {rc}), see {dump / 'bench.log'}")
 
@@ -112,28 +122,17 @@ def cycle_args(r_max: float, monitor: int, ramp: int, stable: int) -> list[str]:
     ]
 
 
-def overhead_job(schedule: str, dump: Path, opts) -> dict:
+def overhead_job(schedule: str, dump: Path, opts, probe: bool = False) -> dict:
     torchrun(
         ["-m", "timelyfreeze.experiments.overhead_trainer"],
         CONFIG[schedule],
         dump,
         opts.nproc,
         opts.layout,
-        [*cycle_args(0.0, 2, 1, 2 * opts.pairs), "--freeze.cpu-pinning"],
+        [*cycle_args(0.0, 2, 1, (4 if probe else 2) * opts.pairs), "--freeze.cpu-pinning"],
+        env={PROBE_ENV: "1"} if probe else None,
     )
-    rows = [r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"]
-    diffs = paired_differences(rows)
-    plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
-    hooks = [r for r in rows if r["kind"] == "hooks"]
-    mean_d = statistics.fmean(diffs)
-    direct = statistics.median(r["direct_s"] for r in hooks) if all("direct_s" in r for r in hooks) else None
-    return {
-        "pairs": len(diffs),
-        "plain_ms": plain * 1e3,
-        "hooks_ms": statistics.median(r["s"] for r in hooks) * 1e3,
-        "diff_ms": mean_d * 1e3,
-        "overhead_pct": 100 * mean_d / plain,
-    } | ({"direct_ms": direct * 1e3, "direct_pct": 100 * direct / plain} if direct is not None else {})
+    return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
 
 
 def phases_job(
@@ -204,7 +203,7 @@ def plan_jobs(opts) -> list[tuple[str, str, int]]:
     for i in range(opts.repeats):
         for s in opts.schedules:
             if not opts.skip_overhead:
-                jobs.append(("overhead", s, i))
+                jobs.append(("overhead_probe" if getattr(opts, "overhead_probe", False) else "overhead", s, i))
             if not getattr(opts, "overhead_only", False):
                 jobs.append(("phases", s, i))
         for s in opts.load_change:
@@ -237,8 +236,8 @@ def run(opts) -> list[dict]:
         dump = Path(opts.dumps) / job_dir_name(kind, s, i, opts)
         t0 = time.time()
         print(f"[{n}/{len(todo)}] {kind} {s} #{i} ...", end=" ", flush=True)
-        if kind == "overhead":
-            res = overhead_job(s, dump, opts)
+        if kind.startswith("overhead"):
+            res = overhead_job(s, dump, opts, probe=kind == "overhead_probe")
         else:
             # every job but the A/B's other half runs pinned, as the results so far were measured
             pin = "--freeze.no-cpu-pinning" if kind == "unpinned" else "--freeze.cpu-pinning"
@@ -340,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replan-ab", default="", help="schedules that also run with replan off (and under load)")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--overhead-only", action="store_true", help="only the overhead jobs (no phases jobs)")
+    ap.add_argument(
+        "--overhead-probe",
+        action="store_true",
+        help="overhead jobs cycle attached, detached, no-op hooks, detached (kind overhead_probe)",
+    )
     ap.add_argument("--out", default="docs/results/runtime")
     ap.add_argument("--dumps", default="outputs/bench_runtime")
     ap.add_argument("--dp-shard", type=int, default=1)

@@ -111,12 +111,16 @@ def _overhead_means(rows: list[dict], opts) -> list[str]:
 
     out = []
     for s in opts.schedules:
-        ov = [r for r in rows if r["kind"] == "overhead" and r["schedule"] == s]
-        if len(ov) > 1:
-            wall, direct = mean_ci(r["overhead_pct"] for r in ov), mean_ci(r.get("direct_pct") for r in ov)
+        for kind, label in (("overhead", ""), ("overhead_probe", " (with the no-op probe steps)")):
+            ov = [r for r in rows if r["kind"] == kind and r["schedule"] == s]
+            if len(ov) < 2:
+                continue
+            wall, direct, probe = (mean_ci(r.get(k) for r in ov) for k in ("overhead_pct", "direct_pct", "probe_pct"))
             out.append(
-                f"Overhead at ratio 0, {s}, mean [95 % interval] over {wall[3]} jobs: wall {fmt_ci(*wall[:3], 2)} %"
+                f"Overhead at ratio 0{label}, {s}, mean [95 % interval] over {wall[3]} jobs: wall "
+                f"{fmt_ci(*wall[:3], 2)} %"
                 + (f", direct {fmt_ci(*direct[:3], 2)} %" if direct[3] else "")
+                + (f", hooks with no-op listeners {fmt_ci(*probe[:3], 2)} %" if probe[3] else "")
             )
     return ["", *out] if out else []
 
