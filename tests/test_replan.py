@@ -248,7 +248,9 @@ def test_a_kept_replan_takes_the_measurements_and_keeps_the_ratios():
     assert rp.rescales == [event] and rp.events == [] and not rp.due() and rp.window == []
     # the same measurements again are no change against the new reference
     assert rp.observe({"0F": 1.0, "0B": 1.0, "1F": 1.0, "1B": 1.0}) == pytest.approx(0.0)
-    text = format_summary(build(**summary_kwargs(), monitoring={"factors": {}}, rescales=[event]))
+    jitter = {"steps": 8, "no_freeze": 1.004, "all_frozen": 1.0, "planned": 1.0151}
+    text = format_summary(build(**summary_kwargs(), monitoring={"factors": {}, "jitter": jitter}, rescales=[event]))
+    assert "jitter (planner.jitter, 8 monitoring steps): predictions +1.5 % planned, +0.4 % without freezing" in text
     assert "re-plan not taken after step 30 (it would save 0.4 % of the batch, +0.000 of freezing), plan kept" in text
 
 

@@ -105,6 +105,14 @@ class Freeze:
     timing); without it the plan is the same either way. ``false``: plan on action times and cross-rank
     delays alone, as before."""
 
+    jitter_model: bool = True
+    """Predict the batch as steps measure it: a step's longest path runs over its actions' own times, which
+    jitter around their medians, and the longest of many nearly critical paths is longer than the longest
+    path of the medians (``planner.jitter``). The plan records, from the monitoring windows' steps, the factor
+    this adds to each prediction (plan field ``jitter``; 1F1B on the CPU test machine: +1.0 to +2.0 % planned,
+    +0.5 to +1.8 % without freezing), and the runtime's predicted batch times carry it. ``false``: the
+    predictions are the plan's longest paths."""
+
     replan: bool = True
     """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action
     times with the plan in force; when the stages or kinds change relative to one another beyond their noise

@@ -130,6 +130,7 @@ class PlanCoordinator:
                 self.cfg.estimator,
                 self.cfg.gap_model,
                 self.cfg.anchor_monitoring,
+                self.cfg.jitter_model,
             )
         result = self.job.broadcast(result)
         if "failure" in result:
@@ -138,8 +139,8 @@ class PlanCoordinator:
             self.log(f"[freeze] ERROR {result['failure']}; training continues without freezing")
             return
         self.method.set_plan(result["ratios"])
-        self.state.plan_batch_ms = result["batch_time_ms"]
-        self._note_monitoring(result["monitoring"])
+        self._note_monitoring(result["monitoring"] | ({"jitter": result["jitter"]} if result.get("jitter") else {}))
+        self.state.plan_batch_ms = self._expected(result["batch_time_ms"])
         self._start_replanner(result)
         self.log(f"[freeze] plan written to {self.paths.plan} ({time.perf_counter() - t0:.2f} s)\n" + result["summary"])
 
@@ -151,10 +152,17 @@ class PlanCoordinator:
             self.state.replanner.install(
                 result["weights"],
                 result["ratios"],
-                result["batch_time_ms"],
+                self._expected(result["batch_time_ms"]),
                 result["edge_ms"],
                 (result.get("monitoring") or {}).get("noise"),
             )
+
+    def _expected(self, batch_ms: dict[str, float]) -> dict[str, float]:
+        """A plan's predicted batch times as steps will measure them: times the monitoring plan's jitter
+        factors (``planner.jitter``; kept in ``state.monitoring``, so re-plans after a resume use them too),
+        unchanged without them (a given plan, ``[freeze] jitter_model = false``)."""
+        factors = (self.state.monitoring or {}).get("jitter") or {}
+        return {k: v * factors.get(k, 1.0) for k, v in batch_ms.items()}
 
     def _note_monitoring(self, monitoring: dict) -> None:
         """Keep the windows' factors for the summary; flag a window off by more than ``monitor_tolerance``."""
@@ -176,7 +184,7 @@ class PlanCoordinator:
         scales; the new plan applies from the next step."""
         replanner = self.state.replanner
         weights, scales = replanner.proposed_weights()
-        old, kept = replanner.predicted_ms(), replanner.kept_plan_ms(weights)
+        old, kept = replanner.predicted_ms(), self._expected({"planned": replanner.kept_plan_ms(weights)})["planned"]
         machine = replanner.assess()["machine"]
         reason = replanner.reason()
         path = self.paths.replan(step)
@@ -197,14 +205,15 @@ class PlanCoordinator:
             self.state.failures.append(f"{result['failure']} (step {step}); the run kept the plan in force")
             self.log(f"[freeze] ERROR {result['failure']}; the plan in force stays")
             return
-        new = result["batch_time_ms"]["planned"]
+        expected = self._expected(result["batch_time_ms"])
+        new = expected["planned"]
         saves = 1.0 - new / kept if kept > 0 else 0.0
         frees = mean_ratio(replanner.ratios, weights) - mean_ratio(result["ratios"], weights)
         if max(saves, frees) < self.cfg.replan_min_gain:
             self._keep(step, row, weights, result, kept, reason, saves, frees, machine)
             return
         self.method.set_plan(result["ratios"])
-        replanner.install(result["weights"], result["ratios"], result["batch_time_ms"], result["edge_ms"])
+        replanner.install(result["weights"], result["ratios"], expected, result["edge_ms"])
         event = {
             "step": step,
             "reason": reason,
@@ -229,7 +238,7 @@ class PlanCoordinator:
         candidate = path.with_name(f"kept_step{step}.json")
         if self.job.rank == 0 and path.exists():
             path.replace(candidate)
-        batch_ms = {**result["batch_time_ms"], "planned": kept}
+        batch_ms = {**self._expected(result["batch_time_ms"]), "planned": kept}
         why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees, "plan": str(candidate)}
         event = self.state.replanner.keep(step, weights, batch_ms, **why)
         row["rescale"] = event

@@ -28,6 +28,7 @@ def solve(
     estimator: str = DEFAULT_ESTIMATOR,
     gaps: bool = False,
     anchor: bool = True,
+    jitter: bool = False,
 ) -> dict:
     """``{"ratios", "batch_time_ms", "weights", "edge_ms", "monitoring", "summary"}`` of the plan
     (``weights``: action -> [w_min, w_max] ms; ``monitoring``: the windows' machine factors and noise
@@ -37,7 +38,9 @@ def solve(
     machine speed where ``anchor`` (``[freeze] anchor_monitoring``); the plan records both.  ``gaps``
     (``[freeze] gap_model``): also the fixed costs between a rank's consecutive actions
     (``planner.gap_model``, as ``python -m planner plan --gaps``); the delays handed on for re-plans
-    (``edge_ms``) then include them."""
+    (``edge_ms``) then include them. ``jitter`` (``[freeze] jitter_model``): the plan also records, and the
+    result carries, the factors by which the monitoring windows' jitter lengthens each prediction
+    (``planner.jitter``; plan field ``jitter``)."""
     try:
         from planner.comm import estimate_edge_delays
         from planner.dag import build_dag
@@ -53,9 +56,14 @@ def solve(
         )
         if gaps:
             edge_ms = with_gap_costs(trace, dag, edge_ms)[0]  # what the plan was made with (re-plans keep it)
+        if jitter:
+            from planner.jitter import jitter_factors
+
+            plan.extra["jitter"] = jitter_factors(trace, dag, plan, edge_ms)
         write_plan(plan, plan_path)
         return {
             **plan_result(plan, edge_ms),
+            "jitter": plan.extra.get("jitter"),
             "monitoring": plan.extra["monitoring"],
             "summary": plan_summary(plan, trace.meta),
         }

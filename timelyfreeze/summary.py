@@ -177,6 +177,12 @@ def format_summary(s: dict) -> str:
             f"{', '.join(f'{x:.3f}' for x in mon['factors']['lower'])} against the {mon['reference']} window"
             f" ({'anchored' if mon['anchored'] else 'not anchored'})"
         )
+    if mon.get("jitter"):
+        j = mon["jitter"]
+        lines.append(
+            f"  jitter (planner.jitter, {j['steps']} monitoring steps): predictions {100 * (j['planned'] - 1):+.1f} % "
+            f"planned, {100 * (j['no_freeze'] - 1):+.1f} % without freezing over the plan's longest paths"
+        )
     for w in mon.get("warnings") or []:
         lines.append(f"  WARNING: {w}")
     for e in mon.get("rescales") or []:

@@ -1,0 +1,77 @@
+"""The monitoring windows' jitter and what it adds to a plan's predictions (``planner.jitter``), and the
+runtime's planning step that records it (``[freeze] jitter_model``)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import replace
+
+import pytest
+
+from planner.dag import build_dag, longest_path
+from planner.jitter import expected_factor, jitter_factors, residual_steps
+from planner.plan import plan_from_trace
+from planner.simulate import synthetic_trace
+from planner.trace import Trace
+
+
+def test_steady_windows_add_nothing():
+    tr = synthetic_trace("1F1B", 2, 4, steps=3)  # no jitter: every step of a window alike
+    res = residual_steps(tr)
+    assert len(res) == 6 and all(r == pytest.approx(1.0) for v in res for r in v.values())
+    plan = plan_from_trace(tr, 0.5, comm=False)
+    factors = jitter_factors(tr, build_dag(tr.meta), plan)
+    assert factors == {"steps": 6, "no_freeze": 1.0, "all_frozen": 1.0, "planned": 1.0}
+    assert residual_steps(synthetic_trace("1F1B", 2, 4, steps=1)) == []  # one step per window: no dispersion
+
+
+def test_a_slow_step_as_a_whole_is_the_machine_not_jitter():
+    tr = synthetic_trace("1F1B", 2, 4, steps=3)
+    slow = Trace(tr.meta, [replace(r, ms=r.ms * (1.3 if r.step == 2 else 1.0)) for r in tr.records], tr.source)
+    assert all(r == pytest.approx(1.0) for v in residual_steps(slow) for r in v.values())
+
+
+def test_the_factor_is_the_mean_longest_path_over_the_residual_steps():
+    tr = synthetic_trace("GPipe", 2, 4, jitter=0.1, seed=5, steps=4)
+    dag = build_dag(tr.meta)
+    res = residual_steps(tr)
+    for v in res:  # each step's level is taken out: its median residual is 1
+        assert statistics.median(v.values()) == pytest.approx(1.0)
+    plan = plan_from_trace(tr, 0.5, comm=False)
+    d = {a: ap.duration for a, ap in plan.actions.items()}
+    want = statistics.fmean(longest_path(dag, {a: x * v[a] for a, x in d.items()})[0] for v in res)
+    assert expected_factor(dag, d, res) == pytest.approx(want / longest_path(dag, d)[0])
+    assert jitter_factors(tr, dag, plan)["planned"] == pytest.approx(want / longest_path(dag, d)[0])
+    assert expected_factor(dag, d, []) == 1.0
+
+
+def test_two_even_paths_are_longer_together_than_either():
+    # Jensen: two parallel actions take turns being slow; each one's mean is its median, their maximum is not
+    import networkx as nx
+
+    from planner.dag import SINK, SOURCE
+
+    dag = nx.DiGraph([(SOURCE, "0B0"), (SOURCE, "1B0"), ("0B0", SINK), ("1B0", SINK)])
+    steps = [{"0B0": 1.2, "1B0": 0.8}, {"0B0": 0.8, "1B0": 1.2}]
+    assert expected_factor(dag, {"0B0": 10.0, "1B0": 10.0}, steps) == pytest.approx(1.2)
+    assert expected_factor(dag, {"0B0": 10.0, "1B0": 1.0}, steps) == pytest.approx(1.0)  # one path dominates
+
+
+def test_the_runtime_planning_step_records_the_factors(tmp_path):
+    from timelyfreeze import planning
+
+    tr = synthetic_trace("1F1B", 2, 4, jitter=0.05, seed=1, steps=3)
+    keys = ("step", "action", "ms", "phase", "freeze_ratio")
+    recs: dict[int, list[dict]] = {r: [] for r in range(tr.meta.pp_degree)}
+    for x in tr.records:
+        if x.phase in ("upper", "lower"):
+            recs[x.rank].append({k: getattr(x, k) for k in keys})
+    for jitter in (False, True):
+        path = tmp_path / f"{jitter}.json"
+        result = planning.solve(tr.meta.to_json(), recs, 0.5, "auto", tmp_path / "t", path, "median", jitter=jitter)
+        assert "failure" not in result
+        recorded = json.loads(path.read_text()).get("jitter")
+        assert (recorded is not None) == jitter and result["jitter"] == recorded
+        if jitter:
+            assert recorded["steps"] == 6 and set(recorded) == {"steps", "no_freeze", "all_frozen", "planned"}
