@@ -118,6 +118,17 @@ def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():
     assert diffs[0] == pytest.approx(0.003 + 0.010)  # the first attached step has one detached neighbour
 
 
+def test_overhead_cycles_put_every_kind_on_odd_and_even_steps_between_detached_ones():
+    from timelyfreeze.experiments.runtime_analysis import CYCLES
+
+    for cycle in CYCLES.values():
+        assert len(cycle) % 2 == 1  # odd length: a kind's steps alternate in parity
+        twice = cycle * 2
+        for i, kind in enumerate(cycle):
+            if kind != "plain":
+                assert twice[i - 1] == "plain" and twice[i + 1] == "plain"
+
+
 def test_the_overhead_probe_is_its_own_attached_kind():
     # 5 ms for a full attached step, 1 ms for a probe step, on a machine whose steps are 1 s
     kinds = ["hooks", "plain", "probe", "plain"] * 3

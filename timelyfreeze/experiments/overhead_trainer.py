@@ -1,5 +1,5 @@
 """Trainer of the overhead benchmark (``timelyfreeze.experiments.runtime_bench``): in the stable phase it
-alternates steps with the freezing runtime's hooks detached (TorchTitan's own ``train_step``) with full
+interleaves steps with the freezing runtime's hooks detached (TorchTitan's own ``train_step``) with full
 TimelyFreeze steps at ratio 0.
 
 Run with ``[freeze] r_max = 0``: the plan freezes nothing, so an attached step does all of the runtime's
@@ -16,8 +16,9 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
   misses indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step
   noise of the wall times.
 
-With ``TIMELYFREEZE_OVERHEAD_PROBE=1`` in the environment (``bench_runtime.py --overhead-probe``) the stable
-steps cycle attached, detached, *probe*, detached: a probe step runs the stages' hooked class with
+The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_PROBE=1`` in
+the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
+detached: a probe step runs the stages' hooked class with
 listeners that do nothing and none of the runtime's per-step work, so its difference from its detached
 neighbours is what the hook mechanism itself costs.
 """
@@ -35,7 +36,7 @@ import torch.distributed as dist  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 from timelyfreeze import stage_hooks, train  # noqa: E402
-from timelyfreeze.experiments.runtime_analysis import PROBE_ENV  # noqa: E402
+from timelyfreeze.experiments.runtime_analysis import CYCLES, PROBE_ENV  # noqa: E402
 from timelyfreeze.trainer import TimelyFreezeTrainer  # noqa: E402
 
 
@@ -68,7 +69,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
         clock = [0.0]
-        cycle = ("hooks", "plain", "probe", "plain") if os.environ.get(PROBE_ENV) == "1" else ("hooks", "plain")
+        cycle = CYCLES[os.environ.get(PROBE_ENV) == "1"]
         kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):

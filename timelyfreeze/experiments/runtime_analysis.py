@@ -12,6 +12,12 @@ PROBE_ENV = "TIMELYFREEZE_OVERHEAD_PROBE"
 """Set to ``1`` in an overhead job's environment: its stable steps include the no-op probe
 (``overhead_trainer``)."""
 
+CYCLES = {False: ("hooks", "plain", "plain"), True: ("hooks", "plain", "probe", "plain", "plain")}
+"""The kinds of an overhead job's stable steps (``overhead_trainer``), repeated. Each attached step has
+detached steps on both sides, and the cycles have an odd length, so every kind falls on odd and even steps
+alike: on the test machine odd steps ran about 0.8 % slower than even ones (stable phases of 30
+TimelyFreeze runs), which a cycle of two put entirely on the attached steps."""
+
 
 def phase_median(metrics: list[dict], phase: str) -> float:
     """Median batch time (ms) of the metrics rows of ``phase``; NaN without any."""

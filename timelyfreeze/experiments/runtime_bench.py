@@ -4,13 +4,14 @@ spread over every cell, one result line per job written as it finishes (a re-run
 
 Job kinds, per schedule and repeat:
 
-* ``overhead``: ``[freeze] r_max = 0`` (the plan freezes nothing); in the stable phase, steps alternate
+* ``overhead``: ``[freeze] r_max = 0`` (the plan freezes nothing); in the stable phase, steps cycle
   between hooks detached (TorchTitan's own step) and TimelyFreeze at ratio 0 with everything on, online
   re-planning included (``timelyfreeze.experiments.overhead_trainer``). Overhead = mean over attached
   steps of (its time - the mean of its detached neighbours) / median detached step; *direct* = median
   time inside the runtime's own code per attached step (the rank that spent most) / median detached step.
   ``--overhead-probe`` (kind ``overhead_probe``): steps cycle attached, detached, *probe* (the hooked stage
-  class with listeners that do nothing), detached; the probe's overhead is what the hook mechanism costs.
+  class with listeners that do nothing), detached, detached; the probe's overhead is what the hook mechanism
+  costs. Cycles of odd length (``runtime_analysis.CYCLES``) put every kind on odd and even steps alike.
 * ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
   *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
@@ -55,6 +56,7 @@ from typing import Callable
 from timelyfreeze import launch
 from timelyfreeze.experiments.runner import fmt_duration
 from timelyfreeze.experiments.runtime_analysis import (
+    CYCLES,
     PROBE_ENV,
     after_replan,
     decompose,
@@ -129,7 +131,7 @@ def overhead_job(schedule: str, dump: Path, opts, probe: bool = False) -> dict:
         dump,
         opts.nproc,
         opts.layout,
-        [*cycle_args(0.0, 2, 1, (4 if probe else 2) * opts.pairs), "--freeze.cpu-pinning"],
+        [*cycle_args(0.0, 2, 1, len(CYCLES[probe]) * opts.pairs), "--freeze.cpu-pinning"],
         env={PROBE_ENV: "1"} if probe else None,
     )
     return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
