@@ -39,6 +39,7 @@ def run_figures(folder: Path) -> dict[str, Any] | None:
         return None
     monitoring, speedup = s.get("monitoring") or {}, s.get("speedup") or {}
     return {
+        "odd_even": odd_even(rows),
         "run": folder.parent.name,
         "schedule": s["schedule"],
         "stable_vs_plan": statistics.median(errs),
@@ -50,6 +51,18 @@ def run_figures(folder: Path) -> dict[str, Any] | None:
         "rescales": sum(1 for e in monitoring.get("rescales") or [] if not e.get("kept_replan")),
         "lower_f": ((monitoring.get("factors") or {}).get("lower") or [None])[0],
     }
+
+
+def odd_even(rows: list[dict]) -> float | None:
+    """The stable phase's odd steps against its even ones: the mean over odd steps of (the step's ``step_ms``
+    over the mean of its two neighbours' - 1), minus the same over even steps (a linear drift cancels);
+    about 4x the relative difference of odd and even steps' own times. None with too few steps."""
+    ms = {r["step"]: r["step_ms"] for r in rows if r.get("phase") == "stable" and "step_ms" in r}
+    rel: dict[int, list[float]] = {0: [], 1: []}
+    for k, v in ms.items():
+        if k - 1 in ms and k + 1 in ms:
+            rel[k % 2].append(v / ((ms[k - 1] + ms[k + 1]) / 2) - 1)
+    return statistics.fmean(rel[1]) - statistics.fmean(rel[0]) if rel[0] and rel[1] else None
 
 
 def table(folders: list[Path]) -> str:
@@ -76,6 +89,15 @@ def table(folders: list[Path]) -> str:
             f"{cell('share_f', False)} | {cell('share', False)} | {cell('replans', False)} | "
             f"{cell('kept', False)} | {cell('rescales', False)} |"
         )
+    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
+
+    m, lo, hi, n = mean_ci(r["odd_even"] for r in runs)
+    if n > 1:
+        lines += [
+            "",
+            f"Odd against even stable steps (each against its two neighbours, odd minus even), mean [95 % interval] "
+            f"over {n} runs: {fmt_ci(100 * m, 100 * lo, 100 * hi, 2)} %",
+        ]
     return "\n".join(lines) + "\n"
 
 
