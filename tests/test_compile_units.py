@@ -10,14 +10,8 @@ import pytest
 import torch
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze.config import (
-    COMPILE_REFUSED_SCHEDULES,
-    Freeze,
-    FreezeConfigError,
-    check_compile_schedule,
-    resolve_unit,
-    validate,
-)
+from timelyfreeze.config import Freeze, FreezeConfigError, resolve_unit, validate
+from timelyfreeze.job_checks import COMPILE_REFUSED_SCHEDULES, check_compile_schedule
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.methods.common import Units
 from timelyfreeze.methods.registry import METHODS

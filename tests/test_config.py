@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config import Freeze, FreezeConfigError, check_parallelism, knob_of, validate
+from timelyfreeze.config import Freeze, FreezeConfigError, knob_of, validate
+from timelyfreeze.job_checks import check_parallelism
 from timelyfreeze.methods.registry import METHODS as REGISTRY
 from timelyfreeze.phases import Phases, derive_phases
 
@@ -117,7 +118,7 @@ def test_parallelism_checks():
 
 
 def test_microbatch_checks():
-    from timelyfreeze.config import check_microbatches
+    from timelyfreeze.job_checks import check_microbatches
 
     def par(schedule, pp=2, mbs=1):
         return SimpleNamespace(
@@ -338,7 +339,7 @@ def test_each_method_section_validates_itself():
 def test_every_shipped_config_passes_the_type_check_of_every_section(config):
     """``check_job_types`` reads TorchTitan's annotations too: none of the shipped TOML files trips it."""
     from timelyfreeze import cpu_shims
-    from timelyfreeze.config import check_job_types
+    from timelyfreeze.job_checks import check_job_types
 
     cpu_shims.apply_if_needed()
     from torchtitan.config import ConfigManager

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config import Freeze, FreezeConfigError, check_stop_rule, validate
+from timelyfreeze.config import Freeze, FreezeConfigError, validate
+from timelyfreeze.job_checks import check_stop_rule
 from timelyfreeze.trainer import _held_after, target_reached
 
 

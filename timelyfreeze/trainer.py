@@ -18,16 +18,13 @@ from torchtitan.train import Trainer
 
 from planner.schedules import v_shaped
 from timelyfreeze import corpus, cpu_shims, epoch_data, titan_spec
-from timelyfreeze.config import (
-    FreezeConfigError,
+from timelyfreeze.config import FreezeConfigError, compiles_model, resolve_unit, validate
+from timelyfreeze.job_checks import (
     check_compile_schedule,
     check_job_types,
     check_microbatches,
     check_parallelism,
     check_stop_rule,
-    compiles_model,
-    resolve_unit,
-    validate,
 )
 from timelyfreeze.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime import FreezeRuntime
