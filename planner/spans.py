@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from .actions import action_kind, parse_action
+from .actions import action_kind
 from .dag import EdgeDelays, longest_path
 from .trace import Trace
 
@@ -40,6 +40,7 @@ __all__ = [
     "achieved_share",
     "dag_f_factor",
     "f_factor",
+    "forward_medians",
     "one_host",
     "phase_spans",
     "rank_f_factors",
@@ -147,18 +148,24 @@ def f_factor(trace: Trace, phase: str = "stable", base: str = "upper") -> float 
     return float(statistics.median(ms[phase]) / lo) if lo > 0 else None
 
 
+def forward_medians(trace: Trace, phase: str) -> dict[str, float]:
+    """The median ``ms`` of every F action in ``phase`` (replica 0)."""
+    ms: dict[str, list[float]] = {}
+    for rec in trace.records:
+        if rec.replica == 0 and rec.phase == phase and action_kind(rec.action) == "F":
+            ms.setdefault(rec.action, []).append(rec.ms)
+    return {a: statistics.median(v) for a, v in ms.items()}
+
+
 def rank_f_factors(trace: Trace, phase: str = "stable", base: str = "upper") -> dict[int, float]:
     """Per pipeline rank, the median over its F actions of (the action's median ms in ``phase`` / in
     ``base``), replica 0 (module docstring); ranks without F actions in both phases are left out."""
-    ms: dict[tuple[str, str], list[float]] = {}
-    for rec in trace.records:
-        if rec.replica == 0 and rec.phase in (phase, base) and action_kind(rec.action) == "F":
-            ms.setdefault((rec.phase, rec.action), []).append(rec.ms)
+    now, ref = forward_medians(trace, phase), forward_medians(trace, base)
+    rank = {a: r for r, order in trace.meta.rank_orders.items() for a in order}
     ratios: dict[int, list[float]] = {}
-    for (ph, a), v in ms.items():
-        lo = statistics.median(ms.get((base, a)) or [0.0])
-        if ph == phase and lo > 0:
-            ratios.setdefault(trace.meta.stage_to_rank[parse_action(a).stage], []).append(statistics.median(v) / lo)
+    for a, ms in now.items():
+        if ref.get(a, 0.0) > 0:
+            ratios.setdefault(rank[a], []).append(ms / ref[a])
     return {r: statistics.median(v) for r, v in sorted(ratios.items())}
 
 
@@ -169,7 +176,7 @@ def dag_f_factor(
     :func:`rank_f_factors` (``phases``: their ``phase`` and ``base``), over that of ``durations``; None
     when a rank has no factor."""
     factors = rank_f_factors(trace, **phases)
-    rank = {a: trace.meta.stage_to_rank[parse_action(a).stage] for a in durations}
+    rank = {a: dag.nodes[a]["rank"] for a in durations}
     if any(r not in factors for r in rank.values()):
         return None
     base = longest_path(dag, durations, edge_ms)[0]

@@ -210,7 +210,8 @@ class PlanCoordinator:
         saves = 1.0 - new / kept if kept > 0 else 0.0
         frees = mean_ratio(replanner.ratios, weights) - mean_ratio(result["ratios"], weights)
         if max(saves, frees) < self.cfg.replan_min_gain:
-            self._keep(step, row, weights, result, kept, reason, saves, frees, machine)
+            why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees}
+            self._keep(step, row, weights, {**expected, "planned": kept}, why)
             return
         self.method.set_plan(result["ratios"])
         replanner.install(result["weights"], result["ratios"], expected, result["edge_ms"])
@@ -231,21 +232,21 @@ class PlanCoordinator:
             f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}; {_gain(kept, new)}); {path}"
         )
 
-    def _keep(self, step, row, weights, result, kept, reason, saves, frees, machine) -> None:
-        """The due re-plan buys less than ``replan_min_gain``: keep the plan in force under the new weights
-        (``Replanner.keep``); rank 0 renames the candidate plan's file to ``kept_step<N>.json``."""
+    def _keep(self, step: int, row: dict, weights, batch_ms: dict[str, float], why: dict) -> None:
+        """The due re-plan buys less than ``replan_min_gain``: keep the plan in force under the new weights,
+        predicting ``batch_ms`` (``Replanner.keep``); rank 0 renames the candidate plan's file to
+        ``kept_step<N>.json``."""
         path = self.paths.replan(step)
         candidate = path.with_name(f"kept_step{step}.json")
         if self.job.rank == 0 and path.exists():
             path.replace(candidate)
-        batch_ms = {**self._expected(result["batch_time_ms"]), "planned": kept}
-        why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees, "plan": str(candidate)}
-        event = self.state.replanner.keep(step, weights, batch_ms, **why)
+        event = self.state.replanner.keep(step, weights, batch_ms, **why, plan=str(candidate))
         row["rescale"] = event
         self.log(
-            f"[freeze] re-plan after step {step} not taken: {reason}; the new plan would save {100 * saves:.1f} % "
-            f"of the batch and {frees:+.3f} of freezing (< replan_min_gain {self.cfg.replan_min_gain:g}): plan kept, "
-            f"predicted batch {event['old_predicted_ms']:.1f} -> {kept:.1f} ms; candidate {candidate}"
+            f"[freeze] re-plan after step {step} not taken: {why['reason']}; the new plan would save "
+            f"{100 * why['saves']:.1f} % of the batch and {why['frees']:+.3f} of freezing (< replan_min_gain "
+            f"{self.cfg.replan_min_gain:g}): plan kept, predicted batch {event['old_predicted_ms']:.1f} -> "
+            f"{batch_ms['planned']:.1f} ms; candidate {candidate}"
         )
 
 

@@ -100,13 +100,9 @@ def upper_f_ms(trace) -> float:
     actions of their median time in the upper-bound window (replica 0). Forward actions do not depend on the
     plan, and the upper window comes before any plan or load, so the ratio of two runs' values is the ratio
     of their machines' speeds (the re-plan A/B divides it out)."""
-    from planner.actions import action_kind
+    from planner.spans import forward_medians
 
-    times: dict[str, list[float]] = {}
-    for rec in trace.records:
-        if rec.phase == "upper" and rec.replica == 0 and action_kind(rec.action) == "F":
-            times.setdefault(rec.action, []).append(rec.ms)
-    return sum(statistics.median(v) for v in times.values())
+    return sum(forward_medians(trace, "upper").values())
 
 
 def share(measured: float, predicted: float) -> float:
