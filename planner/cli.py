@@ -12,9 +12,9 @@ import math
 import sys
 from collections.abc import Sequence
 
-from .errors import PlannerError
-from .estimate import DEFAULT_ESTIMATOR, ESTIMATORS
-from .lp import SOLVERS
+from planner.errors import PlannerError
+from planner.lp.solve import SOLVERS
+from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -35,7 +35,7 @@ def _unit_float(text: str) -> float:
 
 
 def _r_max_arg(text: str) -> float | tuple[float, ...]:
-    from .budget import parse_r_max
+    from planner.lp.budget import parse_r_max
 
     try:
         return parse_r_max(text)
@@ -106,7 +106,7 @@ _NO_COMM_HELP = (
 )
 _GAPS_HELP = (
     "also put on each rank-order edge the mean gap measured between those two kinds of action on that rank "
-    "when the next one's input was there (runtime work between actions; planner/gap_model.py, "
+    "when the next one's input was there (runtime work between actions; planner/timing/gaps.py, "
     "docs/formats.md); needs the cross-rank delays (not with --no-comm)"
 )
 
@@ -187,10 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    from .comm import summary_line
-    from .gap_model import gap_line
-    from .plan import plan_from_trace, plan_summary, write_plan
-    from .trace import load_trace
+    from planner.plan import plan_from_trace, plan_summary, write_plan
+    from planner.timing.comm import summary_line
+    from planner.timing.gaps import gap_line
+    from planner.trace.load import load_trace
 
     _check_gaps(args)
     trace = load_trace(args.trace)
@@ -224,12 +224,12 @@ def _check_gaps(args: argparse.Namespace) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from .comm import estimate_edge_delays, summary_line
-    from .dag import build_dag
-    from .estimate import estimate_weights
-    from .gap_model import delay_fields, gap_line, with_gap_costs
-    from .sweep import format_table, plot_sweep, sweep, write_csv
-    from .trace import load_trace
+    from planner.schedule.dag import build_dag
+    from planner.sweep import format_table, plot_sweep, sweep, write_csv
+    from planner.timing.comm import estimate_edge_delays, summary_line
+    from planner.timing.estimate import estimate_weights
+    from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
+    from planner.trace.load import load_trace
 
     _check_gaps(args)
     trace = load_trace(args.trace)
@@ -264,14 +264,14 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
-    from .gantt import plot_timeline, trace_panels
-    from .spans import StepTimeline
-    from .trace import load_trace
+    from planner.gantt import plot_timeline, trace_panels
+    from planner.timing.spans import StepTimeline
+    from planner.trace.load import load_trace
 
     trace = load_trace(args.trace)
     plan = None
     if args.plan:
-        from .plan import load_plan
+        from planner.plan import load_plan
 
         plan = load_plan(args.plan)
     panels, ratios, notes = trace_panels(trace, plan, args.plan)
@@ -284,7 +284,7 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
 
 
 def _cmd_orders(args: argparse.Namespace) -> None:
-    from .schedules import rank_orders, schedule_meta
+    from planner.schedule.orders import rank_orders, schedule_meta
 
     if args.json:
         print(json.dumps(schedule_meta(args.schedule, args.pp, args.microbatches, args.stages_per_rank), indent=1))
@@ -294,7 +294,7 @@ def _cmd_orders(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    from .simulate import synthetic_trace, write_trace
+    from planner.trace.simulate import synthetic_trace, write_trace
 
     trace = synthetic_trace(
         args.schedule,

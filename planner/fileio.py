@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from .errors import PlannerError
+from planner.errors import PlannerError
 
 
 def replace_atomically(path: str | os.PathLike[str], write: Callable[[str], None]) -> None:

@@ -2,7 +2,7 @@
 
 A panel given durations places every action at its earliest start on the schedule DAG (the longest path
 from the source, so the same model the planner optimises); a panel given a measured step
-(:class:`planner.spans.StepTimeline`) places every action at its measured start (``start_ms``, from the
+(:class:`planner.timing.spans.StepTimeline`) places every action at its measured start (``start_ms``, from the
 step's first start) and ends at the step's measured span. One row per pipeline rank, coloured by kind.
 Frozen work is shown by the box fading in proportion to its freeze ratio, a dark bar along its
 bottom as long as that fraction of the box, and the ratio printed under the action name where the
@@ -16,13 +16,13 @@ import os
 import statistics
 from collections.abc import Mapping, Sequence
 
-from .actions import KINDS, PAIR, parse_action
-from .budget import format_r_max
-from .dag import build_dag, longest_path
-from .errors import PlannerError
-from .fileio import replace_atomically
-from .spans import StepTimeline, representative_step, step_spans, step_timeline
-from .trace import TraceMeta
+from planner.errors import PlannerError
+from planner.fileio import replace_atomically
+from planner.lp.budget import format_r_max
+from planner.schedule.actions import KINDS, PAIR, parse_action
+from planner.schedule.dag import build_dag, longest_path
+from planner.timing.spans import StepTimeline, representative_step, step_spans, step_timeline
+from planner.trace.load import TraceMeta
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
 FROZEN_COLOR = "#222222"
@@ -74,7 +74,7 @@ NO_TIMESTAMPS = "medians on the DAG's longest path; the trace has no comparable 
 
 def measured_panel(trace, phase: str, spans: dict[int, float]) -> tuple[str, StepTimeline, dict[str, float]] | None:
     """``(title, timeline, ratios)`` of the measured panel of ``phase``: its representative step
-    (:func:`planner.spans.representative_step`) at the measured starts; None when no step of the phase
+    (:func:`planner.timing.spans.representative_step`) at the measured starts; None when no step of the phase
     has a span in ``spans`` (``step_spans(trace)``)."""
     step = representative_step(trace, phase, spans)
     if step is None:
@@ -90,8 +90,8 @@ def trace_panels(trace, plan=None, plan_source: str = "plan") -> tuple[list, lis
     phase when the trace has one. Measured panels are real steps (:func:`measured_panel`) where the trace
     has comparable timestamps, else medians on the DAG's longest path, titled so (:data:`NO_TIMESTAMPS`).
     ``notes``: why a panel is left out."""
-    from .plan import check_plan_matches
-    from .trace import node_weights
+    from planner.plan import check_plan_matches
+    from planner.trace.load import node_weights
 
     meta, spans, notes = trace.meta, step_spans(trace), []
     actions = meta.all_actions()

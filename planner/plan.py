@@ -9,18 +9,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import monitor
-from .actions import FREEZABLE_KINDS, parse_action
-from .budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
-from .comm import estimate_edge_delays
-from .dag import BatchDag, EdgeDelays, build_dag, longest_path
-from .errors import PlannerError
-from .estimate import DEFAULT_ESTIMATOR, estimate_weights
-from .fileio import read_json, write_json_atomically
-from .gap_model import delay_fields, with_gap_costs
-from .lp import solve_problem
-from .problem import Problem, build_problem
-from .trace import NodeWeights, Trace, TraceMeta
+from planner.errors import PlannerError
+from planner.fileio import read_json, write_json_atomically
+from planner.lp.budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
+from planner.lp.problem import Problem, build_problem
+from planner.lp.solve import solve_problem
+from planner.schedule.actions import FREEZABLE_KINDS, parse_action
+from planner.schedule.dag import BatchDag, EdgeDelays, build_dag, longest_path
+from planner.timing import monitor
+from planner.timing.comm import estimate_edge_delays
+from planner.timing.estimate import DEFAULT_ESTIMATOR, estimate_weights
+from planner.timing.gaps import delay_fields, with_gap_costs
+from planner.trace.load import NodeWeights, Trace, TraceMeta
 
 PLAN_FORMAT = "timelyfreeze-plan/1"
 _TOL = 1e-9  # relative tolerance of load-time checks
@@ -50,7 +50,7 @@ class Plan:
 
     ``r_max``: one number (every stage's budget) or a list of ``num_stages`` numbers (each stage's own).
     ``budget_sensitivity``: per stage, ms of batch time one more 0.01 of its ``r_max`` would save
-    (:func:`planner.lp.solve_freeze_lp`); ``None`` for a plan file written without it.
+    (:func:`planner.lp.solve.solve_freeze_lp`); ``None`` for a plan file written without it.
     ``critical_path``: the actions of one longest path of the planned durations, as the planner found it
     (not part of the file; ``None`` for a loaded plan)."""
 
@@ -93,16 +93,16 @@ def make_plan(
     edge_ms: EdgeDelays | None = None,
     gap: float | None = None,
 ) -> Plan:
-    """Build the problem (DAG, checked budget and delays, :func:`planner.problem.build_problem`), solve the LP,
+    """Build the problem (DAG, checked budget and delays, :func:`planner.lp.problem.build_problem`), solve the LP,
     and assemble the plan with the no-freeze/all-frozen batch times (:func:`plan_problem`).
 
     ``r_max``: one budget for every stage, or a sequence of ``meta.num_stages`` budgets, one per stage
-    (:func:`planner.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
+    (:func:`planner.lp.budget.check_r_max`; the plan's ``r_max`` is then the list).  The plan's
     ``budget_sensitivity`` says per stage how many ms of batch time one more 0.01 of its ``r_max`` saves.
-    ``edge_ms`` (:mod:`planner.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
+    ``edge_ms`` (:mod:`planner.timing.comm`): delays (ms) on DAG edges, in every batch time and in the LP; when
     non-empty the plan's top-level ``comm`` field summarises those on cross-rank edges and ``gaps`` those on
-    same-rank edges (``planner.comm.summarize``).
-    ``gap``: certified relative gap accepted (:func:`planner.lp.solve_freeze_lp`); the plan's ``solver`` records
+    same-rank edges (``planner.timing.comm.summarize``).
+    ``gap``: certified relative gap accepted (:func:`planner.lp.solve.solve_freeze_lp`); the plan's ``solver`` records
     the lower bound and the gap reached (``lower_bound_ms``, ``gap``)."""
     return plan_problem(build_problem(build_dag(meta), weights, r_max, edge_ms), solver=solver, gap=gap)
 
@@ -157,10 +157,10 @@ def plan_from_trace(
     anchor: bool | None = None,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, node weights by ``estimator`` (recorded as the plan's ``estimator``).
-    ``comm``: the delays on cross-rank edges measured in the trace (``planner.comm``; none without ``start_ms``),
+    ``comm``: the delays on cross-rank edges measured in the trace (``planner.timing.comm``; none without ``start_ms``),
     or ``edge_ms`` when given; False ignores them. ``dag``: ``build_dag(trace.meta)`` when the caller has it.
-    ``gaps`` (with ``comm``): also the fixed costs between a rank's consecutive actions (``planner.gap_model``;
-    the plan's ``gaps`` field). ``anchor`` (``planner.monitor``): True brings the lower-bound window to the
+    ``gaps`` (with ``comm``): also the fixed costs between a rank's consecutive actions (``planner.timing.gaps``;
+    the plan's ``gaps`` field). ``anchor`` (``planner.timing.monitor``): True brings the lower-bound window to the
     upper window's machine speed before estimating, False does not; either way the plan records the factors
     and noise floors (``monitoring``). None (the default): neither."""
     monitoring = monitor.monitoring_summary(trace, bool(anchor)) if anchor is not None else None

@@ -1,11 +1,11 @@
 """Sweep the freeze budget ``r_max``: predicted batch time and throughput gain for each value.
 
-One problem (DAG, delays, LP arrays: :mod:`planner.problem`) is built and reused for every LP solve.
+One problem (DAG, delays, LP arrays: :mod:`planner.lp.problem`) is built and reused for every LP solve.
 ``speedup`` is ``no_freeze / batch_ms`` (the predicted throughput relative to training without freezing),
 ``throughput_gain = speedup - 1``, and ``mean_ratio`` is the mean planned freeze ratio over all freezable
 actions.  A value is one budget
 for every stage (a number; what ``python -m planner sweep`` takes) or one per stage (a sequence of
-``num_stages`` numbers, :mod:`planner.budget`): the table and CSV write it as ``0.5,0.8,...`` and the plot
+``num_stages`` numbers, :mod:`planner.lp.budget`): the table and CSV write it as ``0.5,0.8,...`` and the plot
 puts it at the mean of its values.
 """
 
@@ -16,13 +16,13 @@ import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
-from .budget import RMax, check_r_max
-from .dag import EdgeDelays, build_dag
-from .errors import PlannerError
-from .fileio import replace_atomically
-from .lp import solve_problem
-from .problem import build_problem
-from .trace import NodeWeights, TraceMeta
+from planner.errors import PlannerError
+from planner.fileio import replace_atomically
+from planner.lp.budget import RMax, check_r_max
+from planner.lp.problem import build_problem
+from planner.lp.solve import solve_problem
+from planner.schedule.dag import EdgeDelays, build_dag
+from planner.trace.load import NodeWeights, TraceMeta
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SweepRow:
 
 def check_r_values(r_values: list, num_stages: int | None = None) -> list[RMax]:
     """Every value must be a finite number in [0, 1], or a sequence of ``num_stages`` of them (any non-zero
-    length when ``num_stages`` is None; :func:`planner.budget.check_r_max`); at least one value."""
+    length when ``num_stages`` is None; :func:`planner.lp.budget.check_r_max`); at least one value."""
     out = [check_r_max(r, num_stages) for r in r_values]
     if not out:
         raise PlannerError("no r_max values to sweep")
@@ -67,8 +67,8 @@ def sweep(
     gap: float | None = None,
 ) -> list[SweepRow]:
     """Solve the freeze LP for every ``r_max`` in ``r_values`` (in the given order; each one number or one
-    per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.comm``) when given; ``gap``: as
-    :func:`planner.lp.solve_freeze_lp`."""
+    per stage) on one DAG, with the delays ``edge_ms`` on its edges (``planner.timing.comm``) when given; ``gap``: as
+    :func:`planner.lp.solve.solve_freeze_lp`."""
     r_values = check_r_values(list(r_values), meta.num_stages)
     problem = build_problem(build_dag(meta), weights, r_values[0], edge_ms)
     no_freeze = problem.no_freeze

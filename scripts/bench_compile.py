@@ -1,10 +1,10 @@
 #!/usr/bin/env python
 """Compile benchmark (eager vs compiled, tensor vs block units): the logic and options are in
-``timelyfreeze/experiments/compile_bench.py``; ``python scripts/bench_compile.py --help``."""
+``timelyfreeze/experiments/studies/compile_bench.py``; ``python scripts/bench_compile.py --help``."""
 
 import sys
 
-from timelyfreeze.experiments.compile_bench import main
+from timelyfreeze.experiments.studies.compile_bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,12 +4,12 @@
     python scripts/bench_estimators.py [SWEEP_FOLDER ...] [--out docs/results/runtime]
 
 Default folders: docs/results/comparison and docs/results/rmax. Writes estimators.md and estimators.csv.
-Thin entry point: the logic is ``timelyfreeze.experiments.estimator_eval``.
+Thin entry point: the logic is ``timelyfreeze.experiments.studies.estimator_eval``.
 """
 
 import sys
 
-from timelyfreeze.experiments.estimator_eval import main
+from timelyfreeze.experiments.studies.estimator_eval import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,9 +3,9 @@
 
 Each size runs in a fresh subprocess so that its peak RSS is its own (and a time limit, ``--timeout``).
 
-Default (``--schedules``): every torch schedule of ``planner.schedules`` at the ``--sizes`` (pp, microbatches;
+Default (``--schedules``): every torch schedule of ``planner.schedule.orders`` at the ``--sizes`` (pp, microbatches;
 stages per rank as TorchTitan: 1 for GPipe/1F1B, 2 otherwise), with *real-like* timings
-(``planner.synthetic.real_like_weights``, seeded: stage costs spread +-40 %, +-5 % jitter per action and
+(``planner.trace.synthetic.real_like_weights``, seeded: stage costs spread +-40 %, +-5 % jitter per action and
 bound, weight-grad work down to 10 % when frozen), ``r_max`` 0.5.  ``--timings uniform``: the older synthetic
 timings (``synthetic_weights``: per-action lower bounds 30-60 % of the upper bound).  The ``gap`` column is
 the certified relative gap of the planned batch time (0: exact optimum; the bounded region method,
@@ -16,8 +16,8 @@ the certified relative gap of the planned batch time (0: exact optimum; the boun
     .venv/bin/python scripts/bench_planner.py --process --sizes 32x512 --schedules Interleaved1F1B,ZBVZeroBubble
         # the whole `planner plan` process on simulated trace files, --repeats runs each
 
-``--solver`` takes a name of ``planner.lp.SOLVERS`` or, to time the whole LP under another HiGHS
-configuration, a key of ``planner.lp_solve.CONFIGS`` (``dual``, ``dual-dse``, ``primal``, ``slack``,
+``--solver`` takes a name of ``planner.lp.solve.SOLVERS`` or, to time the whole LP under another HiGHS
+configuration, a key of ``planner.lp.highs.CONFIGS`` (``dual``, ``dual-dse``, ``primal``, ``slack``,
 ``ipx``; ``fast`` is the default one).  Measured history: ``docs/planner-solver-notes.md``.
 """
 
@@ -53,10 +53,10 @@ def _rss_mb() -> float:
 
 
 def make_meta(pp: int, spr: int, mb: int, split: bool):
-    from planner.trace import TraceMeta
+    from planner.trace.load import TraceMeta
 
     try:
-        from planner import schedules
+        from planner.schedule import orders as schedules
 
         name = "ZBVZeroBubble" if split else ("Interleaved1F1B" if spr > 1 else "1F1B")
         if split and spr != 2:
@@ -65,14 +65,14 @@ def make_meta(pp: int, spr: int, mb: int, split: bool):
         orders = schedules.rank_orders(name, pp, mb, spr)
         return TraceMeta(name, pp, len(s2r), mb, s2r, orders), "schedules"
     except Exception:
-        from planner.synthetic import synthetic_meta
+        from planner.trace.synthetic import synthetic_meta
 
         return synthetic_meta(pp, spr, mb, split), "synthetic"
 
 
 def schedule_meta(name: str, pp: int, mb: int):
-    from planner import schedules
-    from planner.trace import validate_meta
+    from planner.schedule import orders as schedules
+    from planner.trace.load import validate_meta
 
     return validate_meta(schedules.schedule_meta(name, pp, mb), f"<{name} pp={pp} mb={mb}>")
 
@@ -88,9 +88,9 @@ def run_one(
     gap: float | None = None,
 ) -> dict:
     """One measurement, in this process (``schedule``: a torch schedule name, else the legacy choice by ``split``)."""
-    from planner.dag import build_dag
-    from planner.lp import SOLVERS, solve_freeze_lp
-    from planner.synthetic import real_like_weights, synthetic_weights
+    from planner.lp.solve import SOLVERS, solve_freeze_lp
+    from planner.schedule.dag import build_dag
+    from planner.trace.synthetic import real_like_weights, synthetic_weights
 
     base = _rss_mb()
     if schedule:
@@ -100,9 +100,9 @@ def run_one(
         meta, origin = make_meta(pp, spr, mb, split)
     seed = pp * 1000 + mb
     if timings.startswith("replay:"):  # a measured trace's timings, resampled onto this size
-        from planner.estimate import estimate_weights
-        from planner.synthetic import replay_weights
-        from planner.trace import load_trace
+        from planner.timing.estimate import estimate_weights
+        from planner.trace.load import load_trace
+        from planner.trace.synthetic import replay_weights
 
         src = load_trace(timings.split(":", 1)[1])
         w = replay_weights(estimate_weights(src, "median"), src.meta, meta, seed=seed)
@@ -173,7 +173,7 @@ def schedules_table(a: argparse.Namespace) -> None:
     names = [x for x in a.schedules.split(",") if x]
     if a.timings.startswith("replay:"):
         from planner.errors import PlannerError
-        from planner.trace import load_trace
+        from planner.trace.load import load_trace
 
         try:
             names = [load_trace(a.timings.split(":", 1)[1]).meta.schedule]
@@ -235,12 +235,12 @@ def _median_range(xs: list[float]) -> str:
 
 def process_table(a: argparse.Namespace) -> None:
     """The whole ``python -m planner plan`` process, timed from outside, on trace files written by
-    ``planner.simulate`` (one record per action and phase; per-stage costs ``U(0.6, 1.4)`` from ``--trace-seed``,
+    ``planner.trace.simulate`` (one record per action and phase; per-stage costs ``U(0.6, 1.4)`` from ``--trace-seed``,
     +-5 % jitter per record): what a user waits for, trace loading, weights, DAG, LP, plan file and summary."""
     import random
     import tempfile
 
-    from planner.simulate import synthetic_trace, write_trace
+    from planner.trace.simulate import synthetic_trace, write_trace
 
     sizes = [tuple(int(x) for x in item.split("x")) for item in a.sizes.split(",")]
     names = [x for x in a.schedules.split(",") if x]
@@ -254,7 +254,7 @@ def process_table(a: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for pp, mb in sizes:
             for name in names:
-                from planner import schedules
+                from planner.schedule import orders as schedules
 
                 ns = pp * schedules.stages_per_rank(name)
                 rng = random.Random(a.trace_seed)
@@ -304,7 +304,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="only the small sizes")
     ap.add_argument("--max-actions", type=int, default=None, help="skip sizes with more actions than this")
-    ap.add_argument("--solver", default="auto", help="planner.lp.SOLVERS name or planner.lp_solve.CONFIGS key")
+    ap.add_argument("--solver", default="auto", help="planner.lp.solve.SOLVERS name or planner.lp.highs.CONFIGS key")
     ap.add_argument("--split", choices=["both", "yes", "no"], default="both")
     ap.add_argument(
         "--legacy", action="store_true", help="the older table: sizes x split (ZBV / Interleaved1F1B / 1F1B)"
@@ -381,7 +381,7 @@ def main() -> None:
     print(
         "\nDAG = networkx DAG from the orders; LP = solve_freeze_lp (model assembly, both HiGHS stages, for the region "
         "method every round and its whole-batch longest paths, the final longest-path check); LP vars/rows of the last "
-        "model solved; orders from planner.schedules where available."
+        "model solved; orders from planner.schedule.orders where available."
     )
 
 

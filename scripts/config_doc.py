@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Write docs/config.md from the ``[freeze]`` dataclasses' field docstrings (``timelyfreeze.config_doc``).
+"""Write docs/config.md from the ``[freeze]`` dataclasses' field docstrings (``timelyfreeze.config.doc``).
 
 python scripts/config_doc.py            # rewrite docs/config.md
 python scripts/config_doc.py --check    # exit 1 if docs/config.md is not what the docstrings give
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from timelyfreeze import config_doc
+from timelyfreeze.config import doc as config_doc
 
 
 def main() -> int:

@@ -4,13 +4,13 @@ finished jobs' dumps; writes ``docs/results/runtime/gap_model.md`` and ``.csv``.
 
     python scripts/gap_eval.py [--jobs docs/results/comparison/jobs] [--pattern '*timelyfreeze*'] [--out FILE.md]
 
-Thin entry point: the logic is ``timelyfreeze.experiments.gap_report`` (and ``planner.gap_model``,
-``planner.gap_analysis``).
+Thin entry point: the logic is ``timelyfreeze.experiments.studies.gap_report`` (and ``planner.timing.gaps``,
+``planner.analysis.gap_analysis``).
 """
 
 import sys
 
-from timelyfreeze.experiments.gap_report import main
+from timelyfreeze.experiments.studies.gap_report import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -106,8 +106,8 @@ def launch(config: str, extra: list[str]) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device: this harness runs the ranks on one GPU (use `make run` on CPU)", file=sys.stderr)
         return 2
-    from timelyfreeze.launch import dump_folder_of, nproc_of
-    from timelyfreeze.summary import format_summary
+    from timelyfreeze.outputs.summary import format_summary
+    from timelyfreeze.titan.launch import dump_folder_of, nproc_of
 
     os.chdir(ROOT)
     n = nproc_of(config, extra)

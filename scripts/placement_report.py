@@ -4,12 +4,12 @@ freezing matched to its per-stage shares, paired differences with 95 % intervals
 
     python scripts/placement_report.py docs/results/placement
 
-Thin entry point: the logic is ``timelyfreeze.experiments.placement`` (its docstring says what it writes).
+Thin entry point: the logic is ``timelyfreeze.experiments.studies.placement`` (its docstring says what it writes).
 """
 
 import sys
 
-from timelyfreeze.experiments.placement import build_placement_report
+from timelyfreeze.experiments.studies.placement import build_placement_report
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

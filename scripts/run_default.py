@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from timelyfreeze import launch
-from timelyfreeze.summary import format_summary
+from timelyfreeze.outputs.summary import format_summary
+from timelyfreeze.titan import launch
 
 DEFAULT_CONFIG = "torchtitan_configs/llama3_debug_1f1b_cpu.toml"
 SHOWN = re.compile(r"\[freeze\] (step|plan|planning|restored|re-plan)|validate step|Error|error:")

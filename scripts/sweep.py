@@ -10,7 +10,7 @@ grid file); ``python -m timelyfreeze.experiments`` does the same.
 
 import sys
 
-from timelyfreeze.experiments.cli import main
+from timelyfreeze.experiments.sweep.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

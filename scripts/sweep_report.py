@@ -8,7 +8,7 @@ Thin entry point: the logic is ``timelyfreeze.experiments`` (``report`` says wha
 
 import sys
 
-from timelyfreeze.experiments.cli import report_main
+from timelyfreeze.experiments.sweep.cli import report_main
 
 if __name__ == "__main__":
     sys.exit(report_main())

@@ -10,12 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timelyfreeze import cpu_shims
+from timelyfreeze.titan import cpu_shims
 
 cpu_shims.apply_if_needed()
 
 from timelyfreeze import train  # noqa: E402
-from timelyfreeze.methods.egeria import Egeria  # noqa: E402
+from timelyfreeze.methods.egeria.method import Egeria  # noqa: E402
 
 SCRIPT = {int(s): int(b) for s, b in (p.split(":") for p in os.environ["EGERIA_SCRIPT"].split(","))}
 

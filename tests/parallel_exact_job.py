@@ -40,7 +40,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from timelyfreeze import cpu_shims
+from timelyfreeze.titan import cpu_shims
 
 cpu_shims.apply_if_needed()
 
@@ -52,9 +52,9 @@ from torch.distributed.pipelining.schedules import get_schedule_class  # noqa: E
 from torch.distributed.tensor import DTensor  # noqa: E402
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: E402
 
-from timelyfreeze import stage_hooks  # noqa: E402
-from timelyfreeze.freezing import FreezingHook  # noqa: E402
-from timelyfreeze.stage_layout import build_stage_views  # noqa: E402
+from timelyfreeze.hooks import stage_hooks  # noqa: E402
+from timelyfreeze.hooks.freezing import FreezingHook  # noqa: E402
+from timelyfreeze.hooks.stage_layout import build_stage_views  # noqa: E402
 
 PP = 2
 TP_RTOL, TP_ATOL = 1e-4, 1e-6

@@ -9,14 +9,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timelyfreeze import cpu_shims
+from timelyfreeze.titan import cpu_shims
 
 cpu_shims.apply_if_needed()
 
 import torch  # noqa: E402
 
 from timelyfreeze import train  # noqa: E402
-from timelyfreeze.trainer import TimelyFreezeTrainer  # noqa: E402
+from timelyfreeze.titan.trainer import TimelyFreezeTrainer  # noqa: E402
 
 SLOW_FROM = int(os.environ["SLOW_FROM"])
 SLOW_MS = float(os.environ["SLOW_MS"])

@@ -36,7 +36,7 @@ def imported_modules(path: Path, root: Path = PACKAGE.parent) -> list[str]:
 
 def test_the_runtime_imports_nothing_from_the_experiments():
     files = runtime_files()
-    assert PACKAGE / "trainer.py" in files and PACKAGE / "methods" / "registry.py" in files
+    assert PACKAGE / "titan" / "trainer.py" in files and PACKAGE / "methods" / "registry.py" in files
     assert not any("experiments" in p.parts for p in files)
     offenders = [
         f"{p.relative_to(PACKAGE.parent)}: {name}"
@@ -51,9 +51,9 @@ def test_the_check_sees_every_way_of_importing(tmp_path):
     fake = tmp_path / "timelyfreeze" / "methods" / "x.py"
     fake.parent.mkdir(parents=True)
     fake.write_text(
-        "import timelyfreeze.experiments.runner\nfrom timelyfreeze import experiments\n"
-        "from ..experiments import grid\n\ndef f():\n    from timelyfreeze.experiments.cli import main\n"
+        "import timelyfreeze.experiments.sweep.runner\nfrom timelyfreeze import experiments\n"
+        "from ..experiments import grid\n\ndef f():\n    from timelyfreeze.experiments.sweep.cli import main\n"
     )
     names = imported_modules(fake, tmp_path)
-    assert "timelyfreeze.experiments.runner" in names and "timelyfreeze.experiments" in names
-    assert "timelyfreeze.experiments.grid" in names and "timelyfreeze.experiments.cli.main" in names
+    assert "timelyfreeze.experiments.sweep.runner" in names and "timelyfreeze.experiments" in names
+    assert "timelyfreeze.experiments.grid" in names and "timelyfreeze.experiments.sweep.cli.main" in names

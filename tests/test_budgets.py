@@ -8,16 +8,16 @@ import random
 
 import pytest
 
-from planner.budget import check_r_max, format_r_max, parse_r_max
-from planner.dag import build_dag
 from planner.errors import PlannerError
-from planner.lp import solve_freeze_lp
+from planner.lp.budget import check_r_max, format_r_max, parse_r_max
+from planner.lp.solve import solve_freeze_lp
 from planner.plan import load_plan, make_plan, plan_from_trace, plan_summary, stage_mean_ratios, write_plan
-from planner.schedules import schedule_meta
-from planner.simulate import synthetic_trace
+from planner.schedule.dag import build_dag
+from planner.schedule.orders import schedule_meta
 from planner.sweep import format_table, plot_sweep, sweep, write_csv
-from planner.synthetic import synthetic_weights
-from planner.trace import NodeWeights, TraceMeta, validate_meta
+from planner.trace.load import NodeWeights, TraceMeta, validate_meta
+from planner.trace.simulate import synthetic_trace
+from planner.trace.synthetic import synthetic_weights
 from tests.test_planner_core import gpipe_2x2, scipy_lexicographic, weights_2x2
 
 STEP = 0.01  # the sensitivity is quoted per +0.01 of r_max
@@ -36,7 +36,7 @@ def total_freezing(plan) -> float:
 @pytest.fixture
 def region_always(monkeypatch):
     """The region method on small batches too (no fallback to the whole LP)."""
-    import planner.lp_region as lp_region
+    import planner.lp.region as lp_region
 
     monkeypatch.setattr(lp_region, "_REGION_MAX_FRACTION", 1.0)
 
@@ -280,7 +280,7 @@ def test_budget_helpers() -> None:
 
 def test_sweep_with_per_stage_values(tmp_path) -> None:
     tr = synthetic_trace("1F1B", 4, 8, stage_scale=[1.0, 1.3, 0.8, 1.1], jitter=0.05, seed=3)
-    from planner.trace import node_weights
+    from planner.trace.load import node_weights
 
     w = node_weights(tr)
     rows = sweep(tr.meta, w, [0.5, (0.5, 0.5, 0.5, 0.5), [0.2, 0.8, 0.4, 0.6]])

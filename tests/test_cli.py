@@ -135,8 +135,8 @@ def test_plan_on_two_replica_trace(tmp_path):
     """``plan`` on a trace of 2 data-parallel replicas plans on the per-action max of their weights."""
     import dataclasses
 
-    from planner.simulate import simulate_batch, synthetic_trace, write_trace
-    from planner.trace import Trace, load_trace, node_weights
+    from planner.trace.load import Trace, load_trace, node_weights
+    from planner.trace.simulate import simulate_batch, synthetic_trace, write_trace
 
     reps = [
         synthetic_trace("1F1B", 2, 4, stage_scale=[1.0, 1.4], jitter=0.05, seed=1),
@@ -173,8 +173,8 @@ def test_plan_on_two_replica_trace(tmp_path):
 def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
     """``--estimator pooled``: the plan's bounds are ``estimate_weights(trace, "pooled")``, the plan says so,
     and sweep predicts the same batch time; ``--estimator median`` is ``node_weights``; pooled is the default."""
-    from planner.estimate import estimate_weights
-    from planner.trace import load_trace, node_weights
+    from planner.timing.estimate import estimate_weights
+    from planner.trace.load import load_trace, node_weights
 
     trace = load_trace(trace_dir)
     plans = {}
@@ -201,9 +201,9 @@ def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
 def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
     """A trace whose records carry start_ms: ``plan`` uses the delays on cross-rank edges and prints one line
     about them, the plan records them (``comm``); ``--no-comm`` plans as without start times; sweep agrees."""
-    from planner.comm import estimate_edge_delays, summarize, summary_line
     from planner.plan import plan_from_trace
-    from planner.simulate import write_trace
+    from planner.timing.comm import estimate_edge_delays, summarize, summary_line
+    from planner.trace.simulate import write_trace
     from tests.test_comm import timed_trace
 
     trace = timed_trace("1F1B", 4, 8, lambda es: {e: 1.5 for e in es}, stage_scale=[1, 1.3, 0.8, 1.1])

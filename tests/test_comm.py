@@ -1,4 +1,4 @@
-"""Communication delays on cross-rank edges (``planner.comm``): the estimation rule, the longest path and
+"""Communication delays on cross-rank edges (``planner.timing.comm``): the estimation rule, the longest path and
 the freeze LP with delays (against a plain reference LP), and plans made with and without them."""
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from planner.comm import cross_rank_edges, estimate_edge_delays, summarize, summary_line
-from planner.dag import SINK, SOURCE, build_dag, longest_path
 from planner.errors import PlannerError
-from planner.lp import solve_freeze_lp
+from planner.lp.solve import solve_freeze_lp
 from planner.plan import load_plan, make_plan, plan_from_trace, write_plan
-from planner.schedules import schedule_meta
-from planner.simulate import simulate_batch, synthetic_trace, write_trace
-from planner.synthetic import synthetic_weights
-from planner.trace import NodeWeights, Trace, TraceMeta, load_trace, trace_from_records, validate_meta
+from planner.schedule.dag import SINK, SOURCE, build_dag, longest_path
+from planner.schedule.orders import schedule_meta
+from planner.timing.comm import cross_rank_edges, estimate_edge_delays, summarize, summary_line
+from planner.trace.load import NodeWeights, Trace, TraceMeta, load_trace, trace_from_records, validate_meta
+from planner.trace.simulate import simulate_batch, synthetic_trace, write_trace
+from planner.trace.synthetic import synthetic_weights
 
 SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B", "ZBVZeroBubble")
 
@@ -334,7 +334,7 @@ def total_freezing(sol, w: NodeWeights) -> float:
 def test_lp_with_delays_is_exact(seed: int, monkeypatch) -> None:
     """(a) the LP's batch time is the longest path of its durations with the delays; (b) it and the least
     freezing equal the plain reference LP's; (c) whole, region (forced) and the non-face stage 2 agree."""
-    import planner.lp_region as lp_region
+    import planner.lp.region as lp_region
 
     monkeypatch.setattr(lp_region, "_REGION_MAX_FRACTION", 1.0)  # no fallback: the region loop runs
     _, g, w, r_max, delays = lp_case(seed)

@@ -19,12 +19,12 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
 from tests.test_freezing_exact import MULTI_STAGE, N_MB, SEQ, BackwardOrder, V, build_parts, loss_fn
-from timelyfreeze import stage_hooks
-from timelyfreeze.freezing import FreezingHook
+from timelyfreeze.hooks import stage_hooks
+from timelyfreeze.hooks.freezing import FreezingHook
+from timelyfreeze.hooks.selection import action_generator, balanced_subset
+from timelyfreeze.hooks.stage_layout import build_stage_views
 from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.methods.common import Units
-from timelyfreeze.selection import action_generator, balanced_subset
-from timelyfreeze.stage_layout import build_stage_views
 
 
 def compiled_parts(n_stages: int, ac: bool):

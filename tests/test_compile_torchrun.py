@@ -15,8 +15,8 @@ from collections import defaultdict
 
 import pytest
 
-from planner.actions import parse_action
 from planner.plan import load_plan
+from planner.schedule.actions import parse_action
 from tests.torchrun_util import short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun

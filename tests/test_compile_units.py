@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze.config import Freeze, FreezeConfigError, resolve_unit, validate
-from timelyfreeze.job_checks import COMPILE_REFUSED_SCHEDULES, check_compile_schedule
+from timelyfreeze.config.freeze import Freeze, FreezeConfigError, resolve_unit, validate
+from timelyfreeze.config.job_checks import COMPILE_REFUSED_SCHEDULES, check_compile_schedule
+from timelyfreeze.hooks.selection import action_generator, balanced_subset
+from timelyfreeze.hooks.stage_layout import choose_anchor, freeze_units, layer_index
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.methods.common import Units
 from timelyfreeze.methods.registry import METHODS
-from timelyfreeze.selection import action_generator, balanced_subset
-from timelyfreeze.stage_layout import choose_anchor, freeze_units, layer_index
 
 COMPILED = SimpleNamespace(enable=True, components=["model", "loss"])
 EAGER = SimpleNamespace(enable=False, components=["model", "loss"])
@@ -153,7 +153,7 @@ def test_mesh_release_reaches_every_mesh_torchtitan_built():
     from torch.distributed.device_mesh import DeviceMesh
     from torchtitan.distributed import ParallelDims
 
-    from timelyfreeze.torch_fixes import parallel_meshes, release_mesh_process_groups
+    from timelyfreeze.titan.torch_fixes import parallel_meshes, release_mesh_process_groups
 
     before = {id(o) for o in gc.get_objects() if type(o) is DeviceMesh}
     pd = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config import Freeze, FreezeConfigError, knob_of, validate
-from timelyfreeze.job_checks import check_parallelism
+from timelyfreeze.config.freeze import Freeze, FreezeConfigError, knob_of, validate
+from timelyfreeze.config.job_checks import check_parallelism
+from timelyfreeze.config.phases import Phases, derive_phases
 from timelyfreeze.methods.registry import METHODS as REGISTRY
-from timelyfreeze.phases import Phases, derive_phases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,7 +118,7 @@ def test_parallelism_checks():
 
 
 def test_microbatch_checks():
-    from timelyfreeze.job_checks import check_microbatches
+    from timelyfreeze.config.job_checks import check_microbatches
 
     def par(schedule, pp=2, mbs=1):
         return SimpleNamespace(
@@ -145,7 +145,7 @@ def test_methods_with_per_rank_statistics_are_refused_with_replicas(method):
 
 def test_toml_and_cli_reach_the_section():
     """The TorchTitan ConfigManager merges [freeze] (and its method sub-sections) from TOML and CLI."""
-    from timelyfreeze import cpu_shims
+    from timelyfreeze.titan import cpu_shims
 
     cpu_shims.apply_if_needed()
     from torchtitan.config import ConfigManager
@@ -173,7 +173,7 @@ def test_toml_and_cli_reach_the_section():
 
 def test_the_gpu_debug_config_parses_and_splits_into_8_microbatches():
     """torchtitan_configs/llama3_debug_1f1b_gpu.toml (run on a lent GPU, docs/results/gpu) stays valid."""
-    from timelyfreeze import cpu_shims
+    from timelyfreeze.titan import cpu_shims
 
     cpu_shims.apply_if_needed()
     from torchtitan.config import ConfigManager
@@ -194,14 +194,14 @@ def test_knob_of_each_method():
 
 
 def test_every_planner_solver_name_is_accepted():
-    from planner.lp import SOLVERS
+    from planner.lp.solve import SOLVERS
 
     for name in SOLVERS:
         validate(Freeze(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)
 
 
 def test_estimator_names_come_from_the_planner():
-    from planner.estimate import ESTIMATORS
+    from planner.timing.estimate import ESTIMATORS
 
     assert Freeze().estimator == "pooled"
     for name in ESTIMATORS:
@@ -212,7 +212,7 @@ def test_estimator_names_come_from_the_planner():
 
 
 def test_layer_order_of_parameter_names():
-    from timelyfreeze.stage_layout import layer_index
+    from timelyfreeze.hooks.stage_layout import layer_index
 
     assert layer_index("tok_embeddings.weight", 6) == 0
     assert layer_index("layers.0.attention.wq.weight", 6) == 1
@@ -338,8 +338,8 @@ def test_each_method_section_validates_itself():
 @pytest.mark.parametrize("config", sorted(p.name for p in (ROOT / "torchtitan_configs").glob("*.toml")))
 def test_every_shipped_config_passes_the_type_check_of_every_section(config):
     """``check_job_types`` reads TorchTitan's annotations too: none of the shipped TOML files trips it."""
-    from timelyfreeze import cpu_shims
-    from timelyfreeze.job_checks import check_job_types
+    from timelyfreeze.config.job_checks import check_job_types
+    from timelyfreeze.titan import cpu_shims
 
     cpu_shims.apply_if_needed()
     from torchtitan.config import ConfigManager

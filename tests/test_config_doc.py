@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from timelyfreeze import config_doc
-from timelyfreeze.config import Freeze
+from timelyfreeze.config import doc as config_doc
+from timelyfreeze.config.freeze import Freeze
 
 
 def test_committed_page_is_the_generated_one():

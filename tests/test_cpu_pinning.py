@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CODE = """
 import json, os, threading
-from timelyfreeze import cpu_shims
+from timelyfreeze.titan import cpu_shims
 cpu_shims.apply_if_needed()
 t = threading.Thread(target=lambda: None)  # a thread started after pinning inherits it
 mine = cpu_shims.pin_cpu_cores()
@@ -53,7 +53,7 @@ def test_overlap_callback_is_turned_off_for_dualpipev_on_cpu_only(monkeypatch):
     callback for DualPipeV, before the schedule is built; other schedules and CUDA hosts keep their setting."""
     from types import SimpleNamespace
 
-    from timelyfreeze import cpu_shims
+    from timelyfreeze.titan import cpu_shims
 
     def par(name):
         return SimpleNamespace(pipeline_parallel_schedule=name, pipeline_parallel_expert_parallel_overlap=True)

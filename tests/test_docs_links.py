@@ -3,7 +3,7 @@
 A link is ``[text](target)`` or ``![alt](target)`` outside code; web links (``scheme://``, ``mailto:``) are
 not followed. A target must name an existing file or folder, relative to the page. An anchor (``#part``),
 on its own or after a Markdown page, must be the GitHub anchor of a heading of that page
-(``timelyfreeze.config_doc.heading_anchor``; a repeated heading gets ``-1``, ``-2``, ... as on GitHub).
+(``timelyfreeze.config.doc.heading_anchor``; a repeated heading gets ``-1``, ``-2``, ... as on GitHub).
 No torch needed.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from timelyfreeze.config_doc import heading_anchor
+from timelyfreeze.config.doc import heading_anchor
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 300

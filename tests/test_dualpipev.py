@@ -13,17 +13,17 @@ import random
 
 import pytest
 
-from planner.actions import FREEZABLE_KINDS, PAIR, Action, action_kind, pair_action, parse_action, part_owners
-from planner.comm import cross_rank_edges, estimate_edge_delays
-from planner.dag import build_dag
 from planner.errors import PlannerError
 from planner.plan import plan_from_trace, stage_mean_ratios
-from planner.schedules import rank_orders, schedule_meta
-from planner.simulate import model_ms, simulate_batch, synthetic_trace
-from planner.trace import node_weights, validate_meta
+from planner.schedule.actions import FREEZABLE_KINDS, PAIR, Action, action_kind, pair_action, parse_action, part_owners
+from planner.schedule.dag import build_dag
+from planner.schedule.orders import rank_orders, schedule_meta
+from planner.timing.comm import cross_rank_edges, estimate_edge_delays
+from planner.trace.load import node_weights, validate_meta
+from planner.trace.simulate import model_ms, simulate_batch, synthetic_trace
 from tests.test_comm import timed_trace
-from timelyfreeze import profiler as profiler_mod
-from timelyfreeze.profiler import ActionProfiler
+from timelyfreeze.hooks import profiler as profiler_mod
+from timelyfreeze.hooks.profiler import ActionProfiler
 
 PAIR_NAME = "(0F3;3B1)OVERLAP_F_B"
 

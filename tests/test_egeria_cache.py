@@ -11,11 +11,11 @@ from test_methods_common import make_cfg, make_ctx, make_stages
 from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.model.model import Transformer
 
-from timelyfreeze import epoch_data
-from timelyfreeze.methods import egeria_cache
+from timelyfreeze.data import epoch_data
 from timelyfreeze.methods.base import StageView
-from timelyfreeze.methods.egeria import Egeria, EgeriaConfig
-from timelyfreeze.methods.egeria_cache import PrefixCache
+from timelyfreeze.methods.egeria import cache as egeria_cache
+from timelyfreeze.methods.egeria.cache import PrefixCache
+from timelyfreeze.methods.egeria.method import Egeria, EgeriaConfig
 
 
 def test_parse_fixed_names():

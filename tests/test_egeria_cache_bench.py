@@ -1,7 +1,8 @@
-"""The Egeria cache benchmark's bookkeeping (timelyfreeze/experiments/egeria_cache_bench.py): interleaved job order,
-per-epoch tokens/s, time to the no-freezing target, the report, and a dry run that starts nothing."""
+"""The Egeria cache benchmark's bookkeeping (timelyfreeze/experiments/studies/egeria_cache_bench.py):
+interleaved job order, per-epoch tokens/s, time to the no-freezing target, the report,
+and a dry run that starts nothing."""
 
-from timelyfreeze.experiments import egeria_cache_bench as bench
+from timelyfreeze.experiments.studies import egeria_cache_bench as bench
 
 
 def test_job_order_interleaves_and_rotates_the_arms():

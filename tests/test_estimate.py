@@ -1,5 +1,5 @@
-"""Node-weight estimators (``planner.estimate``): ``median`` is ``node_weights``; ``pooled`` shares the records of
-a stage's microbatches and keeps a microbatch's own median only where the data show an effect."""
+"""Node-weight estimators (``planner.timing.estimate``): ``median`` is ``node_weights``; ``pooled`` shares the
+records of a stage's microbatches and keeps a microbatch's own median only where the data show an effect."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import math
 import pytest
 
 from planner.errors import PlannerError
-from planner.estimate import (
+from planner.plan import load_plan, plan_from_trace, write_plan
+from planner.schedule.orders import schedule_meta
+from planner.timing.estimate import (
     DEFAULT_ESTIMATOR,
     ESTIMATORS,
     MAD_TO_SIGMA,
@@ -19,10 +21,8 @@ from planner.estimate import (
     estimate_weights,
     pooled_estimates,
 )
-from planner.plan import load_plan, plan_from_trace, write_plan
-from planner.schedules import schedule_meta
-from planner.simulate import synthetic_trace
-from planner.trace import Trace, node_weights, trace_from_records
+from planner.trace.load import Trace, node_weights, trace_from_records
+from planner.trace.simulate import synthetic_trace
 
 NOISE = (0.97, 0.99, 1.0, 1.01, 1.03)  # one step's factor each; every microbatch sees all five once
 BASE = {"F": 10.0, "B": 20.0}
@@ -208,7 +208,7 @@ def test_plan_records_the_estimator(tmp_path):
 
 
 def test_runtime_planning_step_uses_the_estimator(tmp_path):
-    from timelyfreeze import planning
+    from timelyfreeze.plan import solve as planning
 
     tr = make_trace(lambda d, a, p, k: slow_first(d, a, p, k, offsets=(-0.01, 0.0, 0.01)))
     meta = tr.meta.to_json()

@@ -1,9 +1,9 @@
-"""timelyfreeze.experiments.estimator_eval: out-of-sample errors of the node-weight estimators."""
+"""timelyfreeze.experiments.studies.estimator_eval: out-of-sample errors of the node-weight estimators."""
 
 import pytest
 
-from planner.simulate import synthetic_trace, write_trace
-from timelyfreeze.experiments.estimator_eval import evaluate_trace, main, summarize
+from planner.trace.simulate import synthetic_trace, write_trace
+from timelyfreeze.experiments.studies.estimator_eval import evaluate_trace, main, summarize
 
 
 @pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from planner import meta as meta_mod
 from planner import plan as plan_mod
-from planner import trace as trace_mod
-from planner.simulate import synthetic_trace, write_trace
+from planner.trace import load as trace_mod
+from planner.trace import meta as meta_mod
+from planner.trace.simulate import synthetic_trace, write_trace
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "formats.md"
 _ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|.*\|\s*([^|]*?)\s*\|\s*$")
@@ -87,9 +87,9 @@ def test_runtime_extras_documented_as_unchecked(doc: str) -> None:
 
 
 def test_communication_delays_documented(doc: str) -> None:
-    from planner.comm import summarize
+    from planner.timing.comm import summarize
 
-    assert "### Communication delays on cross-rank edges (`planner.comm`)" in doc.splitlines()
+    assert "### Communication delays on cross-rank edges (`planner.timing.comm`)" in doc.splitlines()
     assert table(doc, "### `plan.json`").get("comm") is False
     assert table(doc, "### `actions_rank<r>.jsonl`").get("start_ms") is True
     assert table(doc, "### `meta.json`").get("hosts") is True
@@ -102,7 +102,7 @@ def test_budgets_documented(doc: str) -> None:
     """Per-stage ``r_max`` (checked) and the writer's ``budget_sensitivity`` (unchecked) are documented; a
     plan the writer makes uses only documented top-level fields."""
     from planner.plan import SENSITIVITY_FIELD, make_plan
-    from planner.trace import node_weights
+    from planner.trace.load import node_weights
 
     rows = table(doc, "### `plan.json`")
     assert rows.get("r_max") is True and rows.get(SENSITIVITY_FIELD) is False

@@ -9,8 +9,8 @@ import pickle
 import pytest
 import torch
 
-from timelyfreeze.freeze_state import check as _check_state
-from timelyfreeze.state_codec import STATE_FORMAT, FreezeStateError, decode, encode
+from timelyfreeze.runtime.state import check as _check_state
+from timelyfreeze.runtime.state_codec import STATE_FORMAT, FreezeStateError, decode, encode
 
 
 def test_round_trip_keeps_types_exactly():
@@ -172,11 +172,11 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
     import types
 
     from tests.test_timely_method import make
-    from timelyfreeze.config import Freeze
-    from timelyfreeze.freeze_state import FreezeState
-    from timelyfreeze.plan_coordinator import PlanCoordinator
-    from timelyfreeze.run_info import RunInfo
-    from timelyfreeze.summary import format_summary
+    from timelyfreeze.config.freeze import Freeze
+    from timelyfreeze.outputs.summary import format_summary
+    from timelyfreeze.plan.coordinator import PlanCoordinator
+    from timelyfreeze.runtime.run_info import RunInfo
+    from timelyfreeze.runtime.state import FreezeState
 
     info = RunInfo(
         schedule="1F1B",

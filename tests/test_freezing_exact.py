@@ -28,12 +28,12 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze import stage_hooks
-from timelyfreeze.freezing import FreezingHook
+from timelyfreeze.hooks import stage_hooks
+from timelyfreeze.hooks.freezing import FreezingHook
+from timelyfreeze.hooks.profiler import ActionProfiler
+from timelyfreeze.hooks.selection import action_generator, uniform_subset
+from timelyfreeze.hooks.stage_layout import build_stage_views
 from timelyfreeze.methods.base import FreezeMethod
-from timelyfreeze.profiler import ActionProfiler
-from timelyfreeze.selection import action_generator, uniform_subset
-from timelyfreeze.stage_layout import build_stage_views
 
 V, D, SEQ, N_MB = 64, 32, 8, 4
 
@@ -216,10 +216,10 @@ def test_dualpipev_exact_under_torchtitan_overlap_callback():
 @pytest.mark.parametrize("overlap", [False, True], ids=["torch-loop", "overlap-callback"])
 def test_dualpipev_pairs_are_one_action_each(overlap):
     """The runtime's listeners see a pair as one action: the profiler records it once, under torch's name
-    for it, in the order torch executes (``planner.schedules``), and the hook records the ratio its
+    for it, in the order torch executes (``planner.schedule.orders``), and the hook records the ratio its
     backward part applied under that name."""
-    from planner.actions import parse_action
-    from planner.schedules import rank_orders
+    from planner.schedule.actions import parse_action
+    from planner.schedule.orders import rank_orders
 
     got: list[ActionProfiler] = []
     parts, views, method, order, hook, x, y = run_pipeline(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from tests.test_timely_method import PH, make
-from timelyfreeze.freezing import FreezingHook
-from timelyfreeze.selection import action_generator, balanced_subset
+from timelyfreeze.hooks.freezing import FreezingHook
+from timelyfreeze.hooks.selection import action_generator, balanced_subset
 
 
 def run_step(hook: FreezingHook, accum_box: list[int], batches: int, step_box: list[int], step: int):

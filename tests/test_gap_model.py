@@ -1,4 +1,4 @@
-"""The gap model (``planner.gap_model``) and the batch decomposition (``planner.gap_analysis``) on synthetic
+"""The gap model (``planner.timing.gaps``) and the batch decomposition (``planner.analysis.gap_analysis``) on synthetic
 traces whose start times follow a known runtime: each action starts at the later of its rank predecessor's
 end plus a fixed gap per (rank, kind -> kind) and its cross-rank inputs' ends plus a link delay."""
 
@@ -9,12 +9,13 @@ import statistics
 
 import pytest
 
-from planner.actions import action_kind
+from planner.analysis.gap_analysis import decompose_batch, decompose_trace, gap_table
 from planner.cli import main as cli_main
-from planner.comm import cross_rank_edges, estimate_edge_delays
-from planner.dag import build_dag, longest_path
-from planner.gap_analysis import decompose_batch, decompose_trace, gap_table
-from planner.gap_model import (
+from planner.plan import plan_from_trace
+from planner.schedule.actions import action_kind
+from planner.schedule.dag import build_dag, longest_path
+from planner.timing.comm import cross_rank_edges, estimate_edge_delays
+from planner.timing.gaps import (
     class_name,
     delay_fields,
     fit_gap_model,
@@ -24,9 +25,8 @@ from planner.gap_model import (
     split_delays,
     with_gap_costs,
 )
-from planner.plan import plan_from_trace
-from planner.simulate import synthetic_trace, write_trace
-from planner.trace import Trace
+from planner.trace.load import Trace
+from planner.trace.simulate import synthetic_trace, write_trace
 
 LINK_MS = 0.3
 STABLE_EXTRA_MS = 5.0  # added to every gap of the stable phase: the fit must not see it
@@ -222,9 +222,9 @@ def test_gap_table_pools_by_schedule_phase_and_class():
 
 
 def test_runtime_planning_step_switch(tmp_path):
-    """``timelyfreeze.planning.solve(..., gaps=)`` (``[freeze] gap_model``): with it, the plan of
+    """``timelyfreeze.plan.solve.solve(..., gaps=)`` (``[freeze] gap_model``): with it, the plan of
     ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
-    from timelyfreeze import planning
+    from timelyfreeze.plan import solve as planning
 
     tr = run_timed("1F1B")
     keys = ("step", "action", "ms", "phase", "freeze_ratio", "start_ms")
@@ -247,8 +247,8 @@ def test_gap_report_on_a_fake_job(tmp_path):
     """``scripts/gap_eval.py``'s logic on one job folder made from a synthetic timed trace: the runtime's
     prediction in ``metrics.jsonl`` is the re-solved plan's, and the gap model explains the monitoring
     batches (their replay error is 0 with it)."""
-    from timelyfreeze.experiments.gap_eval import evaluate_job
-    from timelyfreeze.experiments.gap_report import main as report_main
+    from timelyfreeze.experiments.studies.gap_eval import evaluate_job
+    from timelyfreeze.experiments.studies.gap_report import main as report_main
 
     tr = run_timed("1F1B", jitter=0.0)
     out = tmp_path / "jobs" / "1F1B__timelyfreeze__r_max=0.5__seed=0" / "dump" / "timelyfreeze"

@@ -1,4 +1,4 @@
-"""The monitoring windows' jitter and what it adds to a plan's predictions (``planner.jitter``), and the
+"""The monitoring windows' jitter and what it adds to a plan's predictions (``planner.timing.jitter``), and the
 runtime's planning step that records it (``[freeze] jitter_model``)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner.dag import build_dag, longest_path
-from planner.jitter import expected_factor, jitter_factors, residual_steps
 from planner.plan import plan_from_trace
-from planner.simulate import synthetic_trace
-from planner.trace import Trace
+from planner.schedule.dag import build_dag, longest_path
+from planner.timing.jitter import expected_factor, jitter_factors, residual_steps
+from planner.trace.load import Trace
+from planner.trace.simulate import synthetic_trace
 
 
 def test_steady_windows_add_nothing():
@@ -50,7 +50,7 @@ def test_two_even_paths_are_longer_together_than_either():
     # Jensen: two parallel actions take turns being slow; each one's mean is its median, their maximum is not
     import networkx as nx
 
-    from planner.dag import SINK, SOURCE
+    from planner.schedule.dag import SINK, SOURCE
 
     dag = nx.DiGraph([(SOURCE, "0B0"), (SOURCE, "1B0"), ("0B0", SINK), ("1B0", SINK)])
     steps = [{"0B0": 1.2, "1B0": 0.8}, {"0B0": 0.8, "1B0": 1.2}]
@@ -59,7 +59,7 @@ def test_two_even_paths_are_longer_together_than_either():
 
 
 def test_the_runtime_planning_step_records_the_factors(tmp_path):
-    from timelyfreeze import planning
+    from timelyfreeze.plan import solve as planning
 
     tr = synthetic_trace("1F1B", 2, 4, jitter=0.05, seed=1, steps=3)
     keys = ("step", "action", "ms", "phase", "freeze_ratio")

@@ -1,4 +1,4 @@
-"""The one launcher (``timelyfreeze.launch``): command lines, and ``run`` with small Python jobs (no torch)."""
+"""The one launcher (``timelyfreeze.titan.launch``): command lines, and ``run`` with small Python jobs (no torch)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from timelyfreeze import launch
+from timelyfreeze.titan import launch
 
 
 def test_torchrun_command_puts_the_config_and_dump_before_the_arguments():

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from planner import schedules
-from planner.dag import SINK, SOURCE, build_dag
-from planner.lp import SOLVERS, solve_freeze_lp, solve_problem
-from planner.lp_solve import CONFIGS
-from planner.problem import FREEZE_RESOLUTION, Problem, build_problem, within_tol
-from planner.trace import NodeWeights, TraceMeta
+from planner.lp.highs import CONFIGS
+from planner.lp.problem import FREEZE_RESOLUTION, Problem, build_problem, within_tol
+from planner.lp.solve import SOLVERS, solve_freeze_lp, solve_problem
+from planner.schedule import orders as schedules
+from planner.schedule.dag import SINK, SOURCE, build_dag
+from planner.trace.load import NodeWeights, TraceMeta
 
 
 def steep_case(seed: int, pp: int = 4, per_rank: int = 3) -> tuple[TraceMeta, NodeWeights]:
@@ -102,8 +102,8 @@ def test_least_freezing_is_the_same_for_every_configuration(seed: int) -> None:
 
 def test_problem_is_built_once(monkeypatch) -> None:
     """``make_plan`` builds one DAG, indexes it once, and the plan's summary reuses its critical path."""
-    import planner.dag as dag_mod
     import planner.plan as plan_mod
+    import planner.schedule.dag as dag_mod
 
     meta, w = steep_case(0)
     built, indexed = [], []

@@ -140,7 +140,7 @@ def test_apf_method_warmup_step_level_anchor_and_resume():
     assert all(n.endswith("bias") for s in first for n in s)
     assert all("tok.weight" not in s for s in first)
     state = m.state_dict()
-    from timelyfreeze.state_codec import decode, encode
+    from timelyfreeze.runtime.state_codec import decode, encode
 
     state = decode(encode(state))  # through the checkpoint's plain-data form
     # a resumed copy (fresh model with the same weights) continues identically

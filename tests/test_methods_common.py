@@ -13,15 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from timelyfreeze.errors import FreezeConfigError
+from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.config.phases import Phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.common import freezable_names
-from timelyfreeze.methods.egeria import EgeriaConfig
+from timelyfreeze.methods.egeria.method import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed
 from timelyfreeze.methods.smartpipe import SmartPipeConfig
-from timelyfreeze.phases import Phases
 
 VOCAB, DIM = 11, 4
 
@@ -266,7 +266,7 @@ def test_random_matched_reads_the_runs_stable_per_stage_shares():
     committed TimelyFreeze job of the comparison)."""
     from pathlib import Path
 
-    from planner.trace import load_trace, phase_stage_ratios
+    from planner.trace.load import load_trace, phase_stage_ratios
 
     run = (
         Path(__file__).resolve().parents[1] / "docs/results/comparison/jobs/1F1B__timelyfreeze__r_max=0.8__seed=0/dump"

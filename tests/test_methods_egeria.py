@@ -8,9 +8,9 @@ import time
 import torch
 from test_methods_common import LockStep, make_cfg, make_ctx, make_stages
 
-from timelyfreeze.methods.egeria import Egeria, EgeriaConfig
-from timelyfreeze.methods.egeria_controller import EgeriaController
-from timelyfreeze.methods.egeria_sp_loss import linear_slope, sp_loss
+from timelyfreeze.methods.egeria.controller import EgeriaController
+from timelyfreeze.methods.egeria.method import Egeria, EgeriaConfig
+from timelyfreeze.methods.egeria.sp_loss import linear_slope, sp_loss
 
 
 def test_sp_loss_by_hand():
@@ -214,7 +214,7 @@ def test_two_ranks_agree_on_readings_from_the_owner_and_freeze_the_prefix():
     assert ls.calls == calls
     st = ranks[1].state_dict()
     fresh = Egeria(cfg, make_ctx([views[1]]))
-    from timelyfreeze.state_codec import decode, encode
+    from timelyfreeze.runtime.state_codec import decode, encode
 
     fresh.load_state_dict(decode(encode(st)))  # through the checkpoint's plain-data form
     assert fresh.ctrl.cur == 1 and fresh.n == 2 and fresh.phase(5) == "active"

@@ -95,7 +95,7 @@ def test_two_ranks_agree_and_resume():
     assert ranks[1].frozen_tensors(9, 1, 0) == {n for n in views[1].params if views[1].layer_of[n] == 3}
     state = ranks[1].state_dict()
     fresh = SmartPipe(cfg, make_ctx([views[1]], num_stages=2))
-    from timelyfreeze.state_codec import decode, encode
+    from timelyfreeze.runtime.state_codec import decode, encode
 
     fresh.load_state_dict(decode(encode(state)))  # through the checkpoint's plain-data form
     assert fresh.frozen_tensors(9, 1, 0) == ranks[1].frozen_tensors(9, 1, 0)

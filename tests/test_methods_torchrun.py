@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from planner.trace import load_trace
+from planner.trace.load import load_trace
 from tests.torchrun_util import torchrun
 
 pytestmark = pytest.mark.torchrun

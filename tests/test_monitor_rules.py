@@ -1,5 +1,5 @@
-"""Plan vs reality without torch: F-anchored monitoring windows (``planner.monitor``) and the re-plan rule
-that tells a uniform change (the machine) from a relative one (``timelyfreeze.replan``)."""
+"""Plan vs reality without torch: F-anchored monitoring windows (``planner.timing.monitor``) and the re-plan rule
+that tells a uniform change (the machine) from a relative one (``timelyfreeze.plan.replan``)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from planner import monitor
-from planner.drift import machine_factor
 from planner.plan import plan_from_trace
-from planner.simulate import synthetic_trace
-from planner.trace import Trace, node_weights, validate_meta
+from planner.timing import monitor
+from planner.timing.drift import machine_factor
+from planner.trace.load import Trace, node_weights, validate_meta
+from planner.trace.simulate import synthetic_trace
 from tests.test_replan import as_lists, setup
-from timelyfreeze import state_codec
-from timelyfreeze.config import Freeze, FreezeConfigError, validate
-from timelyfreeze.replan import Replanner
-from timelyfreeze.summary import build, format_summary
+from timelyfreeze.config.freeze import Freeze, FreezeConfigError, validate
+from timelyfreeze.outputs.summary import build, format_summary
+from timelyfreeze.plan.replan import Replanner
+from timelyfreeze.runtime import state_codec
 
 
 def slowed(trace: Trace, phase: str, factor: float) -> Trace:

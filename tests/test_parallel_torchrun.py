@@ -27,10 +27,10 @@ import subprocess
 import pytest
 
 from planner.plan import load_plan, plan_from_trace
-from planner.trace import load_trace
+from planner.trace.load import load_trace
 from tests.test_runtime_torchrun import check_full_cycle
 from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun
-from timelyfreeze.launch import torchrun_prefix
+from timelyfreeze.titan.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
 

@@ -15,8 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
-from timelyfreeze.config import FreezeConfigError
-from timelyfreeze.param_switch import ParamSwitch
+from timelyfreeze.config.freeze import FreezeConfigError
+from timelyfreeze.hooks.param_switch import ParamSwitch
 
 
 def sharded_model(param_dtype=torch.bfloat16):

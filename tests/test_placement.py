@@ -2,10 +2,10 @@
 
 import pytest
 
-from timelyfreeze.config import Freeze, knob_of
-from timelyfreeze.experiments.command import build_command, matched_dump
-from timelyfreeze.experiments.grid import GridError, expand_grid, load_grid_file
-from timelyfreeze.experiments.results import cell_knob, knob_sort_key
+from timelyfreeze.config.freeze import Freeze, knob_of
+from timelyfreeze.experiments.sweep.command import build_command, matched_dump
+from timelyfreeze.experiments.sweep.grid import GridError, expand_grid, load_grid_file
+from timelyfreeze.experiments.sweep.results import cell_knob, knob_sort_key
 
 CONFIG = "torchtitan_configs/llama3_debug_finetune_cpu.toml"
 
@@ -104,7 +104,7 @@ def _fake_pair(out, src, seed):
 def test_placement_report_on_committed_jobs(tmp_path):
     from pathlib import Path
 
-    from timelyfreeze.experiments.placement import build_placement_report
+    from timelyfreeze.experiments.studies.placement import build_placement_report
 
     src = Path("docs/results/comparison/jobs")
     for seed in (0, 1):

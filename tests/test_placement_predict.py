@@ -1,11 +1,11 @@
-"""planner.placement: the plan against the same per-stage shares spread uniformly."""
+"""planner.analysis.placement: the plan against the same per-stage shares spread uniformly."""
 
 import pytest
 
-from planner.comm import estimate_edge_delays
-from planner.placement import predict_placement, uniform_durations
+from planner.analysis.placement import predict_placement, uniform_durations
 from planner.plan import plan_from_trace, stage_mean_ratios
-from planner.simulate import synthetic_trace
+from planner.timing.comm import estimate_edge_delays
+from planner.trace.simulate import synthetic_trace
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from planner.dag import SINK, SOURCE, build_dag, longest_path
 from planner.errors import PlannerError
-from planner.lp import solve_freeze_lp
+from planner.lp.solve import solve_freeze_lp
 from planner.plan import (
     PLAN_FORMAT,
     check_plan_matches,
@@ -23,8 +22,9 @@ from planner.plan import (
     stage_mean_ratios,
     write_plan,
 )
-from planner.synthetic import list_schedule_orders, placement, synthetic_meta, synthetic_weights
-from planner.trace import NodeWeights, TraceMeta
+from planner.schedule.dag import SINK, SOURCE, build_dag, longest_path
+from planner.trace.load import NodeWeights, TraceMeta
+from planner.trace.synthetic import list_schedule_orders, placement, synthetic_meta, synthetic_weights
 
 
 def gpipe_2x2() -> TraceMeta:
@@ -354,7 +354,7 @@ def test_load_plan_bad_json(tmp_path) -> None:
     "schedule", ["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble"]
 )
 def test_fast_path_matches_plain_lp_on_schedules(schedule: str, seed: int) -> None:
-    from planner import schedules
+    from planner.schedule import orders as schedules
 
     rng = random.Random(seed * 7919 + len(schedule))
     pp = rng.randint(2, 4)
@@ -386,7 +386,7 @@ def test_fast_path_matches_plain_lp_on_schedules(schedule: str, seed: int) -> No
 
 
 def _region_case(seed: int) -> tuple[TraceMeta, NodeWeights, float]:
-    from planner import schedules
+    from planner.schedule import orders as schedules
 
     rng = random.Random(seed)
     schedule = ["GPipe", "1F1B", "Interleaved1F1B", "ZBVZeroBubble", "InterleavedZeroBubble"][seed % 5]
@@ -402,7 +402,7 @@ def _region_case(seed: int) -> tuple[TraceMeta, NodeWeights, float]:
 def test_region_solve_is_exact_and_grows(monkeypatch) -> None:
     """The region loop (forced on small batches: no fallback to the whole LP) reaches the plain LP's
     lexicographic optimum; several cases need more than one round, so the growth path is exercised."""
-    import planner.lp_region as lp
+    import planner.lp.region as lp
 
     monkeypatch.setattr(lp, "_REGION_MAX_FRACTION", 1.0)
     rounds = []
@@ -429,7 +429,7 @@ def test_region_falls_back_to_the_whole_lp_when_it_grows_too_large() -> None:
 
 
 def test_region_matches_whole_lp_on_a_long_pipeline() -> None:
-    from planner import schedules
+    from planner.schedule import orders as schedules
 
     meta = TraceMeta(
         "ZBVZeroBubble",
@@ -459,9 +459,9 @@ def test_bounded_region_is_certified_against_the_exact_lp(schedule: str, monkeyp
     """The bounded region method (gap > 0): its lower bound is at most the exact optimum, its batch time at
     most the lower bound times (1 + gap), it respects every stage's budget, and its durations are its batch
     time's longest path.  Forced on small real-like batches (no fallback); several r_max and seeds."""
-    import planner.lp_region as lp_region
-    from planner import schedules
-    from planner.synthetic import real_like_weights
+    import planner.lp.region as lp_region
+    from planner.schedule import orders as schedules
+    from planner.trace.synthetic import real_like_weights
 
     monkeypatch.setattr(lp_region, "_REGION_MAX_FRACTION", 1.0)
     pp, spr = 4, schedules.stages_per_rank(schedule)
@@ -502,10 +502,10 @@ def test_rebalance_certifies_a_nearly_balanced_pipeline(monkeypatch) -> None:
     """Nearly balanced stages (+-5 %): the even spread of the leftover budget stays above the gap and the
     region outgrows its limit (the whole LP ran); the rebalance passes reach a plan certified within the gap
     in a small region.  Deterministic (seeded timings, HiGHS single-threaded); checked against the exact LP."""
-    import planner.lp_region as lp_region
-    from planner import schedules
-    from planner.lp_arrays import Paths, dag_arrays, stage_counts
-    from planner.synthetic import real_like_weights
+    import planner.lp.region as lp_region
+    from planner.lp.arrays import Paths, dag_arrays, stage_counts
+    from planner.schedule import orders as schedules
+    from planner.trace.synthetic import real_like_weights
 
     meta = TraceMeta(
         "ZBVZeroBubble",
@@ -572,9 +572,9 @@ def test_fallback_gap_returns_the_best_certified_plan_where_the_gap_is_not_reach
     best plan of its rounds comes back (not the whole LP), its lower bound at most the exact optimum, its batch
     time within ``fallback_gap`` of that bound, every budget held, the missed target recorded.  Deterministic
     (seeded timings, HiGHS single-threaded); the invariants are checked on every case, the fallback must occur."""
-    import planner.lp_region as lp_region
-    from planner import schedules
-    from planner.synthetic import real_like_weights
+    import planner.lp.region as lp_region
+    from planner.schedule import orders as schedules
+    from planner.trace.synthetic import real_like_weights
 
     monkeypatch.setattr(lp_region, "_REBALANCE_PASSES", 0)  # the region method alone gives up on these
     used = 0
@@ -602,10 +602,10 @@ def test_fallback_gap_returns_the_best_certified_plan_where_the_gap_is_not_reach
 
 
 def test_freeze_and_give_back_holds_every_budget_and_meets_its_target_where_no_stage_is_scaled() -> None:
-    import planner.lp_region as lp_region
-    from planner import schedules
-    from planner.lp_arrays import Paths, dag_arrays, stage_counts
-    from planner.synthetic import real_like_weights
+    import planner.lp.region as lp_region
+    from planner.lp.arrays import Paths, dag_arrays, stage_counts
+    from planner.schedule import orders as schedules
+    from planner.trace.synthetic import real_like_weights
 
     meta = TraceMeta(
         "ZBVZeroBubble",
@@ -638,10 +638,10 @@ def test_freeze_and_give_back_holds_every_budget_and_meets_its_target_where_no_s
 
 
 def test_replay_weights_resample_a_measured_trace_onto_a_larger_pipeline() -> None:
-    from planner import schedules
-    from planner.simulate import synthetic_trace
-    from planner.synthetic import replay_weights
-    from planner.trace import node_weights
+    from planner.schedule import orders as schedules
+    from planner.trace.load import node_weights
+    from planner.trace.simulate import synthetic_trace
+    from planner.trace.synthetic import replay_weights
 
     src = synthetic_trace("ZBVZeroBubble", 2, 4, stage_scale=[1.0, 1.5, 0.7, 1.2], jitter=0.1, seed=3)
     sw = node_weights(src)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from timelyfreeze import corpus
+from timelyfreeze.data import corpus
 
 
 def _checkpoint(root, step):

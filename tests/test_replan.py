@@ -1,20 +1,21 @@
-"""Online re-planning without torch: ``planner.drift`` (scales, drift, rescaled weights) and
-``timelyfreeze.replan.Replanner`` (when a re-plan is due, what it starts from, its checkpointed state)."""
+"""Online re-planning without torch: ``planner.timing.drift`` (scales, drift, rescaled weights) and
+``timelyfreeze.plan.replan.Replanner`` (when a re-plan is due, what it starts from, its checkpointed state)."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner import drift
-from planner.dag import build_dag
 from planner.plan import make_plan
-from planner.schedules import schedule_meta
-from planner.synthetic import synthetic_weights
-from planner.trace import NodeWeights, validate_meta
-from timelyfreeze import freeze_state, state_codec
-from timelyfreeze.config import Freeze, FreezeConfigError, validate
-from timelyfreeze.replan import Replanner, mean_ratio
-from timelyfreeze.summary import build, format_summary
+from planner.schedule.dag import build_dag
+from planner.schedule.orders import schedule_meta
+from planner.timing import drift
+from planner.trace.load import NodeWeights, validate_meta
+from planner.trace.synthetic import synthetic_weights
+from timelyfreeze.config.freeze import Freeze, FreezeConfigError, validate
+from timelyfreeze.outputs.summary import build, format_summary
+from timelyfreeze.plan.replan import Replanner, mean_ratio
+from timelyfreeze.runtime import state as freeze_state
+from timelyfreeze.runtime import state_codec
 
 
 def setup(schedule: str = "1F1B", pp: int = 2, n: int = 4):
@@ -211,7 +212,7 @@ def test_summary_lists_the_replans():
 
 
 def test_delays_on_cross_rank_edges_stay_fixed_in_the_drift_and_travel_with_the_state():
-    from planner.comm import cross_rank_edges
+    from planner.timing.comm import cross_rank_edges
 
     meta, weights, plan, ratios = setup()
     dag = build_dag(meta)
@@ -250,7 +251,10 @@ def test_a_kept_replan_takes_the_measurements_and_keeps_the_ratios():
     assert rp.observe({"0F": 1.0, "0B": 1.0, "1F": 1.0, "1B": 1.0}) == pytest.approx(0.0)
     jitter = {"steps": 8, "no_freeze": 1.004, "all_frozen": 1.0, "planned": 1.0151}
     text = format_summary(build(**summary_kwargs(), monitoring={"factors": {}, "jitter": jitter}, rescales=[event]))
-    assert "jitter (planner.jitter, 8 monitoring steps): predictions +1.5 % planned, +0.4 % without freezing" in text
+    assert (
+        "jitter (planner.timing.jitter, 8 monitoring steps): predictions +1.5 % planned, +0.4 % without freezing"
+        in text
+    )
     assert "re-plan not taken after step 30 (it would save 0.4 % of the batch, +0.000 of freezing), plan kept" in text
 
 

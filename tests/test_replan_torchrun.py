@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from planner.plan import load_plan, stage_mean_ratios
-from planner.trace import load_trace
+from planner.trace.load import load_trace
 from tests.torchrun_util import short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.experiments import runtime_bench as rb
-from timelyfreeze.experiments import runtime_report as rr
-from timelyfreeze.experiments.runtime_analysis import decompose, paired_differences
+from timelyfreeze.experiments.runtime import bench as rb
+from timelyfreeze.experiments.runtime import report as rr
+from timelyfreeze.experiments.runtime.analysis import decompose, paired_differences
 
 
 def opts(**kw):
@@ -119,7 +119,7 @@ def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():
 
 
 def test_overhead_cycles_put_every_kind_on_odd_and_even_steps_between_detached_ones():
-    from timelyfreeze.experiments.runtime_analysis import CYCLES
+    from timelyfreeze.experiments.runtime.analysis import CYCLES
 
     for cycle in CYCLES.values():
         assert len(cycle) % 2 == 1  # odd length: a kind's steps alternate in parity

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.actions import PAIR, parse_action
 from planner.plan import load_plan, plan_from_trace
-from planner.schedules import rank_orders
-from planner.spans import f_factor, phase_spans, step_spans
-from planner.trace import load_trace
+from planner.schedule.actions import PAIR, parse_action
+from planner.schedule.orders import rank_orders
+from planner.timing.spans import f_factor, phase_spans, step_spans
+from planner.trace.load import load_trace
 from tests.torchrun_util import short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun
@@ -112,7 +112,7 @@ def check_full_cycle(
     assert len(losses) == steps and all(math.isfinite(line) for line in losses)
     assert not summary["failures"]
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
-    # spans and the F factor from the trace's timestamps (every rank on this host), as planner.spans reads them
+    # spans and the F factor from the trace's timestamps (every rank on this host), as planner.timing.spans reads them
     spans = step_spans(trace)
     assert len(spans) == steps and summary["step_span_ms"] == [[k, round(ms, 3)] for k, ms in spans.items()]
     assert summary["span_ms"] == pytest.approx(phase_spans(trace, spans))
@@ -170,7 +170,7 @@ SHORTER = (1, 2, 2, 2)
     "config,schedule",
     [
         # DualPipeV: full backwards, split ones and OVERLAP_F_B pairs (a forward and a full backward as one
-        # action; on CPU torch runs their parts one after the other, timelyfreeze/cpu_shims.py)
+        # action; on CPU torch runs their parts one after the other, timelyfreeze/titan/cpu_shims.py)
         ("llama3_debug_dualpipev_cpu.toml", "DualPipeV"),
         ("llama3_debug_interleavedzb_cpu.toml", "InterleavedZeroBubble"),
         ("llama3_debug_loopedbfs_cpu.toml", "LoopedBFS"),
@@ -178,7 +178,7 @@ SHORTER = (1, 2, 2, 2)
 )
 def test_full_cycle_more_schedules(tmp_path, config, schedule):
     """A full cycle for the other torch schedules; the orders the runtime records are the ones
-    ``planner.schedules`` generates (checked against torch's own in ``tests/test_schedules.py``)."""
+    ``planner.schedule.orders`` generates (checked against torch's own in ``tests/test_schedules.py``)."""
     run = torchrun(config, tmp_path / "run", *short_cycle(*SHORTER))
     plan, trace = check_full_cycle(run, schedule, 4, cycle=SHORTER)
     assert trace.meta.rank_orders == rank_orders(schedule, 2, 8)
@@ -290,7 +290,7 @@ def test_bad_freeze_setting_fails_with_one_line(tmp_path):
 
 def test_plan_for_another_schedule_is_refused(tmp_path):
     from planner.plan import write_plan
-    from planner.simulate import synthetic_trace
+    from planner.trace.simulate import synthetic_trace
 
     plan = plan_from_trace(synthetic_trace("GPipe", 2, 8), 0.8)
     write_plan(plan, tmp_path / "gpipe_plan.json")
@@ -313,7 +313,7 @@ def test_given_plan_with_gradient_accumulation(tmp_path):
     the given plan (times the ramp) asks for. With gradient accumulation (2 batches per step) each batch
     draws and records its own masks, and the per-step metric covers both batches."""
     from planner.plan import write_plan
-    from planner.simulate import synthetic_trace
+    from planner.trace.simulate import synthetic_trace
 
     given = plan_from_trace(synthetic_trace("1F1B", 2, 8), 0.8)
     write_plan(given, tmp_path / "plan.json")

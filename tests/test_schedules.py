@@ -1,4 +1,4 @@
-"""planner.schedules: per-rank executed orders, checked against torch 2.13 itself where torch is present."""
+"""planner.schedule.orders: per-rank executed orders, checked against torch 2.13 itself where torch is present."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from unittest import mock
 import networkx as nx
 import pytest
 
-from planner.actions import parse_action
 from planner.errors import PlannerError
-from planner.schedules import (
+from planner.schedule.actions import parse_action
+from planner.schedule.orders import (
     SCHEDULES,
     canonical_schedule,
     rank_orders,

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from timelyfreeze.selection import (
+from timelyfreeze.hooks.selection import (
     action_generator,
     balanced_subset,
     inclusion_probabilities,

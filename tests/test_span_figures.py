@@ -1,8 +1,8 @@
-"""timelyfreeze.experiments.span_figures on committed runs and on bad input."""
+"""timelyfreeze.experiments.runtime.span_figures on committed runs and on bad input."""
 
 from pathlib import Path
 
-from timelyfreeze.experiments.span_figures import main, run_figures, table
+from timelyfreeze.experiments.runtime.span_figures import main, run_figures, table
 
 JOBS = Path("docs/results/runtime/monitoring/jobs")
 

@@ -1,4 +1,4 @@
-"""Figures from a trace's timestamps (``planner.spans``): spans, the F factor, the shares in ``summary.json``,
+"""Figures from a trace's timestamps (``planner.timing.spans``): spans, the F factor, the shares in ``summary.json``,
 and the measured timeline panels, on a committed run's trace (its records carry ``start_ms``)."""
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from planner.cli import main
-from planner.dag import build_dag
 from planner.gantt import NO_TIMESTAMPS, measured_panel, plot_timeline
 from planner.plan import load_plan
-from planner.simulate import synthetic_trace, write_trace
-from planner.spans import (
+from planner.schedule.dag import build_dag
+from planner.timing.spans import (
     achieved_share,
     dag_f_factor,
     f_factor,
@@ -25,9 +24,10 @@ from planner.spans import (
     step_spans,
     step_timeline,
 )
-from planner.trace import Trace, load_trace
-from timelyfreeze import timeline
-from timelyfreeze.summary import build, format_summary
+from planner.trace.load import Trace, load_trace
+from planner.trace.simulate import synthetic_trace, write_trace
+from timelyfreeze.outputs import timeline
+from timelyfreeze.outputs.summary import build, format_summary
 
 JOB = (
     Path(__file__).resolve().parent.parent
@@ -207,14 +207,14 @@ def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monk
 
 
 def test_the_reports_timeline_is_the_gantt_commands(tmp_path) -> None:
-    from timelyfreeze.experiments.predictions import Planner
+    from timelyfreeze.experiments.sweep.predictions import Planner
 
     Planner().gantt(JOB / "trace", JOB / "plan.json", tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_the_runtime_takes_the_plans_durations_and_delays(trace, tmp_path) -> None:
-    from timelyfreeze.runtime import _plan_f_factor
+    from timelyfreeze.runtime.runtime import _plan_f_factor
 
     logged: list[str] = []
     f = _plan_f_factor(trace, JOB / "plan.json", logged.append)

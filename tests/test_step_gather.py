@@ -1,4 +1,4 @@
-"""The per-step gather as one fixed-size float64 row (``timelyfreeze.step_gather``, ``JobGroup.
+"""The per-step gather as one fixed-size float64 row (``timelyfreeze.runtime.step_gather``, ``JobGroup.
 all_gather_floats``): the same values the object gather gave, and nothing pickled per step. The profiler's
 per-action path keeps its records as they were."""
 
@@ -8,12 +8,12 @@ import math
 
 import torch.distributed as dist
 
-from planner.schedules import schedule_meta
-from planner.trace import validate_meta
+from planner.schedule.orders import schedule_meta
+from planner.trace.load import validate_meta
 from tests.single_rank import process_group  # noqa: F401  (module-scoped, autouse)
-from timelyfreeze.pipeline_group import JobGroup
-from timelyfreeze.profiler import ActionProfiler
-from timelyfreeze.step_gather import StepGather
+from timelyfreeze.hooks.profiler import ActionProfiler
+from timelyfreeze.runtime.collectives import JobGroup
+from timelyfreeze.runtime.step_gather import StepGather
 
 
 def gather() -> StepGather:
@@ -40,7 +40,7 @@ def test_rows_carry_exactly_what_the_object_gather_carried():
 def test_method_figures_ride_their_named_slots():
     import pytest
 
-    from timelyfreeze.methods.egeria import Egeria
+    from timelyfreeze.methods.egeria.method import Egeria
 
     g = StepGather(validate_meta(schedule_meta("1F1B", 2, 4), "meta").all_actions(), Egeria.step_metric_names)
     local = {"frozen": 1.0, "batch_s": 0.5, "step_s": 0.6, "loss": 2.0}

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config import Freeze, FreezeConfigError, validate
-from timelyfreeze.job_checks import check_stop_rule
-from timelyfreeze.trainer import _held_after, target_reached
+from timelyfreeze.config.freeze import Freeze, FreezeConfigError, validate
+from timelyfreeze.config.job_checks import check_stop_rule
+from timelyfreeze.titan.trainer import _held_after, target_reached
 
 
 def test_target_reached_only_on_a_validation_step_past_the_floor():

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from planner.errors import PlannerError
-from timelyfreeze.experiments.cli import main
-from timelyfreeze.experiments.command import build_command
-from timelyfreeze.experiments.grid import KNOBS, GridError, Job, expand_grid, load_grid_file
-from timelyfreeze.experiments.pareto import pareto_front
-from timelyfreeze.experiments.plots import _plt
-from timelyfreeze.experiments.predictions import Planner
-from timelyfreeze.experiments.report import build_report
-from timelyfreeze.experiments.runner import run_sweep
-from timelyfreeze.experiments.tta import interp_at, steps_to_reach, tta_rows
+from timelyfreeze.experiments.sweep.cli import main
+from timelyfreeze.experiments.sweep.command import build_command
+from timelyfreeze.experiments.sweep.grid import KNOBS, GridError, Job, expand_grid, load_grid_file
+from timelyfreeze.experiments.sweep.pareto import pareto_front
+from timelyfreeze.experiments.sweep.plots import _plt
+from timelyfreeze.experiments.sweep.predictions import Planner
+from timelyfreeze.experiments.sweep.report import build_report
+from timelyfreeze.experiments.sweep.runner import run_sweep
+from timelyfreeze.experiments.sweep.tta import interp_at, steps_to_reach, tta_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -685,7 +685,7 @@ def test_cell_stats_over_three_seeds():
 
 
 def test_extend_to_target_grid_and_overrides(base_toml, tmp_path):
-    from timelyfreeze.experiments.extend import extension_overrides
+    from timelyfreeze.experiments.sweep.extend import extension_overrides
 
     grid = {
         "config": str(base_toml),
@@ -772,9 +772,9 @@ def test_knob_trend_slope_and_interval():
 def test_jobs_from_another_pretrained_checkpoint_are_stale_unpaired_and_give_no_target(base_toml, tmp_path):
     """The pre-trained checkpoint is built on each machine and differs between machines: a finished job that
     started from another one reruns, gives no time-to-accuracy target, and pairs with no no-freezing run."""
-    from timelyfreeze.experiments.extend import target_loss
-    from timelyfreeze.experiments.results import load_rows
-    from timelyfreeze.experiments.runner import job_spec, resume_state
+    from timelyfreeze.experiments.sweep.extend import target_loss
+    from timelyfreeze.experiments.sweep.results import load_rows
+    from timelyfreeze.experiments.sweep.runner import job_spec, resume_state
 
     grid = {
         "config": str(base_toml),
@@ -824,7 +824,7 @@ def test_a_whole_seed_from_another_checkpoint_is_kept_a_partial_one_reruns(base_
     """Seed 0 finished every job from checkpoint "old": it is complete in itself (each freezing run pairs with
     the no-freezing run of its seed and checkpoint) and is kept. Seed 1 finished only some: it runs again whole,
     its finished job from "old" included, so that no seed mixes checkpoints."""
-    from timelyfreeze.experiments.runner import job_spec, run_sweep, whole_seeds_from_other_checkpoints
+    from timelyfreeze.experiments.sweep.runner import job_spec, run_sweep, whole_seeds_from_other_checkpoints
 
     grid = {
         "config": str(base_toml),

@@ -1,4 +1,4 @@
-"""planner.simulate, planner.sweep and planner.gantt (no torch needed)."""
+"""planner.trace.simulate, planner.sweep and planner.gantt (no torch needed)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import planner.sweep as sweep_mod
 from planner.errors import PlannerError
 from planner.gantt import plot_timeline
-from planner.simulate import simulate_batch, synthetic_trace, write_trace
 from planner.sweep import check_r_values, format_table, plot_sweep, sweep, write_csv
-from planner.trace import load_trace, node_weights
+from planner.trace.load import load_trace, node_weights
+from planner.trace.simulate import simulate_batch, synthetic_trace, write_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from timelyfreeze.config import Freeze
+from timelyfreeze.config.freeze import Freeze
+from timelyfreeze.config.phases import Phases
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.timely import TimelyFreezeMethod
-from timelyfreeze.phases import Phases
 
 PH = Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=10)
 
@@ -71,7 +71,7 @@ def test_fresh_masks_every_step_or_every_k_steps():
     assert m3.frozen_tensors(13, 0, 1) == m3.frozen_tensors(14, 0, 1) == m3.frozen_tensors(15, 0, 1)
 
 
-from timelyfreeze.state_codec import decode, encode  # noqa: E402  (checkpoint round trips)
+from timelyfreeze.runtime.state_codec import decode, encode  # noqa: E402  (checkpoint round trips)
 
 
 def test_failed_plan_means_no_freezing_and_is_remembered():

@@ -9,8 +9,7 @@ import pytest
 
 from planner.errors import PlannerError
 from planner.plan import plan_from_trace
-from planner.synthetic import synthetic_meta
-from planner.trace import (
+from planner.trace.load import (
     TRACE_FORMAT,
     TraceMeta,
     load_trace,
@@ -19,6 +18,7 @@ from planner.trace import (
     trace_from_records,
     validate_meta,
 )
+from planner.trace.synthetic import synthetic_meta
 
 
 def good_meta() -> dict:
@@ -382,7 +382,7 @@ def test_replica_weights_need_records_in_every_replica() -> None:
         node_weights(trace_from_records(good_meta() | {"replicas": 2}, recs, source="g"))
 
 
-# ----------------------------------------------------------------------- start times and hosts (planner.comm)
+# ----------------------------------------------------------------------- start times and hosts (planner.timing.comm)
 
 
 def test_start_ms_and_hosts_are_optional_and_kept(tmp_path) -> None:
@@ -414,7 +414,7 @@ def test_bad_hosts_value(tmp_path, value) -> None:
 def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     """load_trace parses a well-formed file in one pass (``_fast_records``); the line-by-line path gives the
     same records, and odd but valid lines (blank, indented, trailing spaces, ints for floats) load either way."""
-    import planner.trace as trace_mod
+    import planner.trace.load as trace_mod
 
     recs = {int(r): records(o) for r, o in good_meta()["rank_orders"].items()}
     recs[0][1] = recs[0][1] | {"ms": 3, "start_ms": 12}

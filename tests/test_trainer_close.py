@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from timelyfreeze.trainer import close_runtime
+from timelyfreeze.titan.trainer import close_runtime
 
 
 class FakeRuntime:

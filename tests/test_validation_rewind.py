@@ -9,7 +9,7 @@ import itertools
 
 import torch
 
-from timelyfreeze import corpus
+from timelyfreeze.data import corpus
 
 
 def test_the_dataset_rewinds_to_the_same_batches():
@@ -50,7 +50,7 @@ def test_trainer_gets_its_validator_and_metrics_processor_from_torchtitans_train
     from torchtitan.components.validate import Validator
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from timelyfreeze import titan_spec
+    from timelyfreeze.titan import spec as titan_spec
 
     titan_spec.use_freeze_spec("llama3")
     titan_spec.use_freeze_spec("llama3")

@@ -1,4 +1,4 @@
-"""Launch real ``torchrun`` training jobs from tests (CPU, gloo), through ``timelyfreeze.launch``."""
+"""Launch real ``torchrun`` training jobs from tests (CPU, gloo), through ``timelyfreeze.titan.launch``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from timelyfreeze.launch import CONFIGS, TRAIN, run, torchrun_command
-from timelyfreeze.launch import REPO_ROOT as ROOT
+from timelyfreeze.titan.launch import CONFIGS, TRAIN, run, torchrun_command
+from timelyfreeze.titan.launch import REPO_ROOT as ROOT
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Entry point: ``torchrun ... -m timelyfreeze.train --job.config_file torchtitan_configs/X.toml``.
 
-CPU-only hosts get the shims of ``timelyfreeze.cpu_shims`` before TorchTitan is imported. A bad
+CPU-only hosts get the shims of ``timelyfreeze.titan.cpu_shims`` before TorchTitan is imported. A bad
 ``[freeze]`` setting or saved freezing state ends the run with one line naming the field (exit code 2),
 not a traceback. A finished run exits through normal interpreter teardown (atexit handlers, log flushes).
 """
@@ -10,7 +10,7 @@ import gc
 import os
 import sys
 
-from timelyfreeze import cpu_shims
+from timelyfreeze.titan import cpu_shims
 
 
 def main(trainer_cls: type | None = None) -> None:
@@ -21,9 +21,9 @@ def main(trainer_cls: type | None = None) -> None:
     cpu_shims.apply_if_needed()
     from torchtitan.train import main as titan_main
 
-    from timelyfreeze.errors import FreezeConfigError
-    from timelyfreeze.state_codec import FreezeStateError
-    from timelyfreeze.trainer import TimelyFreezeTrainer
+    from timelyfreeze.config.errors import FreezeConfigError
+    from timelyfreeze.runtime.state_codec import FreezeStateError
+    from timelyfreeze.titan.trainer import TimelyFreezeTrainer
 
     try:
         titan_main(trainer_cls or TimelyFreezeTrainer)
@@ -35,7 +35,7 @@ def main(trainer_cls: type | None = None) -> None:
     # The trainer's reference cycles (closures, stage <-> schedule) still hold the pipeline's process group;
     # left to the interpreter's shutdown, gloo's threads are destroyed mid-finalization, which aborted about
     # one finished run in twenty. Collect them now, while everything is alive: destroy_process_group() has
-    # run, so the groups go and their threads are joined here (see timelyfreeze.torch_fixes).
+    # run, so the groups go and their threads are joined here (see timelyfreeze.titan.torch_fixes).
     gc.collect()
 
 

@@ -1,7 +1,7 @@
 """Experiments: grids of training jobs run one at a time, the report that compares them, the benchmarks.
 
 Tooling, not runtime: these modules import the runtime (``timelyfreeze.*``, ``planner``), and nothing in the
-runtime imports them (``tests/test_boundaries.py``). Jobs start through ``timelyfreeze.launch``.
+runtime imports them (``tests/test_boundaries.py``). Jobs start through ``timelyfreeze.titan.launch``.
 
 ``scripts/sweep.py`` and ``scripts/sweep_report.py`` are thin entry points to ``cli``
 (``python -m timelyfreeze.experiments run|report ...`` does the same). One idea per module:
@@ -20,6 +20,6 @@ runtime imports them (``tests/test_boundaries.py``). Jobs start through ``timely
 - ``runtime_bench`` (with ``runtime_analysis`` and the trainer ``overhead_trainer``), ``compile_bench``: the
   benchmarks of ``scripts/bench_runtime.py`` and ``scripts/bench_compile.py``.
 
-Method names and knobs come from ``timelyfreeze.config`` (``METHODS``, ``METHOD_KNOBS``,
+Method names and knobs come from ``timelyfreeze.config.freeze`` (``METHODS``, ``METHOD_KNOBS``,
 ``PLANNED_METHODS``); nothing here keeps its own list.
 """

@@ -2,6 +2,6 @@
 
 import sys
 
-from timelyfreeze.experiments.cli import main
+from timelyfreeze.experiments.sweep.cli import main
 
 sys.exit(main())

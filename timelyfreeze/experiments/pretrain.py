@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from timelyfreeze import corpus, launch
+from timelyfreeze.data import corpus
+from timelyfreeze.titan import launch
 
 
 def ensure_pretrained(force: bool = False, extra: list[str] | None = None) -> Path:

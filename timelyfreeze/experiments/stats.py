@@ -18,8 +18,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from timelyfreeze.experiments.grid import NO_FREEZING
-from timelyfreeze.experiments.results import knob_sort_key, num
+from timelyfreeze.experiments.sweep.grid import NO_FREEZING
+from timelyfreeze.experiments.sweep.results import knob_sort_key, num
 
 QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
 CELL_COLUMNS = (

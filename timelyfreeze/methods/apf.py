@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.fields import check_section
+from timelyfreeze.config.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.common import warmup_of
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from timelyfreeze.fields import check_section
+from timelyfreeze.config.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from timelyfreeze.phases import Phases
+from timelyfreeze.config.phases import Phases
 
 
 @dataclass
@@ -48,7 +48,7 @@ class StageView:
     frozen, so the stage's backward always has something to reach; ``None`` elsewhere. A method with
     ``may_freeze_anchor`` (Egeria, which freezes its prefix whole) may freeze it."""
     units: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Freezing units, front to back: unit name -> its tensors (``timelyfreeze.stage_layout.freeze_units``;
+    """Freezing units, front to back: unit name -> its tensors (``timelyfreeze.hooks.stage_layout.freeze_units``;
     the anchor in none). Methods that freeze a share of the stage sample whole units. Empty: every
     freezable tensor is a unit of its own."""
 
@@ -96,7 +96,7 @@ class FreezeMethod:
 
     step_metric_names: ClassVar[tuple[str, ...]] = ()
     """Every name ``step_metrics`` may return: the per-step gather's fixed layout has a slot for each
-    (``timelyfreeze.step_gather``)."""
+    (``timelyfreeze.runtime.step_gather``)."""
 
     may_freeze_anchor: ClassVar[bool] = False
     """True where the method may freeze the first stage's anchor (``StageView.anchor``) and itself keeps the
@@ -142,7 +142,7 @@ class FreezeMethod:
     # -- checkpoint and end of run ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """State saved with TorchTitan checkpoints, per rank: plain data (dicts, lists, tuples, numbers,
-        strings, None) and tensors only (``timelyfreeze.state_codec`` stores it as JSON)."""
+        strings, None) and tensors only (``timelyfreeze.runtime.state_codec`` stores it as JSON)."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

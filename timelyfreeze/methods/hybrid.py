@@ -19,12 +19,12 @@ from typing import Any, Collection, Sequence
 
 import torch
 
+from timelyfreeze.hooks.selection import action_generator, inclusion_probabilities, systematic_subset
 from timelyfreeze.methods.apf import APFMetric
 from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
 from timelyfreeze.methods.timely import TimelyFreezeMethod
-from timelyfreeze.selection import action_generator, inclusion_probabilities, systematic_subset
 
 MARKED_WEIGHT = 1.0
 """Preference weight of a tensor the baseline metric marks as stable (authors' code, digest 1.9)."""

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.trace import load_trace, phase_stage_ratios
-from timelyfreeze.errors import FreezeConfigError
-from timelyfreeze.fields import check_section, fail
+from planner.trace.load import load_trace, phase_stage_ratios
+from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.config.fields import check_section, fail
+from timelyfreeze.hooks.selection import action_generator, balanced_subset
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
 from timelyfreeze.methods.timely import TimelyFreezeMethod
-from timelyfreeze.selection import action_generator, balanced_subset
 
 
 @dataclass
@@ -40,7 +40,7 @@ class RandomConfig:
     matched: str = ""
     """A TimelyFreeze run's dump folder (or its ``timelyfreeze/`` output folder): take ``ratio_per_stage`` from
     that run's trace, each stage's mean realised freeze ratio over its backward actions in the stable phase
-    (``planner.trace.phase_stage_ratios``). Empty (the default): no matching."""
+    (``planner.trace.load.phase_stage_ratios``). Empty (the default): no matching."""
 
     def validate(self, section: str = "freeze.random") -> None:
         """``FreezeConfigError`` naming the field for a share outside [0, 1], both per-stage fields set, or a

@@ -2,7 +2,7 @@
 
 ``[freeze] method`` name -> where its class lives, its main hyperparameter (the ``[freeze]`` field the run
 summary reports and the sweep varies), and whether it plans from measurements (the TimelyFreeze
-family, which needs the monitoring phases). ``timelyfreeze.config`` and the experiments read it from here.
+family, which needs the monitoring phases). ``timelyfreeze.config.freeze`` and the experiments read it from here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ METHODS: dict[str, MethodSpec] = {
     "timelyfreeze_autofreeze": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
     "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold", block_units=False),
     "autofreeze": MethodSpec("timelyfreeze.methods.autofreeze", "autofreeze.percentile"),
-    "egeria": MethodSpec("timelyfreeze.methods.egeria", "egeria.tolerance_coef"),
+    "egeria": MethodSpec("timelyfreeze.methods.egeria.method", "egeria.tolerance_coef"),
     "smartpipe": MethodSpec("timelyfreeze.methods.smartpipe", "smartpipe.lam"),
     "random": MethodSpec("timelyfreeze.methods.random_fixed", "random.ratio", data_parallel=True),
 }

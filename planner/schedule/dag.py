@@ -1,0 +1,275 @@
+"""The schedule DAG of one training batch, and its longest path.
+
+Nodes are the batch's actions plus ``"source"`` and ``"sink"``.  Edges are the data dependencies
+(forward chain across stages, backward chain back across stages, F before its backward, I before its W)
+plus each rank's execution order, which is what makes the DAG schedule-specific (seeds digest 1.5).
+An ``OVERLAP_F_B`` pair (DualPipeV) is one node with the edges of both its parts: it starts when the
+inputs of its forward and of its backward are there and both parts' outputs are due at its end (torch
+sends them after the whole pair); its attributes ``stage``/``microbatch`` are its backward part's.
+Placement is taken from ``stage_to_rank``, so looped/interleaved and V-shaped placements need no
+special cases.  :func:`build_dag` returns a :class:`BatchDag`: a frozen graph (``nx.freeze``, its structure
+cannot change) that carries its integer index (:class:`DagIndex`), built with it once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from planner.errors import PlannerError
+from planner.schedule.actions import parse_action
+from planner.trace.meta import TraceMeta
+
+SOURCE = "source"
+SINK = "sink"
+
+EdgeDelays = dict[tuple[str, str], float]
+"""Delay (ms) per DAG edge ``(u, v)``: ``v`` starts no earlier than ``u``'s end plus the delay; absent = 0
+(estimated by :func:`planner.timing.comm.estimate_edge_delays`)."""
+
+
+@dataclass
+class DagIndex:
+    """Integer view of a DAG for linear-time passes: node ``i`` is ``names[i]``, ``order`` is topological,
+    predecessors of ``i`` are ``pred_idx[pred_ptr[i]:pred_ptr[i+1]]``."""
+
+    names: list[str]
+    index: dict[str, int]
+    order: np.ndarray
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
+    edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
+
+
+class BatchDag(nx.DiGraph):
+    """The batch DAG of :func:`build_dag`: a frozen networkx graph with the ``meta`` it was built from and its
+    integer ``index``, computed once when it is built (indexing a 98k-action DAG takes ~0.4 s)."""
+
+    meta: TraceMeta
+    index: DagIndex
+
+
+def build_dag(meta: TraceMeta) -> BatchDag:
+    """Build the batch DAG from validated trace metadata; the graph is frozen (read-only structure).
+
+    Raises :class:`PlannerError` naming the actions of one cycle when ``rank_orders`` contradict the
+    data dependencies (the schedule could never run).
+    """
+    g = BatchDag()
+    g.add_node(SOURCE)
+    g.add_node(SINK)
+    actions = _add_actions(g, meta)
+    pred, succ = g.pred, g.succ
+    heads = [a for a in actions if not pred[a]]
+    tails = [a for a in actions if not succ[a]]
+    g.add_edges_from((SOURCE, a) for a in heads)
+    g.add_edges_from((a, SINK) for a in tails)
+    if not actions:
+        g.add_edge(SOURCE, SINK)
+    nx.freeze(g)
+    g.meta = meta
+    try:
+        g.index = index_graph(g)  # Kahn's algorithm on arrays: linear, and raises on a cycle
+        return g
+    except PlannerError:
+        pass
+    names = [u for u, _ in nx.find_cycle(g)]
+    raise PlannerError("rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")")
+
+
+def _add_actions(g: nx.DiGraph, meta: TraceMeta) -> list[str]:
+    """Add every action of ``meta`` with its attributes, the rank-order edges and the data dependencies;
+    returns the actions in order."""
+    by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
+    nodes = []
+    for r in sorted(meta.rank_orders):
+        for a in meta.rank_orders[r]:
+            act = parse_action(a)
+            nodes.append((a, {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}))
+            for part in act.parts:
+                by_key[(part.stage, part.kind, part.microbatch)] = a
+    g.add_nodes_from(nodes)
+
+    edges: list[tuple[str, str]] = []
+    for r in sorted(meta.rank_orders):
+        order = meta.rank_orders[r]
+        edges.extend(zip(order[:-1], order[1:]))
+
+    def grad_in(s: int, m: int) -> str | None:
+        """The input-gradient action of (s, m): a full B, or the I of a split backward."""
+        return by_key.get((s, "B", m)) or by_key.get((s, "I", m))
+
+    for s in range(meta.num_stages):
+        for m in range(meta.num_microbatches):
+            f = by_key.get((s, "F", m))
+            b = grad_in(s, m)
+            if f is not None:
+                nf = by_key.get((s + 1, "F", m))
+                if nf is not None:
+                    edges.append((f, nf))
+                if b is not None:
+                    edges.append((f, b))
+            if b is not None:
+                nb = grad_in(s + 1, m)
+                if nb is not None:
+                    edges.append((nb, b))
+            i, w = by_key.get((s, "I", m)), by_key.get((s, "W", m))
+            if i is not None and w is not None:
+                edges.append((i, w))
+    g.add_edges_from((u, v) for u, v in edges if u != v)  # (a pair's parts never depend on each other)
+    return [a for a, _ in nodes]
+
+
+def dag_index(dag: nx.DiGraph) -> DagIndex:
+    """Integer index of ``dag``: the one a :class:`BatchDag` carries, else computed afresh (:func:`index_graph`)."""
+    if isinstance(dag, BatchDag) and hasattr(dag, "index"):
+        return dag.index
+    return index_graph(dag)
+
+
+def index_graph(dag: nx.DiGraph) -> DagIndex:
+    """Index ``dag`` (topological order by Kahn's algorithm on arrays); a cycle is a :class:`PlannerError`."""
+    names = list(dag.nodes)
+    index = {n: i for i, n in enumerate(names)}
+    n = len(names)
+    flat = [index[x] for e in dag.edges for x in e]
+    if flat:
+        src, dst = np.asarray(flat, dtype=np.int64).reshape(-1, 2).T.copy()
+    else:
+        src = dst = np.zeros(0, dtype=np.int64)
+    # Kahn's algorithm on arrays.
+    perm = np.argsort(dst, kind="stable")
+    pred_idx = src[perm]
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
+    sperm = np.argsort(src, kind="stable")
+    succ_idx = dst[sperm].tolist()
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    sp = succ_ptr.tolist()
+    indeg = np.diff(pred_ptr).tolist()
+    stack = [i for i in range(n) if indeg[i] == 0]
+    order: list[int] = []
+    while stack:
+        u = stack.pop()
+        order.append(u)
+        for v in succ_idx[sp[u] : sp[u + 1]]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                stack.append(v)
+    if len(order) != n:
+        raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
+    order_arr = np.asarray(order, dtype=np.int64)
+    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
+
+
+def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays | None) -> np.ndarray:
+    """``edge_ms`` (ms per edge ``(u, v)``, ``planner.timing.comm``) as one delay per edge of ``dag_index(dag)``,
+    aligned with its ``src``/``dst`` arrays; edges not in ``edge_ms`` get 0.
+
+    Every key must be an edge of ``dag`` between two actions (source and sink edges carry no delay) and
+    every value a finite number >= 0; anything else is a one-line :class:`PlannerError`.
+    """
+    di = dag_index(dag)
+    out = np.zeros(di.src.size)
+    if not edge_ms:
+        return out
+    n = len(di.names)
+    index = di.index
+    keys, values = [], []
+    for (u, v), x in edge_ms.items():
+        if u not in index or v not in index or u in (SOURCE, SINK) or v in (SOURCE, SINK):
+            raise PlannerError(f"edge delay given for ({u!r}, {v!r}), which is not an edge between two actions")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise PlannerError(f"edge delay of ({u!r}, {v!r}) must be a finite number >= 0 (ms), got {x!r}")
+        keys.append(index[u] * n + index[v])
+        values.append(float(x))
+    if di.edge_keys is None:
+        ekey = di.src * n + di.dst
+        eorder = np.argsort(ekey, kind="stable")
+        di.edge_keys = (ekey[eorder], eorder)
+    sorted_keys, eorder = di.edge_keys
+    k = np.asarray(keys, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, k), max(sorted_keys.size - 1, 0))
+    missing = np.flatnonzero(sorted_keys[pos] != k) if sorted_keys.size else np.arange(k.size)
+    if missing.size:
+        i = int(k[missing[0]])
+        raise PlannerError(
+            f"edge delay given for ({di.names[i // n]!r}, {di.names[i % n]!r}), which is not an edge of the DAG"
+        )
+    out[eorder[pos]] = values
+    return out
+
+
+def longest_path(
+    dag: nx.DiGraph,
+    durations: Mapping[str, float],
+    edge_ms: EdgeDelays | None = None,
+) -> tuple[float, dict[str, float], list[str]]:
+    """Earliest start of every node when each action takes ``durations[a]`` (source/sink take 0) and
+    each edge ``(u, v)`` adds the delay ``edge_ms.get((u, v), 0)`` (``planner.timing.comm``): ``v`` starts at the
+    maximum over its predecessors ``u`` of ``start(u) + durations[u] + edge_ms[(u, v)]``.
+
+    Returns ``(makespan, starts, critical_path)``: the makespan is the sink's start, ``starts`` maps every
+    node (source and sink included) to its start time, and ``critical_path`` lists the actions of one
+    longest path from first to last.  Linear in nodes + edges (plus sorting the edges once per DAG when
+    delays are given).
+    """
+    di = dag_index(dag)
+    return indexed_longest_path(di, durations, edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None)
+
+
+def indexed_longest_path(
+    di: DagIndex,
+    durations: Mapping[str, float],
+    pred_delay: np.ndarray | None,
+) -> tuple[float, dict[str, float], list[str]]:
+    """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none)."""
+    n = len(di.names)
+    dur = [0.0] * n
+    for name, i in di.index.items():
+        if name != SOURCE and name != SINK:
+            try:
+                dur[i] = float(durations[name])
+            except KeyError:
+                raise PlannerError(f"no duration given for action {name!r}") from None
+    start = [0.0] * n
+    best = [-1] * n
+    ptr = di.pred_ptr.tolist()
+    preds = di.pred_idx.tolist()
+    # Delays per entry of preds, or None (then the inner loop is exactly the delay-free one).
+    delay = None if pred_delay is None else pred_delay.tolist()
+    for v in di.order.tolist():
+        lo, hi = ptr[v], ptr[v + 1]
+        if lo == hi:
+            continue
+        bs, bu = -1.0, -1
+        if delay is None:
+            for u in preds[lo:hi]:
+                t = start[u] + dur[u]
+                if t > bs:
+                    bs, bu = t, u
+        else:
+            for k in range(lo, hi):
+                t = start[preds[k]] + dur[preds[k]] + delay[k]
+                if t > bs:
+                    bs, bu = t, preds[k]
+        start[v] = bs
+        best[v] = bu
+    sink = di.index[SINK]
+    path: list[str] = []
+    v = best[sink]
+    while v >= 0:
+        if di.names[v] != SOURCE:
+            path.append(di.names[v])
+        v = best[v]
+    path.reverse()
+    starts = dict(zip(di.names, start))
+    return start[sink], starts, path

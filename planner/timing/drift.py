@@ -1,0 +1,135 @@
+"""Plan vs measurement: how far a step's measured action times drift from a plan, and the node weights a
+re-plan starts from. Importing this module does not import torch; the runtime's online re-planning
+(``timelyfreeze.plan.replan``) is built on it.
+
+The model is the LP's own. A plan's action ``a`` run at freeze ratio ``r`` is expected to take
+``expected(a, r) = w_max - r * (w_max - w_min)`` ms. Every action of one *group* (same stage, same kind:
+``"0B"``, ``"1F"``, ``"3W"``) does the same work, so a step's measurements are summarised per group, by a
+**scale**: the median over the group's actions of ``measured / expected``. One number per group and step
+is robust to a single slow action, and it is what a load change moves (a co-tenant on one rank's cores, a
+throttled device, longer sequences: every action of the stage slows alike).
+
+**Drift** of a step: the batch time the plan in force would take if every action's planned duration were
+multiplied by its group's scale (the DAG's longest path, with the plan's delays on cross-rank edges,
+``planner.timing.comm``, unchanged), relative to the plan's predicted batch time,
+minus 1. Longest paths are monotone and positively homogeneous in the durations and delays, so the drift lies
+between ``min(min(scale), 1) - 1`` and ``max(max(scale), 1) - 1``: a group slowed that is not on any critical
+path moves it less, and so do fixed delays.
+
+**Machine factor** of a set of scales: the median over the groups of the kinds freezing never changes
+(``F``, and ``I`` with split backward) of their scales, or None without such a group. Dividing every
+group's scale by it leaves what changed *relative* to the machine: a uniform slowdown gives 1.0
+everywhere, and a uniform change cannot move the optimal plan (every weight scales alike).
+
+**Re-plan weights**: the current node weights with both bounds of every group multiplied by its scale (the
+per-group median over the last steps): what freezing saves in a slowed stage grows with it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Mapping
+
+import networkx as nx
+
+from planner.schedule.actions import parse_action
+from planner.schedule.dag import EdgeDelays, longest_path
+from planner.trace.load import NodeWeights
+
+
+def group_of(action: str) -> str:
+    """The group key of an action: its stage and kind, e.g. ``"1B"`` for ``"1B7"``."""
+    a = parse_action(action)
+    return f"{a.stage}{a.kind}"
+
+
+def expected_ms(weights: NodeWeights, action: str, ratio: float) -> float:
+    """The plan model's duration of ``action`` at freeze ratio ``ratio`` (clamped to [0, 1])."""
+    hi, lo = weights.w_max[action], weights.w_min[action]
+    return hi - min(1.0, max(0.0, ratio)) * (hi - lo)
+
+
+def step_scales(samples: Iterable[tuple[str, float, float]], weights: NodeWeights) -> dict[str, float]:
+    """Per group, the median over the step's ``(action, measured ms, applied ratio)`` samples of measured /
+    expected. Actions the weights do not know, and expected times <= 0, are left out."""
+    ratios: dict[str, list[float]] = {}
+    for action, ms, ratio in samples:
+        if action not in weights.w_max:
+            continue
+        e = expected_ms(weights, action, ratio)
+        if e > 0:
+            ratios.setdefault(group_of(action), []).append(ms / e)
+    return {g: float(statistics.median(v)) for g, v in sorted(ratios.items())}
+
+
+MACHINE_KINDS = ("F", "I")
+"""Kinds whose time does not depend on freezing: they measure the machine."""
+
+
+def machine_factor(scales: Mapping[str, float]) -> float | None:
+    """The median scale of the ``F``/``I`` groups (module docstring); None without one."""
+    vals = [s for g, s in scales.items() if g.lstrip("0123456789") in MACHINE_KINDS]
+    return float(statistics.median(vals)) if vals else None
+
+
+def max_scales(per_rank: Iterable[Mapping[str, float] | None]) -> dict[str, float]:
+    """One scale per group from several ranks' (data-parallel replicas measure the same groups): the
+    maximum, as node weights take the per-action maximum over replicas (``planner.trace.load.node_weights``)."""
+    out: dict[str, float] = {}
+    for scales in per_rank:
+        for g, s in (scales or {}).items():
+            out[g] = max(out.get(g, s), s)
+    return dict(sorted(out.items()))
+
+
+def window_scales(steps: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Per group, the median of its scales over several steps (a group missing from a step: over the rest)."""
+    vals: dict[str, list[float]] = {}
+    for scales in steps:
+        for g, s in scales.items():
+            vals.setdefault(g, []).append(s)
+    return {g: float(statistics.median(v)) for g, v in sorted(vals.items())}
+
+
+def planned_durations(
+    weights: NodeWeights, ratios: Mapping[str, float], scales: Mapping[str, float] | None = None
+) -> dict[str, float]:
+    """Every action's expected duration at its planned ratio (0 where ``ratios`` has none), times its group's
+    scale when ``scales`` are given (1 for a group without one)."""
+    out = {}
+    for a in weights.w_max:
+        d = expected_ms(weights, a, ratios.get(a, 0.0))
+        out[a] = d * scales.get(group_of(a), 1.0) if scales else d
+    return out
+
+
+def planned_batch(
+    dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], edge_ms: EdgeDelays | None = None
+) -> float:
+    """The longest path of the planned durations (with the delays): what :func:`drift` compares with."""
+    return longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
+
+
+def drift(
+    dag: nx.DiGraph,
+    weights: NodeWeights,
+    ratios: Mapping[str, float],
+    scales: Mapping[str, float],
+    edge_ms: EdgeDelays | None = None,
+    base: float | None = None,
+) -> float:
+    """Relative drift of the batch time under ``scales``: ``longest path(planned durations x scale) /
+    longest path(planned durations) - 1`` (0 for an empty plan); ``edge_ms``: the plan's delays on
+    cross-rank edges (``planner.timing.comm``), the same in both paths. ``base``: :func:`planned_batch` of the same
+    arguments, when the caller keeps it (it is constant while the plan is)."""
+    if base is None:
+        base = planned_batch(dag, weights, ratios, edge_ms)
+    if base <= 0:
+        return 0.0
+    return longest_path(dag, planned_durations(weights, ratios, scales), edge_ms)[0] / base - 1.0
+
+
+def scaled_weights(weights: NodeWeights, scales: Mapping[str, float]) -> NodeWeights:
+    """Both bounds of every action times its group's scale (1 where a group has none)."""
+    s = {a: scales.get(group_of(a), 1.0) for a in weights.w_max}
+    return NodeWeights({a: v * s[a] for a, v in weights.w_min.items()}, {a: v * s[a] for a, v in weights.w_max.items()})

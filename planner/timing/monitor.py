@@ -1,0 +1,114 @@
+"""The monitoring windows' machine speed and noise, from the actions freezing never changes (no torch).
+
+Forward (``F``) actions, and the input-grad backwards (``I``) of split-backward schedules, do the same
+work whatever is frozen. The ratio of their times in two windows therefore measures the *machine*, not
+the plan: a co-tenant, throttling or a busier host slows them exactly as it slows every other action.
+Rules (``docs/formats.md``, "F-anchored monitoring windows"):
+
+* **Reference**: the ``upper`` window (nothing frozen); its speed is the plan's speed.
+* **Factor** of a window ``P`` (``lower``) in replica ``d``: for every F/I action with records in both
+  windows, ``median ms in P / median ms in upper``; per group (stage, kind), the median over its
+  actions; the factor is the median over the groups. 1.0: the same machine speed; 1.2: 20 % slower.
+  A replica without such actions has factor 1.0.
+* **Anchoring**: every record of window ``P`` in replica ``d`` is divided by its factor before the node
+  weights are estimated, so ``w_min`` and ``w_max`` describe one machine speed. (A uniform slowdown
+  scales every weight alike and cannot change the optimal plan; a lower-bound window that ran slower
+  than the upper one inflates every ``w_min`` and shrinks what freezing seems to save.)
+* **Noise floor** of a group ``g`` (stage and kind, over every replica): how much its per-step scale moves
+  against the machine's within the monitoring windows, the statistic the online re-planner
+  (``timelyfreeze.plan.replan``) tests. Per (replica, window, step): the group's scale ``s_g`` is the median over
+  its records of ``ms / m`` (``m``: the median of the record's own replica, action and window), the step's
+  machine factor ``f`` the median of the F/I groups' scales (1 without), and the floor is
+  ``1.4826 * median |s_g / f - 1|`` over the steps. A load that slows every group of a step alike does not
+  raise it; one that slows one rank's stages more than the other's does.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from planner.schedule.actions import action_kind, parse_action
+from planner.timing.estimate import MAD_TO_SIGMA
+from planner.trace.load import Trace
+
+REFERENCE = "upper"
+"""The window every other one is brought to."""
+WINDOWS = ("upper", "lower")
+"""The monitoring windows (trace phases)."""
+ANCHOR_KINDS = ("F", "I")
+"""Kinds whose work does not depend on freezing: their time measures the machine."""
+
+
+def _medians(trace: Trace, kinds: tuple[str, ...] | None = None) -> dict[tuple[int, str, str], float]:
+    """Median ms per (replica, action, window) of the monitoring records (of ``kinds`` only, when given)."""
+    samples: dict[tuple[int, str, str], list[float]] = {}
+    for rec in trace.records:
+        if rec.phase in WINDOWS and (kinds is None or action_kind(rec.action) in kinds):
+            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
+    return {k: float(statistics.median(v)) for k, v in samples.items()}
+
+
+def group_key(action: str) -> str:
+    """Stage and kind of an action, e.g. ``"1B"`` (``planner.timing.drift.group_of``)."""
+    a = parse_action(action)
+    return f"{a.stage}{a.kind}"
+
+
+def window_factors(trace: Trace, window: str = "lower") -> list[float]:
+    """Per replica, the machine factor of ``window`` against the reference (module docstring)."""
+    med = _medians(trace, ANCHOR_KINDS)
+    out = []
+    for d in range(trace.meta.replicas):
+        groups: dict[str, list[float]] = {}
+        for (rd, action, phase), ms in med.items():
+            ref = med.get((d, action, REFERENCE))
+            if rd == d and phase == window and ref:
+                groups.setdefault(group_key(action), []).append(ms / ref)
+        per_group = [statistics.median(v) for v in groups.values()]
+        out.append(float(statistics.median(per_group)) if per_group else 1.0)
+    return out
+
+
+def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
+    """A copy of ``trace`` whose records of each window in ``factors`` (``{window: per-replica factor}``) are
+    divided by their replica's factor; other records (and ``start_ms``) are unchanged."""
+    records = [
+        replace(r, ms=r.ms / factors[r.phase][r.replica])
+        if r.phase in factors and factors[r.phase][r.replica] > 0
+        else r
+        for r in trace.records
+    ]
+    return Trace(trace.meta, records, trace.source)
+
+
+def noise_floors(trace: Trace) -> dict[str, float]:
+    """Per group (stage and kind), the robust dispersion of its per-step, machine-corrected scale in the
+    monitoring windows (module docstring); 0 where the windows show none (e.g. one step per window)."""
+    med = _medians(trace)
+    per_step: dict[tuple[int, str, int], dict[str, list[float]]] = {}
+    for r in trace.records:
+        m = med.get((r.replica, r.action, r.phase)) if r.phase in WINDOWS else None
+        if m:
+            step = per_step.setdefault((r.replica, r.phase, r.step), {})
+            step.setdefault(group_key(r.action), []).append(r.ms / m)
+    dev: dict[str, list[float]] = {}
+    for groups in per_step.values():
+        scale = {g: statistics.median(v) for g, v in groups.items()}
+        anchors = [s for g, s in scale.items() if g.lstrip("0123456789") in ANCHOR_KINDS]
+        machine = statistics.median(anchors) if anchors else 1.0
+        for g, s in scale.items():
+            dev.setdefault(g, []).append(abs(s / machine - 1.0))
+    return {g: MAD_TO_SIGMA * float(statistics.median(v)) for g, v in sorted(dev.items())}
+
+
+def monitoring_summary(trace: Trace, anchor: bool) -> dict:
+    """What a plan records of its monitoring windows: the reference, the factors (per replica), whether the
+    weights were anchored, and the noise floors (``plan.json`` field ``monitoring``)."""
+    return {
+        "reference": REFERENCE,
+        "kinds": list(ANCHOR_KINDS),
+        "factors": {"lower": [round(f, 6) for f in window_factors(trace, "lower")]},
+        "anchored": bool(anchor),
+        "noise": {g: round(v, 6) for g, v in noise_floors(trace).items()},
+    }

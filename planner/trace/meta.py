@@ -1,0 +1,201 @@
+"""Trace metadata (``meta.json`` of a ``timelyfreeze-trace/1`` directory, ``docs/formats.md``): the schedule,
+its placement and every rank's order of actions; :func:`validate_meta` checks a dict against the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.schedule.actions import parse_action
+
+TRACE_FORMAT = "timelyfreeze-trace/1"
+
+_META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
+_OPTIONAL_META_FIELDS = ("replicas", "hosts")  # checked when present
+_EXTRA_META_FIELDS = ("hosts",)  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
+
+
+@dataclass
+class TraceMeta:
+    """The validated contents of ``meta.json``.
+
+    ``replicas`` is the number of data-parallel pipeline replicas (default 1). A ``"replicas"`` key passed
+    in ``extra`` (e.g. ``build_meta(..., replicas=n)``) is moved into the attribute, so ``extra`` never holds it.
+    The optional ``hosts`` field stays in ``extra`` (read it as :attr:`hosts`).
+    """
+
+    schedule: str
+    pp_degree: int
+    num_stages: int
+    num_microbatches: int
+    stage_to_rank: list[int]
+    rank_orders: dict[int, list[str]]
+    extra: dict[str, Any] = field(default_factory=dict)
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if "replicas" in self.extra:
+            self.extra = dict(self.extra)
+            n = self.extra.pop("replicas")
+            if self.replicas not in (1, n):
+                raise ValueError(f"replicas={self.replicas!r} conflicts with extra['replicas']={n!r}")
+            self.replicas = n
+        if not is_int(self.replicas) or self.replicas < 1:
+            raise ValueError(f"replicas must be a positive integer, got {self.replicas!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``meta.json`` dict (rank keys as strings, unknown extra fields preserved, ``replicas`` only if > 1)."""
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            {
+                "format": TRACE_FORMAT,
+                "schedule": self.schedule,
+                "pp_degree": self.pp_degree,
+                "num_stages": self.num_stages,
+                "num_microbatches": self.num_microbatches,
+                "stage_to_rank": list(self.stage_to_rank),
+                "rank_orders": {str(r): list(o) for r, o in sorted(self.rank_orders.items())},
+            }
+        )
+        if self.replicas > 1:
+            d["replicas"] = self.replicas
+        return d
+
+    @property
+    def hosts(self) -> list[str] | None:
+        """Host name of each pipeline rank (of replica 0), index = rank; ``None`` when the trace does not say."""
+        return self.extra.get("hosts")
+
+    def all_actions(self) -> list[str]:
+        """Every action of one batch, rank by rank in execution order."""
+        return [a for r in sorted(self.rank_orders) for a in self.rank_orders[r]]
+
+
+def is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def validate_meta(d: Any, source: str) -> TraceMeta:
+    """Check a ``meta.json`` dict against the spec and return it as a :class:`TraceMeta`.
+
+    Raises :class:`PlannerError` (one line: ``<source>: <field>: <problem>``) on the first problem.
+    """
+
+    def err(msg: str) -> PlannerError:
+        return PlannerError(f"{source}: {msg}")
+
+    _check_fields(d, err)
+    pp, n_stages, n_mb = d["pp_degree"], d["num_stages"], d["num_microbatches"]
+    s2r = d["stage_to_rank"]
+    if not isinstance(s2r, list) or not all(is_int(x) for x in s2r):
+        raise err("field 'stage_to_rank' must be a list of integers")
+    if len(s2r) != n_stages:
+        raise err(f"field 'stage_to_rank' has {len(s2r)} entries, expected num_stages={n_stages}")
+    for s, r in enumerate(s2r):
+        if not 0 <= r < pp:
+            raise err(f"field 'stage_to_rank'[{s}] = {r} is not a rank in 0..{pp - 1}")
+    rank_orders = _rank_orders(d["rank_orders"], pp, err)
+    _check_actions(rank_orders, s2r, n_stages, n_mb, err)
+    known = (set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}) - set(_EXTRA_META_FIELDS)
+    extra = {k: v for k, v in d.items() if k not in known}
+    return TraceMeta(d["schedule"], pp, n_stages, n_mb, list(s2r), rank_orders, extra, d.get("replicas", 1))
+
+
+def _check_fields(d: Any, err: Callable[[str], PlannerError]) -> None:
+    """The format, the required fields, and the scalar fields (schedule, sizes, replicas, hosts)."""
+    if not isinstance(d, dict):
+        raise err(f"expected a JSON object, got {type(d).__name__}")
+    fmt = d.get("format")
+    if fmt != TRACE_FORMAT:
+        what = "missing" if "format" not in d else f"is {fmt!r}"
+        raise err(f"field 'format' {what}, expected {TRACE_FORMAT!r}")
+    for name in _META_FIELDS:
+        if name not in d:
+            raise err(f"missing field '{name}'")
+    schedule = d["schedule"]
+    if not isinstance(schedule, str) or not schedule:
+        raise err(f"field 'schedule' must be a non-empty string, got {schedule!r}")
+    for name in ("pp_degree", "num_stages", "num_microbatches"):
+        v = d[name]
+        if not is_int(v) or v < 1:
+            raise err(f"field '{name}' must be a positive integer, got {v!r}")
+    replicas = d.get("replicas", 1)
+    if not is_int(replicas) or replicas < 1:
+        raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
+    pp, hosts = d["pp_degree"], d.get("hosts")
+    if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp or not all(isinstance(h, str) for h in hosts)):
+        raise err(f"field 'hosts' must be a list of pp_degree={pp} host-name strings, got {hosts!r}")
+
+
+def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[int, list[str]]:
+    """``rank_orders`` with integer rank keys in ``0..pp-1`` (an empty order for a rank not listed)."""
+    if not isinstance(ro, dict):
+        raise err("field 'rank_orders' must be an object mapping rank -> list of action names")
+    rank_orders: dict[int, list[str]] = {}
+    for key, order in ro.items():
+        try:
+            r = int(key)
+        except (TypeError, ValueError):
+            raise err(f"field 'rank_orders' has key {key!r}, expected a rank number") from None
+        if str(r) != str(key) or not 0 <= r < pp:
+            raise err(f"field 'rank_orders' has key {key!r}, expected a rank in 0..{pp - 1}")
+        if r in rank_orders:
+            raise err(f"field 'rank_orders' lists rank {r} twice")
+        if not isinstance(order, list) or not all(isinstance(a, str) for a in order):
+            raise err(f"field 'rank_orders'[{key!r}] must be a list of action-name strings")
+        rank_orders[r] = list(order)
+    for r in range(pp):
+        rank_orders.setdefault(r, [])
+    return rank_orders
+
+
+def _check_actions(
+    rank_orders: dict[int, list[str]],
+    s2r: list[int],
+    n_stages: int,
+    n_mb: int,
+    err: Callable[[str], PlannerError],
+) -> None:
+    """Every action well-formed, in range, on the rank that owns its stage and listed once; each (stage,
+    microbatch) with exactly one F and either one B or one I plus one W (a pair's parts count as the F and
+    the B they run)."""
+    seen: set[str] = set()
+    kinds: dict[tuple[int, int], list[str]] = {}
+    for r in sorted(rank_orders):
+        where = f"field 'rank_orders'[{str(r)!r}]"
+        for a in rank_orders[r]:
+            try:
+                act = parse_action(a)
+            except ValueError as e:
+                raise err(f"{where}: {e}") from None
+            if str(act) != a:
+                raise err(f"{where}: action {a!r} is not in canonical form ({str(act)!r})")
+            for part in act.parts:  # a pair: both parts' stages and microbatches, on this rank
+                if part.stage >= n_stages:
+                    raise err(f"{where}: action {a!r} has stage {part.stage}, but num_stages={n_stages}")
+                if part.microbatch >= n_mb:
+                    raise err(f"{where}: action {a!r} has microbatch {part.microbatch}, but num_microbatches={n_mb}")
+                if s2r[part.stage] != r:
+                    raise err(
+                        f"{where}: action {a!r} is on rank {r}, but stage_to_rank[{part.stage}] = {s2r[part.stage]}"
+                    )
+                kinds.setdefault((part.stage, part.microbatch), []).append(part.kind)
+            if a in seen:
+                raise err(f"field 'rank_orders': action {a!r} is listed more than once")
+            seen.add(a)
+    for s in range(n_stages):
+        for m in range(n_mb):
+            ks = sorted(kinds.get((s, m), []))
+            if ks not in (["B", "F"], ["F", "I", "W"]):
+                have = ", ".join(f"{s}{k}{m}" for k in ks) or "nothing"
+                raise err(
+                    f"field 'rank_orders': stage {s} microbatch {m} must have F and B (or F, I and W) "
+                    f"exactly once, has {have}"
+                )

@@ -1,0 +1,93 @@
+"""The one freezing hook every method goes through.
+
+Before the forward of microbatch ``m`` on stage ``s`` the hook asks the method which parameter
+tensors that microbatch leaves out and sets ``requires_grad=False`` on them for the duration of the
+call. The autograd graph recorded for ``m`` then has no edge to those leaves, so the backward of
+``m`` -- full (B) or split (I then W) -- neither computes nor accumulates their weight gradient,
+while other microbatches (recorded with the tensors trainable) are untouched and every other
+gradient is computed by exactly the same operations as without freezing.
+
+The same set is switched off again around ``m``'s backward actions (B, I, W). Without activation
+checkpointing that changes nothing; with it, the forward is recomputed inside the backward, and the
+recomputation must see the same ``requires_grad`` flags as the original forward (otherwise autograd
+would save a different set of tensors and the checkpoint's recomputed graph would not match).
+
+Under FSDP2 the stage computes with unsharded copies of its parameters; ``timelyfreeze.hooks.param_switch``
+sets the flag on those too. Every data-parallel replica of a stage draws the same masks (they depend
+only on seed, step, stage, microbatch and accumulation batch), so FSDP's reduce-scatter at the end of
+the step sums, on every rank, gradients of the same tensors.
+
+The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
+by elements; a DualPipeV ``OVERLAP_F_B`` pair records the ratio of its backward part (the forward part
+draws the masks of its own microbatch, whose backward comes later, as any forward does).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from timelyfreeze.hooks.param_switch import ParamSwitch
+from timelyfreeze.methods.base import FreezeMethod, StageView
+
+
+class FreezingHook:
+    """Stage-hook listener applying ``method``'s choices; one instance per rank."""
+
+    def __init__(
+        self,
+        views: list[StageView],
+        method: FreezeMethod,
+        get_step: Callable[[], int],
+        get_accum: Callable[[], int] = lambda: 0,
+        pairs: dict[str, str] | None = None,
+    ):
+        self.views = {v.stage: v for v in views}
+        self.pairs = dict(pairs or {})
+        """``planner.schedule.actions.part_owners`` of this rank's DualPipeV pairs: a pair's backward part records its
+        ratio under the pair's name (its forward part only draws the masks of its own microbatch)."""
+        self.method = method
+        self.get_step = get_step
+        self.get_accum = get_accum
+        self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
+        self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
+        """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
+        self._frozen: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._ratio: dict[tuple[int, int], float] = {}
+        self.applied: dict[str, list[tuple[float, int]]] = {}
+        """(applied ratio = frozen elements / stage's trainable elements, frozen tensor count) of every
+        B/W action of the current step, by action name, one entry per gradient-accumulation batch in the
+        order they ran."""
+
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        key = (stage, microbatch)
+        if kind == "F":
+            view = self.views[stage]
+            names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
+            if view.anchor is not None and not self.method.may_freeze_anchor:
+                names = names - {view.anchor}
+            frozen = tuple(n for n in view.params if n in names)  # registration order: same on every rank
+            self._frozen[key] = frozen
+            self._ratio[key] = sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
+        self.switch[stage].set(self._frozen.get(key, ()), False)
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        key = (stage, microbatch)
+        frozen = self._frozen.get(key, ())
+        self.switch[stage].set(frozen, True)
+        if kind in ("B", "W"):
+            name = f"{stage}{kind}{microbatch}"
+            self.applied.setdefault(self.pairs.get(name, name), []).append((self._ratio.pop(key, 0.0), len(frozen)))
+            self._frozen.pop(key, None)
+
+    def end_step(self) -> dict[str, list[tuple[float, int]]]:
+        """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state."""
+        out, self.applied = self.applied, {}
+        self._frozen.clear()
+        self._ratio.clear()
+        return out
+
+    def freezable_tensors(self) -> dict[int, int]:
+        """Number of tensors each local stage can freeze (all trainable tensors but the anchor, unless the method
+        may freeze it)."""
+        keep = not self.method.may_freeze_anchor
+        return {s: len(v.params) - (v.anchor is not None and keep) for s, v in self.views.items()}

@@ -1,0 +1,216 @@
+"""Per-action compute timing and the on-disk trace of ``docs/formats.md``.
+
+``ActionProfiler`` is a stage-hook listener: it times every F/B/I/W action (compute only; receives
+happen before the hooked call), and DualPipeV's OVERLAP_F_B pairs as one action each, and remembers the
+order this rank executed them in. On CPU it uses
+``perf_counter`` (Linux: CLOCK_MONOTONIC, one clock for every process of a host) and also records each
+action's start time, from which the planner estimates the delays on cross-rank edges (``planner.timing.comm``);
+on CUDA it records an event pair per action and synchronises once per step (durations only).
+``end_step`` turns the step's timings into trace records and appends them to
+``actions_rank<r>.jsonl`` (flushed every step, so a crash loses nothing already measured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from planner.fileio import write_json_atomically
+from planner.trace.load import TraceMeta, rank_file_name
+
+
+@dataclass
+class ActionRecord:
+    step: int
+    action: str
+    ms: float
+    phase: str
+    freeze_ratio: float
+    frozen_tensors: int | None = None
+    """Extra field (readers ignore unknown fields): tensors left out, for B/W actions."""
+    start_ms: float | None = None
+    """Start on the host's monotonic clock (ms), CPU timing only (``docs/formats.md``)."""
+
+    def to_json(self) -> dict:
+        d = {
+            "step": self.step,
+            "action": self.action,
+            "ms": round(self.ms, 6),
+            "phase": self.phase,
+            "freeze_ratio": round(self.freeze_ratio, 6),
+        }
+        if self.frozen_tensors is not None:
+            d["frozen_tensors"] = self.frozen_tensors
+        if self.start_ms is not None:
+            d["start_ms"] = round(self.start_ms, 3)
+        return d
+
+
+class ActionProfiler:
+    """Times actions of the stages on this rank; one instance per rank.
+
+    ``pairs`` (``planner.schedule.actions.part_owners``) names the parts of DualPipeV's ``OVERLAP_F_B`` pairs: the
+    stage hooks see a pair's forward and backward as two calls (one after the other in torch's own loop,
+    in two threads under TorchTitan's overlap callback), and the pair becomes one record once both ended:
+    its time is the union of the parts' intervals (the time in which at least one part computed: the sum
+    when they ran one after the other, receives between them excluded), its start the earliest part's."""
+
+    def __init__(self, rank: int, *, use_cuda: bool, pairs: dict[str, str] | None = None):
+        self.rank = rank
+        self.use_cuda = use_cuda
+        self.pairs = dict(pairs or {})
+        self._open: dict[tuple[int, str, int], object] = {}
+        self._names: dict[tuple[int, str, int], str] = {}
+        """Action name of every (stage, kind, microbatch) seen: made once, not per call."""
+        self._parts: dict[str, list[tuple[object, object]]] = {}  # pair -> intervals of its parts ended so far
+        self._lock = threading.Lock()
+        self._pending: list[tuple] = []
+        """``(action, start, end)`` per plain action, ``(action, [(start, end), ...])`` per pair."""
+        self.order: list[str] = []
+        """Actions in the order this rank executed them in the current step (first batch only)."""
+        self._seen: set[str] = set()
+
+    # -- listener (per action: no allocation beyond the timestamps and one tuple) --------------
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        if self.use_cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._open[(stage, kind, microbatch)] = ev
+        else:
+            self._open[(stage, kind, microbatch)] = time.perf_counter()
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        if self.use_cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = time.perf_counter()
+        key = (stage, kind, microbatch)
+        start = self._open.pop(key)
+        name = self._names.get(key)
+        if name is None:
+            name = self._names[key] = f"{stage}{kind}{microbatch}"
+        if name in self.pairs:
+            name = self.pairs[name]
+            with self._lock:  # the two parts may end in two threads (TorchTitan's overlap callback)
+                intervals = self._parts.pop(name, []) + [(start, end)]
+                if len(intervals) < 2:  # the pair's other part is still to come
+                    self._parts[name] = intervals
+                    return
+            self._pending.append((name, intervals))
+        else:
+            self._pending.append((name, start, end))
+        if name not in self._seen:
+            self._seen.add(name)
+            self.order.append(name)
+
+    # -- per step ----------------------------------------------------------------------------
+    def collect(self) -> list[tuple[str, float, float | None]]:
+        """(action, ms, start ms or None) of every action timed since the last call, in execution order;
+        the start (on the host's monotonic clock) only with CPU timing."""
+        pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
+        if self.use_cuda and pending:
+            pending[-1][1][-1][1].synchronize()
+            out = []
+            for a, iv in pending:
+                t0 = iv[0][0]  # CUDA events give differences only: times relative to the first part's start
+                ms = (
+                    iv[0][0].elapsed_time(iv[0][1])
+                    if len(iv) == 1
+                    else _union([(t0.elapsed_time(s), t0.elapsed_time(e)) for s, e in iv])
+                )
+                out.append((a, ms, None))
+        else:
+            out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in pending]
+        self._pending.clear()
+        return out
+
+    def reset_order(self) -> None:
+        self.order = []
+        self._seen = set()
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Total length of the union of ``(start, end)`` intervals (one interval: ``end - start``)."""
+    if len(intervals) == 1:
+        return intervals[0][1] - intervals[0][0]
+    total, reach = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
+
+
+class TraceWriter:
+    """Appends one JSON line per action to this rank's file (``actions_rank<r>.jsonl``, or
+    ``actions_rank<r>_replica<d>.jsonl`` for data-parallel replica ``d >= 1``); global rank 0 writes
+    ``meta.json``."""
+
+    def __init__(self, trace_dir: str | os.PathLike, rank: int, *, replica: int = 0, resume_step: int = 0):
+        self.dir = Path(trace_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / rank_file_name(rank, replica)
+        if resume_step > 0 and self.path.exists():
+            _truncate_after(self.path, resume_step)
+        elif resume_step == 0 and self.path.exists():
+            self.path.unlink()
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, records: list[ActionRecord]) -> None:
+        if records:
+            self._f.write("".join(json.dumps(r.to_json()) + "\n" for r in records))
+            self._f.flush()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    @staticmethod
+    def write_meta(trace_dir: str | os.PathLike, meta: dict) -> None:
+        write_json_atomically(Path(trace_dir) / "meta.json", meta)
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only the records of steps <= ``step`` (a resumed run re-does the later ones)."""
+    keep = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line)
+            except (ValueError, KeyError, TypeError):
+                continue
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(keep))
+    os.replace(tmp, path)
+
+
+def build_meta(
+    schedule: str,
+    pp_degree: int,
+    num_stages: int,
+    num_microbatches: int,
+    stage_to_rank: list[int],
+    rank_orders: dict[int, list[str]],
+    *,
+    replicas: int = 1,
+    **extra,
+) -> dict:
+    """``meta.json``'s dict (the planner's ``TraceMeta``: one home for the format), with runtime extras."""
+    return TraceMeta(
+        schedule,
+        pp_degree,
+        num_stages,
+        num_microbatches,
+        list(stage_to_rank),
+        {int(r): list(o) for r, o in rank_orders.items()},
+        extra=extra,
+        replicas=replicas,
+    ).to_json()

@@ -1,0 +1,126 @@
+"""See every compute action of a ``torch.distributed.pipelining`` stage, by subclassing it.
+
+Every schedule in torch 2.13 (the GPipe/1F1B loops, ``PipelineScheduleMulti`` and
+``_PipelineScheduleRuntime`` for Interleaved1F1B/ZBV) runs compute by calling three methods of the
+stage:
+
+    stage.forward_one_chunk(mb, ...)                          -> F
+    stage.backward_one_chunk(mb, full_backward=True|False)    -> B | I
+    stage.backward_weight_one_chunk(mb, ...)                  -> W
+
+``install`` switches a built stage to a subclass of its own class whose overrides of those three
+methods call the listeners around the base class's methods, with the methods' real signatures (so
+``full_backward`` is bound by name or position as torch passes it); ``uninstall`` switches it back.
+TorchTitan builds the stages inside its pipelining function, so the class is switched right after
+construction rather than chosen at construction. Receives happen in the schedule before these calls,
+so what runs inside is compute only. Calls made with autograd disabled (validation/eval forwards)
+pass straight through.
+
+DualPipeV's ``OVERLAP_F_B`` actions run a forward and a full backward of the rank's two stages as one
+schedule action; the stages see them as an ``F`` and a ``B`` call (torch's loop runs them one after
+the other, TorchTitan's overlap callback in two threads). ``overlap_pairs`` reads, from the schedule
+object, which calls belong to such a pair, so the listeners can name and time the pair as one action.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from planner.schedule.actions import part_owners
+
+
+class ActionListener(Protocol):
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None: ...
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None: ...
+
+
+def _run(stage, kind: str, mb: int, fn, *args, **kwargs):
+    """``fn`` with the stage's listeners around it: ``before_action`` in list order, ``after_action`` in
+    reverse (an outer listener's timing excludes nothing an inner one does)."""
+    if not torch.is_grad_enabled() or not getattr(stage, "has_backward", True):
+        return fn(*args, **kwargs)
+    sidx = stage.stage_index
+    for lst in stage._listeners:
+        lst.before_action(sidx, kind, mb)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        for lst in reversed(stage._listeners):
+            lst.after_action(sidx, kind, mb)
+
+
+def _forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
+    return _run(self, "F", fwd_chunk_id, self._base_class.forward_one_chunk, self, fwd_chunk_id, *args, **kwargs)
+
+
+def _backward_one_chunk(self, bwd_chunk_id: int, loss=None, full_backward: bool = True, last_backward=False):
+    return _run(
+        self,
+        "B" if full_backward else "I",
+        bwd_chunk_id,
+        self._base_class.backward_one_chunk,
+        self,
+        bwd_chunk_id,
+        loss=loss,
+        full_backward=full_backward,
+        last_backward=last_backward,
+    )
+
+
+def _backward_weight_one_chunk(self, bwd_chunk_id: int, *args: Any, **kwargs: Any):
+    return _run(
+        self, "W", bwd_chunk_id, self._base_class.backward_weight_one_chunk, self, bwd_chunk_id, *args, **kwargs
+    )
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _hooked_class(cls: type) -> type:
+    """``cls`` subclassed with the three compute methods overridden (the only base, so a built stage's
+    class can be switched to it: CPython refuses a ``__class__`` change to a class with a mixin base)."""
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(
+            f"Hooked{cls.__name__}",
+            (cls,),
+            {
+                "_base_class": cls,
+                "forward_one_chunk": _forward_one_chunk,
+                "backward_one_chunk": _backward_one_chunk,
+                "backward_weight_one_chunk": _backward_weight_one_chunk,
+            },
+        )
+    return _CLASSES[cls]
+
+
+def _is_hooked(stage) -> bool:
+    return type(stage) in _CLASSES.values()
+
+
+def install(stage, listeners: list[ActionListener]) -> None:
+    """Make ``stage`` call ``listeners`` around its compute actions (idempotent: a second call only
+    replaces the listeners)."""
+    if not _is_hooked(stage):
+        stage.__class__ = _hooked_class(type(stage))
+    stage._listeners = list(listeners)
+
+
+def uninstall(stage) -> None:
+    """Back to the stage's own class: plain compute."""
+    if _is_hooked(stage):
+        stage.__class__ = stage._base_class
+        del stage._listeners
+
+
+def overlap_pairs(schedule) -> dict[str, str]:
+    """``{part name: pair name}`` (``planner.schedule.actions.part_owners``) of the ``OVERLAP_F_B`` actions this
+    rank's schedule executes (``str`` of torch's ``_Action`` is the planner's action name); ``{}`` for
+    schedules without any (all but DualPipeV) and for single-stage schedules, which have no IR to run."""
+    program = getattr(schedule, "pipeline_order_with_comms", None) or getattr(schedule, "pipeline_order", None)
+    rank = getattr(schedule, "rank", None)
+    if not program or rank not in program:
+        return {}
+    return part_owners(str(a) for a in program[rank] if a is not None and getattr(a, "sub_actions", None))

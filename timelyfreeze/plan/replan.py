@@ -1,0 +1,278 @@
+"""Online re-planning: notice when the stable phase stops matching the plan, and say when to plan again.
+
+Each stable step, every rank turns its own action times into per-group scales (``planner.timing.drift``:
+measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
+over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
+decision without a further collective. Over the last ``[freeze] replan_patience`` stable steps under the
+plan in force (the per-group median scales ``S_g``):
+
+* the **machine factor** ``m`` is the median of the ``F``/``I`` groups' scales (``planner.timing.drift.
+  machine_factor``): freezing never changes those actions, so they measure the machine;
+* a group's **corrected** scale is ``S_g / m``; its **limit** is ``max(replan_noise_k * noise_g,
+  replan_threshold)``, ``noise_g`` the group's noise floor from the monitoring windows
+  (``planner.timing.monitor.noise_floors``; 0 where unknown, e.g. with a given plan);
+* a **re-plan** is due when some group's corrected scale departs from 1 by more than its limit: the
+  stages or kinds changed relative to one another, which can move the optimal plan. The runtime solves the
+  LP again on global rank 0 from the current node weights times ``S_g`` (``proposed_weights``), broadcasts
+  the plan, and calls ``install``; the next scales are measured against the new plan;
+* otherwise, when ``m`` departs from the factor the prediction already carries by more than the ``F``/``I``
+  groups' limit (the median of their floors), the change is uniform: the plan stays, its predicted batch
+  time is rescaled by ``m`` (``rescale``, logged). A uniform change cannot move the optimal plan.
+
+The per-step ``drift`` (how much the plan in force would stretch the batch under the step's scales) is
+still computed for the metrics. Medians over the window keep one quiet step from restarting the count
+and one noisy step from triggering anything. The state (the plan in force with its node weights, the
+noise floors, the recent scales, the events) is plain data and goes into the checkpoint (``state_dict``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from planner.schedule.dag import build_dag
+from planner.timing import drift as plan_drift
+from planner.trace.load import NodeWeights, TraceMeta
+
+
+class Replanner:
+    @classmethod
+    def for_run(cls, cfg, meta: dict) -> "Replanner | None":
+        """The re-planner of a run with ``[freeze]`` settings ``cfg`` and trace ``meta`` (a ``meta.json``
+        dict), or None where re-planning is off or the method has no plan."""
+        from planner.trace.load import validate_meta
+        from timelyfreeze.config.freeze import PLANNED_METHODS
+
+        if not (cfg.replan and cfg.method in PLANNED_METHODS):
+            return None
+        return cls(validate_meta(meta, "meta.json"), cfg.replan_threshold, cfg.replan_patience, cfg.replan_noise_k)
+
+    def __init__(self, meta: TraceMeta, threshold: float, patience: int, noise_k: float = 3.0):
+        self.meta = meta
+        self.threshold = float(threshold)
+        """The smallest corrected change that re-plans (``[freeze] replan_threshold``)."""
+        self.patience = int(patience)
+        self.noise_k = float(noise_k)
+        self.noise: dict[str, float] = {}
+        """Per group, the noise floor of the monitoring windows (kept by re-plans)."""
+        self.machine = 1.0
+        """The machine factor the plan in force's prediction carries (1 at install; set by ``rescale``)."""
+        self.rescales: list[dict[str, Any]] = []
+        self._dag = build_dag(meta)
+        self.weights: NodeWeights | None = None
+        """Node weights of the plan in force (the monitoring estimates, rescaled by every re-plan)."""
+        self.ratios: dict[str, float] = {}
+        self.batch_ms: dict[str, float] | None = None
+        """The plan in force's predicted batch times (``no_freeze``, ``all_frozen``, ``planned``)."""
+        self.edge_ms: dict[tuple[str, str], float] = {}
+        """The plan in force's delays on cross-rank edges (kept by re-plans)."""
+        self.window: list[dict] = []
+        """The last ``patience`` stable steps under the plan in force: ``{"drift", "scales"}`` each."""
+        self.events: list[dict[str, Any]] = []
+
+    # -- the plan in force ----------------------------------------------------------------------
+    def install(
+        self,
+        weights: dict[str, list[float]],
+        ratios: dict[str, float],
+        batch_ms: dict[str, float],
+        edge_ms: list | None = None,
+        noise: dict[str, float] | None = None,
+    ) -> None:
+        """A plan takes effect (``weights``: action -> [w_min, w_max] ms; ``edge_ms``: its delays on
+        cross-rank edges as ``[u, v, ms]`` triples, ``planner.timing.comm``; ``noise``: the groups' noise floors,
+        where known: the ones in force stay otherwise); the window restarts."""
+        if noise is not None:
+            self.noise = {str(g): float(v) for g, v in noise.items()}
+        self.machine = 1.0
+        self.weights = NodeWeights(
+            {a: float(w[0]) for a, w in weights.items()}, {a: float(w[1]) for a, w in weights.items()}
+        )
+        self.ratios = {a: float(r) for a, r in ratios.items()}
+        self.batch_ms = dict(batch_ms)
+        self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
+        self._base = plan_drift.planned_batch(self._dag, self.weights, self.ratios, self.edge_ms)
+        self.window = []
+
+    def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
+        """This rank's per-group scales of one step from its ``(action, ms, applied ratio)`` samples."""
+        if self.weights is None:
+            return None
+        return plan_drift.step_scales(samples, self.weights)
+
+    # -- per stable step ------------------------------------------------------------------------
+    def observe(self, scales: dict[str, float]) -> float | None:
+        """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
+        if self.weights is None or not scales:
+            return None
+        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms, self._base)
+        self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience :]
+        return d
+
+    def window_drift(self) -> float | None:
+        """Median drift of the window (None until it holds ``patience`` steps)."""
+        if len(self.window) < self.patience:
+            return None
+        return float(statistics.median(w["drift"] for w in self.window))
+
+    def limit(self, group: str) -> float:
+        """How far a group's corrected scale may depart from 1 without a re-plan."""
+        return max(self.noise_k * self.noise.get(group, 0.0), self.threshold)
+
+    def machine_limit(self) -> float:
+        """How far the machine factor may move without a rescaled prediction (the F/I groups' floors)."""
+        floors = [v for g, v in self.noise.items() if g.lstrip("0123456789") in plan_drift.MACHINE_KINDS]
+        return max(self.noise_k * statistics.median(floors), self.threshold) if floors else self.threshold
+
+    def assess(self) -> dict[str, Any] | None:
+        """The window's verdict (None until it holds ``patience`` steps): ``scales`` (per-group medians),
+        ``machine`` (their machine factor, 1 without F/I groups), ``moved`` (group -> corrected scale, for
+        the groups beyond their limit)."""
+        if self.weights is None or len(self.window) < self.patience:
+            return None
+        scales = plan_drift.window_scales(w["scales"] for w in self.window)
+        m = plan_drift.machine_factor(scales) or 1.0
+        moved = {g: s / m for g, s in scales.items() if abs(s / m - 1.0) > self.limit(g)}
+        return {"scales": scales, "machine": m, "moved": moved}
+
+    def due(self) -> bool:
+        """A re-plan is due: some group changed relative to the machine beyond its limit."""
+        verdict = self.assess()
+        return verdict is not None and bool(verdict["moved"])
+
+    def reason(self) -> str:
+        """Why a re-plan is due (the moved groups, largest change first)."""
+        verdict = self.assess()
+        assert verdict is not None
+        moved = sorted(verdict["moved"].items(), key=lambda kv: -abs(kv[1] - 1.0))
+        steps = f"{self.patience} stable step{'s' if self.patience > 1 else ''}"
+        return (
+            ", ".join(f"{g} x{c:.2f} (limit {self.limit(g):.0%})" for g, c in moved[:4])
+            + f" against the machine factor x{verdict['machine']:.2f}, median over the last {steps}"
+        )
+
+    def rescale(self, step: int) -> dict[str, Any] | None:
+        """Where the window shows a uniform change (no re-plan due, the machine factor moved beyond
+        ``machine_limit``): keep the plan, carry the new factor in the prediction, and return the logged
+        event ``{"step", "machine_factor", "old_predicted_ms", "new_predicted_ms"}``; else None."""
+        verdict = self.assess()
+        if verdict is None or verdict["moved"] or self.batch_ms is None:
+            return None
+        m = verdict["machine"]
+        if abs(m / self.machine - 1.0) <= self.machine_limit():
+            return None
+        old = self.predicted_ms()
+        self.machine = m
+        event = {"step": step, "machine_factor": m, "old_predicted_ms": old, "new_predicted_ms": self.predicted_ms()}
+        self.rescales.append(event)
+        return event
+
+    def kept_plan_ms(self, weights: NodeWeights) -> float:
+        """The plan in force's batch time under ``weights`` (a re-plan's rescaled weights): what keeping it
+        would predict, next to the new plan's own prediction (the difference is what the re-plan buys)."""
+        return plan_drift.planned_batch(self._dag, weights, self.ratios, self.edge_ms)
+
+    def keep(self, step: int, weights: NodeWeights, batch_ms: dict[str, float], **why: Any) -> dict[str, Any]:
+        """A due re-plan that would not buy enough (``PlanCoordinator``): the plan in force stays, with the
+        rescaled ``weights`` and ``batch_ms`` (its prediction under them) as its new reference; the window
+        restarts. Returns the logged event (``rescales``), with ``why`` (reason, saves, frees)."""
+        old = self.predicted_ms()
+        edges = [[u, v, ms] for (u, v), ms in self.edge_ms.items()]
+        self.install({a: [weights.w_min[a], weights.w_max[a]] for a in weights.w_max}, self.ratios, batch_ms, edges)
+        event = {"step": step, "kept_replan": True, "old_predicted_ms": old, "new_predicted_ms": batch_ms["planned"]}
+        self.rescales.append({**event, **why})
+        return self.rescales[-1]
+
+    def predicted_ms(self) -> float | None:
+        """The plan in force's predicted batch time at the machine speed last seen (``rescale``)."""
+        return self.batch_ms["planned"] * self.machine if self.batch_ms else None
+
+    def proposed_weights(self) -> tuple[NodeWeights, dict[str, float]]:
+        """(node weights for the re-plan, the per-group scales they apply: medians over the window)."""
+        assert self.weights is not None
+        scales = plan_drift.window_scales(w["scales"] for w in self.window)
+        return plan_drift.scaled_weights(self.weights, scales), scales
+
+    # -- checkpoint -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any] | None:
+        if self.weights is None:
+            return None
+        return {
+            "weights": {a: [self.weights.w_min[a], self.weights.w_max[a]] for a in self.weights.w_max},
+            "ratios": dict(self.ratios),
+            "batch_ms": dict(self.batch_ms or {}),
+            "edge_ms": [[u, v, ms] for (u, v), ms in self.edge_ms.items()],
+            "window": [{"drift": w["drift"], "scales": dict(w["scales"])} for w in self.window],
+            "events": list(self.events),
+            "noise": dict(self.noise),
+            "machine": self.machine,
+            "rescales": list(self.rescales),
+        }
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Restore ``state_dict``'s output; raises ``ValueError`` naming what does not fit this run."""
+        if state is None:
+            return
+        actions = set(self.meta.all_actions())
+        weights, ratios = state["weights"], state["ratios"]
+        if set(weights) != actions:
+            raise ValueError("its node weights do not cover exactly this schedule's actions")
+        for a, w in weights.items():
+            if not (
+                isinstance(w, list)
+                and len(w) == 2
+                and all(isinstance(x, (int, float)) for x in w)
+                and 0 <= w[0] <= w[1]
+            ):
+                raise ValueError(f"weights[{a!r}] = {w!r} is not [w_min, w_max] with 0 <= w_min <= w_max")
+        if any(a not in actions or not isinstance(r, (int, float)) or not 0 <= r <= 1 for a, r in ratios.items()):
+            raise ValueError("ratios must map this schedule's actions to numbers in [0, 1]")
+        if not all(isinstance(state["batch_ms"].get(k), (int, float)) for k in ("no_freeze", "all_frozen", "planned")):
+            raise ValueError("batch_ms needs no_freeze, all_frozen and planned")
+        if not (
+            isinstance(state["window"], list)
+            and all(
+                isinstance(w, dict) and isinstance(w.get("drift"), (int, float)) and isinstance(w.get("scales"), dict)
+                for w in state["window"]
+            )
+        ):
+            raise ValueError("window must be a list of {drift, scales}")
+        if not (isinstance(state["events"], list) and all(isinstance(e, dict) for e in state["events"])):
+            raise ValueError("events must be a list of objects")
+        edges = state.get("edge_ms", [])
+        if not (
+            isinstance(edges, list)
+            and all(
+                isinstance(e, list)
+                and len(e) == 3
+                and e[0] in actions
+                and e[1] in actions
+                and isinstance(e[2], (int, float))
+                and e[2] >= 0
+                for e in edges
+            )
+        ):
+            raise ValueError("edge_ms must be a list of [action, action, ms >= 0]")
+        noise, machine = state.get("noise", {}), state.get("machine", 1.0)  # (absent in older states)
+        if not (isinstance(noise, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in noise.values())):
+            raise ValueError("noise must map groups to numbers >= 0")
+        if not (isinstance(machine, (int, float)) and machine > 0):
+            raise ValueError("machine must be a number > 0")
+        if not (
+            isinstance(state.get("rescales", []), list) and all(isinstance(e, dict) for e in state.get("rescales", []))
+        ):
+            raise ValueError("rescales must be a list of objects")
+        self.install(weights, ratios, state["batch_ms"], edges, noise)
+        self.machine = float(machine)
+        self.rescales = list(state.get("rescales", []))
+        self.window = [
+            {"drift": float(w["drift"]), "scales": {str(g): float(s) for g, s in w["scales"].items()}}
+            for w in state["window"]
+        ][-self.patience :]
+        self.events = list(state["events"])
+
+
+def mean_ratio(ratios: dict[str, float], weights: NodeWeights) -> float:
+    """Mean freeze ratio over the freezable actions (``w_max > w_min``) of ``weights``; 0 without any."""
+    vals = [ratios.get(a, 0.0) for a in weights.w_max if weights.w_max[a] > weights.w_min[a]]
+    return sum(vals) / len(vals) if vals else 0.0

@@ -1,0 +1,101 @@
+"""TorchTitan's own extension points the trainer uses: a ``TrainSpec`` with a validator and a metrics processor
+of ours, in place of patching TorchTitan's instances.
+
+* ``FixedBatchValidator``: every validation reads the same first batches of the held-out split. TorchTitan
+  0.2.2's text dataset keeps its position between iterations, so each validation would otherwise score the
+  *next* slice of the validation set, and losses from different steps (and the curves of different runs)
+  would not be comparable. It rewinds the dataset with the dataset's own checkpoint API.
+* ``FreezeMetricsProcessor``: TorchTitan's metrics processor that also hands each validation loss to its
+  ``on_validation`` listeners (the freezing runtime's validation curve, the stop rule).
+* ``epoch_data.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
+  the fixed multi-epoch set whose samples carry a stable id (``timelyfreeze.data.epoch_data``).
+
+``use_freeze_spec(model_name)`` registers, under the model's own name (TorchTitan's user-defined specs take
+precedence over its built-in ones), the model's ``TrainSpec`` with these builders where the model uses
+TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Callable
+
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.validate import Validator
+from torchtitan.components.validate import build_validator as titan_build_validator
+from torchtitan.hf_datasets.text_datasets import build_text_dataloader
+from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+from timelyfreeze.data import epoch_data
+
+
+class FixedBatchValidator(Validator):
+    """TorchTitan's ``Validator``; every ``validate`` starts from the validation dataset's first batch."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        dataset = self.validation_dataloader.dataset
+        stateful = callable(getattr(dataset, "state_dict", None)) and callable(
+            getattr(dataset, "load_state_dict", None)
+        )
+        self._start = copy.deepcopy(dataset.state_dict()) if stateful else None
+
+    def validate(self, *args, **kwargs):
+        if self._start is not None:
+            self.validation_dataloader.dataset.load_state_dict(copy.deepcopy(self._start))
+        return super().validate(*args, **kwargs)
+
+
+class FreezeMetricsProcessor(MetricsProcessor):
+    """TorchTitan's ``MetricsProcessor``; ``log_validation`` first calls every ``on_validation(step, loss)``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.on_validation: list[Callable[[int, float], None]] = []
+
+    def log_validation(self, loss, step, *args, **kwargs):
+        for listener in self.on_validation:
+            listener(step, float(loss))
+        return super().log_validation(loss, step, *args, **kwargs)
+
+
+def build_validator(**kwargs) -> FixedBatchValidator:
+    """``TrainSpec.build_validator_fn``: TorchTitan's ``build_validator``, with ``FixedBatchValidator``."""
+    if kwargs.get("metrics_processor") is None:
+        raise ValueError("the validator needs the metrics processor")
+    return FixedBatchValidator(**kwargs)
+
+
+def build_metrics_processor(job_config, parallel_dims, model_args=None, tag: str | None = None) -> MetricsProcessor:
+    """``TrainSpec.build_metrics_processor_fn``: TorchTitan's ``build_metrics_processor``, with ours."""
+    return FreezeMetricsProcessor(job_config, parallel_dims, tag)
+
+
+def use_freeze_spec(model_name: str) -> None:
+    """Register the model's ``TrainSpec`` with our builders where it uses TorchTitan's defaults (idempotent). A
+    spec the user registered under the name stays as it is (``has_freeze_builders`` then says False)."""
+    spec = get_train_spec(model_name)
+    if spec.build_metrics_processor_fn is build_metrics_processor or spec.build_validator_fn is build_validator:
+        return
+    ours = dataclasses.replace(
+        spec,
+        build_validator_fn=build_validator
+        if spec.build_validator_fn is titan_build_validator
+        else spec.build_validator_fn,
+        build_metrics_processor_fn=build_metrics_processor
+        if spec.build_metrics_processor_fn is None
+        else spec.build_metrics_processor_fn,
+        build_dataloader_fn=epoch_data.build_dataloader
+        if spec.build_dataloader_fn is build_text_dataloader
+        else spec.build_dataloader_fn,
+    )
+    try:
+        register_train_spec(model_name, ours)
+    except ValueError:  # the user registered a spec of their own under this name: theirs stays
+        pass
+
+
+def has_freeze_builders(metrics_processor) -> bool:
+    """True where the trainer's metrics processor is ours (the model's spec used TorchTitan's default)."""
+    return isinstance(metrics_processor, FreezeMetricsProcessor)
