@@ -23,6 +23,9 @@ from planner.timing.estimate import (
 )
 from planner.trace.load import Trace, node_weights, trace_from_records
 from planner.trace.simulate import synthetic_trace
+from timelyfreeze.plan import solve as planning
+from timelyfreeze.plan.outcome import PlanFailure
+from timelyfreeze.plan.settings import PlanSettings
 
 NOISE = (0.97, 0.99, 1.0, 1.01, 1.03)  # one step's factor each; every microbatch sees all five once
 BASE = {"F": 10.0, "B": 20.0}
@@ -207,8 +210,27 @@ def test_plan_records_the_estimator(tmp_path):
     assert plan_from_trace(tr, 0.5).extra == {"estimator": DEFAULT_ESTIMATOR} == {"estimator": "pooled"}
 
 
+def plan_settings(**kw) -> PlanSettings:
+    """The runtime's plan settings at r_max 0.5 (``kw`` overrides), as the solve tests take them."""
+    base = dict(
+        r_max=0.5,
+        solver="auto",
+        estimator=DEFAULT_ESTIMATOR,
+        gaps=False,
+        anchor=True,
+        jitter=False,
+        monitor_tolerance=0.1,
+        replan=False,
+        replan_threshold=0.05,
+        replan_patience=3,
+        replan_noise_k=3.0,
+        replan_min_gain=0.01,
+        given_plan="",
+    )
+    return PlanSettings(**{**base, **kw})
+
+
 def test_runtime_planning_step_uses_the_estimator(tmp_path):
-    from timelyfreeze.plan import solve as planning
 
     tr = make_trace(lambda d, a, p, k: slow_first(d, a, p, k, offsets=(-0.01, 0.0, 0.01)))
     meta = tr.meta.to_json()
@@ -217,10 +239,10 @@ def test_runtime_planning_step_uses_the_estimator(tmp_path):
         recs[x.rank].append({k: getattr(x, k) for k in ("step", "action", "ms", "phase", "freeze_ratio")})
     for name in ESTIMATORS:
         path = tmp_path / f"{name}.json"
-        result = planning.solve(meta, recs, 0.5, "auto", tmp_path / "trace", path, name)
-        assert "failure" not in result
+        result = planning.solve(meta, recs, plan_settings(estimator=name), tmp_path / "trace", path)
+        assert not isinstance(result, PlanFailure)
         want = plan_from_trace(tr, 0.5, estimator=name)
-        assert result["ratios"] == pytest.approx({a: p.freeze_ratio for a, p in want.actions.items()}, abs=1e-9)
+        assert result.freeze_ratios == pytest.approx({a: p.freeze_ratio for a, p in want.actions.items()}, abs=1e-9)
         assert json.loads(path.read_text())["estimator"] == name
-    bad = planning.solve(meta, recs, 0.5, "auto", tmp_path / "trace", tmp_path / "x.json", "mean")
-    assert bad["failure"].startswith("planning failed: estimator 'mean'")
+    bad = planning.solve(meta, recs, plan_settings(estimator="mean"), tmp_path / "trace", tmp_path / "x.json")
+    assert isinstance(bad, PlanFailure) and bad.message.startswith("planning failed: estimator 'mean'")

@@ -175,8 +175,8 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
     from timelyfreeze.config.freeze import Freeze
     from timelyfreeze.outputs.summary import format_summary
     from timelyfreeze.plan.coordinator import PlanCoordinator
+    from timelyfreeze.plan.settings import PlanSettings
     from timelyfreeze.runtime.run_info import RunInfo
-    from timelyfreeze.runtime.state import FreezeState
 
     info = RunInfo(
         schedule="1F1B",
@@ -189,14 +189,14 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
         use_cuda=False,
     )
     job = types.SimpleNamespace(rank=0, gather_to_zero=lambda obj: {(0, 0): obj}, broadcast=lambda obj: obj)
-    state = FreezeState(meta={"schedule": "1F1B"})  # meta the planner rejects
     logged = []
-    plans = PlanCoordinator(
-        Freeze(enable=True, r_max=0.8), info, 2, job=job, method=make(), state=state, log=logged.append
-    )
-    plans.make_plan(6)
-    assert plans.method.plan_failed and plans.method.phase(12) == "noplan"
-    failures = state.failures
+    method = make()
+    settings = PlanSettings.from_config(Freeze(enable=True, r_max=0.8), 2)
+    plans = PlanCoordinator(settings, info, 2, method.monitor_phases, job=job, log=logged.append)
+    plans.meta = {"schedule": "1F1B"}  # meta the planner rejects
+    plans.make_plan(6).apply_to(method)
+    assert method.plan_failed and method.phase(12) == "noplan"
+    failures = plans.failures
     assert len(failures) == 1 and failures[0].startswith("planning failed") and "step 6" in failures[0]
     assert any("ERROR planning failed" in m for m in logged)
     summary = {
@@ -211,6 +211,6 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
         "tokens_per_s": {"all": None, "stable": None},
         "avg_freeze_ratio": 0.0,
         "loss_curve": [],
-        "failures": state.failures,
+        "failures": plans.failures,
     }
     assert "  FAILED: planning failed" in format_summary(summary)

@@ -222,9 +222,11 @@ def test_gap_table_pools_by_schedule_phase_and_class():
 
 
 def test_runtime_planning_step_switch(tmp_path):
-    """``timelyfreeze.plan.solve.solve(..., gaps=)`` (``[freeze] gap_model``): with it, the plan of
-    ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
+    """``timelyfreeze.plan.solve.solve`` with ``PlanSettings.gaps`` (``[freeze] gap_model``): with it, the plan
+    of ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
+    from tests.test_estimate import plan_settings
     from timelyfreeze.plan import solve as planning
+    from timelyfreeze.plan.outcome import PlanFailure
 
     tr = run_timed("1F1B")
     keys = ("step", "action", "ms", "phase", "freeze_ratio", "start_ms")
@@ -235,11 +237,12 @@ def test_runtime_planning_step_switch(tmp_path):
     dag = build_dag(tr.meta)
     for gaps in (False, True):
         path = tmp_path / f"{gaps}.json"
-        result = planning.solve(tr.meta.to_json(), recs, 0.5, "auto", tmp_path / "t", path, "median", gaps)
-        assert "failure" not in result
+        settings = plan_settings(estimator="median", gaps=gaps)
+        result = planning.solve(tr.meta.to_json(), recs, settings, tmp_path / "t", path)
+        assert not isinstance(result, PlanFailure)
         want = plan_from_trace(tr, 0.5, estimator="median", gaps=gaps, anchor=True)
-        assert result["batch_time_ms"]["planned"] == pytest.approx(want.batch_time_ms["planned"], rel=1e-9)
-        same = [(u, v) for u, v, _ in result["edge_ms"] if dag.nodes[u]["rank"] == dag.nodes[v]["rank"]]
+        assert result.batch_time_ms["planned"] == pytest.approx(want.batch_time_ms["planned"], rel=1e-9)
+        same = [(u, v) for u, v, _ in result.edge_ms if dag.nodes[u]["rank"] == dag.nodes[v]["rank"]]
         assert bool(same) == gaps and ("gaps" in json.loads(path.read_text())) == gaps
 
 

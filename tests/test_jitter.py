@@ -59,7 +59,9 @@ def test_two_even_paths_are_longer_together_than_either():
 
 
 def test_the_runtime_planning_step_records_the_factors(tmp_path):
+    from tests.test_estimate import plan_settings
     from timelyfreeze.plan import solve as planning
+    from timelyfreeze.plan.outcome import PlanFailure
 
     tr = synthetic_trace("1F1B", 2, 4, jitter=0.05, seed=1, steps=3)
     keys = ("step", "action", "ms", "phase", "freeze_ratio")
@@ -69,9 +71,10 @@ def test_the_runtime_planning_step_records_the_factors(tmp_path):
             recs[x.rank].append({k: getattr(x, k) for k in keys})
     for jitter in (False, True):
         path = tmp_path / f"{jitter}.json"
-        result = planning.solve(tr.meta.to_json(), recs, 0.5, "auto", tmp_path / "t", path, "median", jitter=jitter)
-        assert "failure" not in result
+        settings = plan_settings(estimator="median", jitter=jitter)
+        result = planning.solve(tr.meta.to_json(), recs, settings, tmp_path / "t", path)
+        assert not isinstance(result, PlanFailure)
         recorded = json.loads(path.read_text()).get("jitter")
-        assert (recorded is not None) == jitter and result["jitter"] == recorded
+        assert (recorded is not None) == jitter and result.jitter == recorded
         if jitter:
             assert recorded["steps"] == 6 and set(recorded) == {"steps", "no_freeze", "all_frozen", "planned"}

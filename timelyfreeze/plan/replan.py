@@ -32,20 +32,23 @@ from typing import Any
 
 from planner.schedule.dag import build_dag
 from planner.timing import drift as plan_drift
-from planner.trace.load import NodeWeights, TraceMeta
+from planner.trace.load import NodeWeights, TraceMeta, validate_meta
+from timelyfreeze.plan.settings import PlanSettings
 
 
 class Replanner:
     @classmethod
-    def for_run(cls, cfg, meta: dict) -> "Replanner | None":
-        """The re-planner of a run with ``[freeze]`` settings ``cfg`` and trace ``meta`` (a ``meta.json``
-        dict), or None where re-planning is off or the method has no plan."""
-        from planner.trace.load import validate_meta
-        from timelyfreeze.config.freeze import PLANNED_METHODS
-
-        if not (cfg.replan and cfg.method in PLANNED_METHODS):
+    def for_run(cls, settings: PlanSettings, meta: dict) -> "Replanner | None":
+        """The re-planner of a run with ``settings`` and trace ``meta`` (a ``meta.json`` dict), or None where
+        re-planning is off or the method has no plan."""
+        if not settings.replan:
             return None
-        return cls(validate_meta(meta, "meta.json"), cfg.replan_threshold, cfg.replan_patience, cfg.replan_noise_k)
+        return cls(
+            validate_meta(meta, "meta.json"),
+            settings.replan_threshold,
+            settings.replan_patience,
+            settings.replan_noise_k,
+        )
 
     def __init__(self, meta: TraceMeta, threshold: float, patience: int, noise_k: float = 3.0):
         self.meta = meta

@@ -1,7 +1,8 @@
 """The freezing runtime of one rank: it wires the method, the freezing hook, the profiler, the trace,
 the metrics, the plan and the checkpointed state together, and says when each runs. Each of those
-lives in its own module: ``metrics_row`` builds the step's metrics row, ``plan_coordinator`` makes the
-plan and the re-plans, ``freeze_state`` holds what a checkpoint carries.
+lives in its own module: ``outputs.metrics_row`` builds the step's metrics row, ``plan.coordinator`` owns
+the plan's life (the plan, the re-plans and their state) and hands back a ``PlanUpdate`` or a
+``PlanFailure`` that the runtime passes to the method, ``runtime.state`` is the checkpoint's format.
 
 The trainer calls, every step: ``begin_step`` -> for every gradient-accumulation batch ``begin_batch``,
 (the pipeline runs; the stage hooks fire), ``add_batch`` -> ``after_backward`` -> (optimizer step) ->
@@ -21,6 +22,11 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.fileio import write_json_atomically
+from planner.plan import load_plan
+from planner.schedule.dag import build_dag
+from planner.timing.comm import estimate_edge_delays
+from planner.timing.gaps import with_gap_costs
+from planner.timing.spans import dag_f_factor
 from planner.trace.load import META_FILE, Trace, load_trace
 from timelyfreeze.config.freeze import Freeze, knob_of
 from timelyfreeze.config.phases import Phases
@@ -35,11 +41,13 @@ from timelyfreeze.outputs import summary as run_summary
 from timelyfreeze.outputs import timeline
 from timelyfreeze.outputs.metrics_log import MetricsLog
 from timelyfreeze.outputs.metrics_row import StepMetrics, describe
-from timelyfreeze.plan.coordinator import PlanCoordinator
-from timelyfreeze.runtime import state as freeze_state
+from timelyfreeze.plan.coordinator import PlanChange, PlanCoordinator
+from timelyfreeze.plan.settings import PlanSettings
+from timelyfreeze.plan.solve import one_line
+from timelyfreeze.runtime import state as saved_state
 from timelyfreeze.runtime.collectives import JobGroup
 from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
-from timelyfreeze.runtime.state import FreezeState, FreezeStateError
+from timelyfreeze.runtime.state import FreezeStateError, RunState
 from timelyfreeze.runtime.step_gather import StepGather
 
 
@@ -82,11 +90,18 @@ class FreezeRuntime:
         self.meter = StepMetrics(self.views, self.job, info)
         self.metrics = MetricsLog(self.paths.metrics, write=self.job.rank == 0, tb_log=trainer.tb_log)
         self.writer: TraceWriter | None = None
-        self.state = FreezeState()
-        """What a checkpoint carries (``state_dict``), shared with the plan coordinator."""
+        self.state = RunState()
+        """The runtime's own part of a checkpoint (``state_dict``); the plan's part is the coordinator's."""
         self.plans = PlanCoordinator(
-            cfg, info, self.num_stages, job=self.job, method=self.method, state=self.state, log=self.log
+            PlanSettings.from_config(cfg, self.num_stages),
+            info,
+            self.num_stages,
+            self.method.monitor_phases,
+            job=self.job,
+            log=self.log,
         )
+        if self.plans.given is not None:
+            self.plans.given.apply_to(self.method)
         self._gather: StepGather | None = None
         """The per-step gather's fixed layout, once ``meta`` is known (``timelyfreeze.runtime.step_gather``)."""
         self.refused = False
@@ -162,17 +177,22 @@ class FreezeRuntime:
             if self._gather is None:
                 self._gather = StepGather(_all_actions(self.state.meta), type(self.method).step_metric_names)
             gathered = self._gather.unpack(self.job.all_gather_floats(self._gather.pack(local, scales, method)))
-        self.plans.after_gather(step)
+        self._apply(self.plans.after_gather(step, self.state.meta, self.method.needs_plan(step)))
         row = self.meter.row(step, phase, gathered, self.plans.predicted_ms())
         for g in gathered:
             for k, v in g["method"].items():
                 row[k] = row.get(k, 0) + v
-        self.plans.check_drift(step, row, [g["scales"] for g in gathered] if watch else None)
+        self._apply(self.plans.check_drift(step, row, [g["scales"] for g in gathered] if watch else None))
         self.ctx.last_loss = row["loss"]
         self.state.history.append(row)
         self.metrics.append(row)
         self.log(describe(row))
         return row
+
+    def _apply(self, change: PlanChange) -> None:
+        """A new plan, or a failure, from the plan coordinator: the method takes it from the next step."""
+        if change is not None:
+            change.apply_to(self.method)
 
     def _records(self, step: int, phase: str) -> list[ActionRecord]:
         """The step's timed actions with the ratio each applied (one per accumulation batch, in order)."""
@@ -211,14 +231,27 @@ class FreezeRuntime:
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> str:
         """This rank's freezing state as JSON text (``timelyfreeze.runtime.state``; no pickle)."""
-        return self.state.pack(step=self.step, run=self._identity(), method=self.method.state_dict())
+        return saved_state.pack(
+            step=self.step,
+            run=self._identity(),
+            method=self.method.state_dict(),
+            history=self.state.history,
+            val_curve=self.state.val_curve,
+            meta=self.state.meta,
+            **self.plans.state_dict(),
+        )
 
     def load_state_dict(self, text: Any, step: int) -> None:
         """Restore what ``state_dict`` saved at ``step`` (TorchTitan's restored step). A state that is not
         this run's, or whose contents do not check out, raises ``FreezeStateError`` naming what is wrong."""
         problem = None
         try:
-            saved, replanner = freeze_state.load(text, self._identity(), step, self.phases, self.cfg, self.method)
+            saved = saved_state.unpack(text, self._identity(), step, self.phases)
+            try:
+                self.method.load_state_dict(saved["method"])
+            except Exception as e:
+                raise FreezeStateError(f"the {self.cfg.method} method state does not load: {one_line(e)}") from None
+            self.plans.load_state_dict(saved, saved["meta"])
         except FreezeStateError as e:
             problem = str(e)
         # every rank refuses together (one rank resuming alone would wait for the others in its first step)
@@ -226,8 +259,7 @@ class FreezeRuntime:
         if problems:
             self.refused = True
             raise FreezeStateError(problem or problems[0])
-        self.state.restore(saved, replanner)
-        self.plans.resumed()
+        self.state.restore(saved)
         self.step = step
 
     def _identity(self) -> dict:
@@ -253,7 +285,7 @@ class FreezeRuntime:
         if self.job.rank != 0:
             return None
         trace = _read_trace(self.paths.trace, self.log) if self.writer is not None else None
-        state, r_max = self.state, self.plans.r_max
+        state, plans, r_max = self.state, self.plans, self.plans.settings.r_max
         summary = run_summary.build(
             history=state.history,
             steady_phases=self.method.steady_phases({h["phase"] for h in state.history}),
@@ -271,14 +303,14 @@ class FreezeRuntime:
             }
             | ({"r_max_per_stage": list(r_max)} if isinstance(r_max, tuple) else {})
             | ({"stop_at_val_loss": self.cfg.stop_at_val_loss} if self.cfg.stop_at_val_loss > 0 else {}),
-            predicted_batch_ms=state.plan_batch_ms,
+            predicted_batch_ms=plans.plan_batch_ms,
             val_curve=state.val_curve,
             method_summary=self.method.summary(),
-            failures=state.failures,
-            replans=state.replanner.events if state.replanner is not None else [],
+            failures=plans.failures,
+            replans=plans.replanner.events if plans.replanner is not None else [],
             trace=trace,
-            monitoring=state.monitoring,
-            rescales=state.replanner.rescales if state.replanner is not None else [],
+            monitoring=plans.monitoring,
+            rescales=plans.replanner.rescales if plans.replanner is not None else [],
             f_factor_dag=_plan_f_factor(trace, self.paths.plan, self.log) if trace is not None else None,
         )
         if compiled is not None:
@@ -342,12 +374,6 @@ def _plan_f_factor(trace: Trace, plan_path, log) -> float | None:
     durations (``plan.json``) with the delays it was made with (estimated again from the trace's monitoring
     windows, as ``planning.solve`` did; the gap costs where the plan has them). None without that plan or
     where it does not fit the trace (logged: the shares then take the pooled F factor out)."""
-    from planner.plan import load_plan
-    from planner.schedule.dag import build_dag
-    from planner.timing.comm import estimate_edge_delays
-    from planner.timing.gaps import with_gap_costs
-    from planner.timing.spans import dag_f_factor
-
     if not plan_path.exists():
         return None
     try:
