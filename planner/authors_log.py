@@ -61,7 +61,9 @@ _HEADER = re.compile(r"^\[rank(\d+)\]:.*Pipeline schedule is saved as: \S*?([^/\
 _BATCH = re.compile(r"^\[rank(\d+)\]:\s*> Batch Time: ([0-9.]+) ms")
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:\s*\[Rank (\d+)\]\s(.*)$")
 _ENTRY = re.compile(r"^\[S(\d+),MB(\d+),(F|B|BI|BW)\]\s+(-?\d+)-(-?\d+)-(-?\d+)ms(?:\s+AFR\([^)]*\):\s*[-0-9.]+)?$")
-_PLAN_LINE = re.compile(r"> Batch Time: ([0-9.]+) ms \(Average Freeze Ratio: ([0-9.]+), Time Reduction Rate: ([0-9.]+)\)")
+_PLAN_LINE = re.compile(
+    r"> Batch Time: ([0-9.]+) ms \(Average Freeze Ratio: ([0-9.]+), Time Reduction Rate: ([0-9.]+)\)"
+)
 _SCHEDULE = re.compile(r"Using pipeline schedule (\S+) with (\d+) microbatches and (\d+) stages")
 _ACCUM = re.compile(r"gradient accumulation steps (\d+)")
 _STEP_MARK = re.compile(r"\[Step (\d+)\] \S+\s+(Monitoring|Setting) (Upperbound|Lowerbound)")
@@ -182,15 +184,17 @@ def parse_text(text: str, source: str) -> AuthorsLog:
     for b in blocks:
         if b.kind != "other" and (not b.ranks or sorted(b.ranks) != list(range(len(b.ranks)))):
             raise PlannerError(f"{source}:{b.line}: block {b.name!r} lacks rank lines (has {sorted(b.ranks)})")
-    upper = (marks[("Monitoring", "Upperbound")], marks[("Setting", "Upperbound")]) if (
-        ("Monitoring", "Upperbound") in marks and ("Setting", "Upperbound") in marks
-    ) else None
-    lower = (marks[("Monitoring", "Lowerbound")], marks[("Setting", "Lowerbound")]) if (
-        ("Monitoring", "Lowerbound") in marks and ("Setting", "Lowerbound") in marks
-    ) else None
-    return AuthorsLog(
-        source, schedule, num_mb, num_stages, accumulation or 1, upper, lower, blocks, plan_ms, plan_rr
+    upper = (
+        (marks[("Monitoring", "Upperbound")], marks[("Setting", "Upperbound")])
+        if (("Monitoring", "Upperbound") in marks and ("Setting", "Upperbound") in marks)
+        else None
     )
+    lower = (
+        (marks[("Monitoring", "Lowerbound")], marks[("Setting", "Lowerbound")])
+        if (("Monitoring", "Lowerbound") in marks and ("Setting", "Lowerbound") in marks)
+        else None
+    )
+    return AuthorsLog(source, schedule, num_mb, num_stages, accumulation or 1, upper, lower, blocks, plan_ms, plan_rr)
 
 
 def parse_log(path: str | os.PathLike[str]) -> AuthorsLog:
@@ -301,10 +305,14 @@ def log_to_trace(log: AuthorsLog, *, stable_from: int | None = None) -> Trace:
 
     def add(block: Block, phase: str, step: int, starts: bool) -> None:
         if set(block.ranks) != set(range(pp)):
-            raise PlannerError(f"{src}:{block.line}: block {block.name!r} has ranks {sorted(block.ranks)}, expected {pp}")
+            raise PlannerError(
+                f"{src}:{block.line}: block {block.name!r} has ranks {sorted(block.ranks)}, not 0-{pp - 1}"
+            )
         for r, es in block.ranks.items():
             if {e.action for e in es} != set(orders[r]):
-                raise PlannerError(f"{src}:{block.line}: block {block.name!r}: rank {r}'s actions differ from the upper block's")
+                raise PlannerError(
+                    f"{src}:{block.line}: block {block.name!r}: rank {r}'s actions differ from the upper block's"
+                )
             for e in es:
                 kind = e.action.rstrip("0123456789")[-1]
                 fr = (1.0 if phase == "lower" else ratio.get(e.action, 0.0)) if kind in _FREEZABLE else 0.0

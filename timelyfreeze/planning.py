@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from planner.defaults import ANCHOR, CLIFF, DEFAULT_ESTIMATOR, GAPS, JITTER
 from planner.errors import PlannerError
-from planner.estimate import DEFAULT_ESTIMATOR
 from timelyfreeze.errors import FreezeConfigError
 
 
@@ -26,9 +26,10 @@ def solve(
     trace_dir: Path,
     plan_path: Path,
     estimator: str = DEFAULT_ESTIMATOR,
-    gaps: bool = False,
-    anchor: bool = True,
-    jitter: bool = False,
+    gaps: bool = GAPS,
+    anchor: bool = ANCHOR,
+    jitter: bool = JITTER,
+    cliff: bool = CLIFF,
 ) -> dict:
     """``{"ratios", "batch_time_ms", "weights", "edge_ms", "monitoring", "summary"}`` of the plan
     (``weights``: action -> [w_min, w_max] ms; ``monitoring``: the windows' machine factors and noise
@@ -40,7 +41,8 @@ def solve(
     (``planner.gap_model``, as ``python -m planner plan --gaps``); the delays handed on for re-plans
     (``edge_ms``) then include them. ``jitter`` (``[freeze] jitter_model``): the plan also records, and the
     result carries, the factors by which the monitoring windows' jitter lengthens each prediction
-    (``planner.jitter``; plan field ``jitter``)."""
+    (``planner.jitter``; plan field ``jitter``). ``cliff``: ``planner.cliff`` (plan field ``cliff``). The defaults
+    are ``planner.defaults``, as ``python -m planner plan``'s."""
     try:
         from planner.comm import estimate_edge_delays
         from planner.dag import build_dag
@@ -52,7 +54,15 @@ def solve(
         dag = build_dag(trace.meta)
         edge_ms = estimate_edge_delays(trace, dag)
         plan = plan_from_trace(
-            trace, r_max, solver=solver, estimator=estimator, edge_ms=edge_ms, dag=dag, gaps=gaps, anchor=anchor
+            trace,
+            r_max,
+            solver=solver,
+            estimator=estimator,
+            edge_ms=edge_ms,
+            dag=dag,
+            gaps=gaps,
+            anchor=anchor,
+            cliff=cliff,
         )
         if gaps:
             edge_ms = with_gap_costs(trace, dag, edge_ms)[0]  # what the plan was made with (re-plans keep it)
