@@ -1,4 +1,8 @@
-"""``python -m planner``: plan, sweep, gantt, orders and simulate subcommands.
+"""``python -m planner``: plan, sweep, gantt, orders, simulate and import-log subcommands.
+
+``plan`` and ``sweep`` plan with the runtime's defaults (``planner.defaults``): cross-rank delays, the gap
+model, anchored monitoring windows, the jitter factors and the lower-bound cliff rule; ``--no-...`` flags turn
+each off (``--gaps`` and ``--anchor``, the old way to turn them on, are still accepted).
 
 Every user error (bad trace, bad plan, bad argument, unwritable output) is printed as a single
 ``error: <message>`` line on stderr with exit status 2, never as a traceback.
@@ -12,6 +16,7 @@ import math
 import sys
 from collections.abc import Sequence
 
+from planner.defaults import PLAN_DEFAULTS
 from planner.errors import PlannerError
 from planner.lp.solve import SOLVERS
 from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS
@@ -104,11 +109,31 @@ _NO_COMM_HELP = (
     "ignore the delays on cross-rank edges measured in the trace (records with start_ms; "
     "see docs/formats.md) and plan on compute times alone"
 )
-_GAPS_HELP = (
-    "also put on each rank-order edge the mean gap measured between those two kinds of action on that rank "
+_NO_GAPS_HELP = (
+    "do not put on each rank-order edge the mean gap measured between those two kinds of action on that rank "
     "when the next one's input was there (runtime work between actions; planner/timing/gaps.py, "
-    "docs/formats.md); needs the cross-rank delays (not with --no-comm)"
+    "docs/formats.md; on by default, as in the runtime; --no-comm also turns it off)"
 )
+_NO_ANCHOR_HELP = (
+    "do not bring the lower-bound window to the upper one's machine speed (its F/I factor) first; the plan "
+    "still records the factors (field monitoring). On by default, as in the runtime"
+)
+_NO_JITTER_HELP = "do not record the jitter factors of the plan's predictions (field jitter; on by default)"
+_NO_CLIFF_HELP = (
+    "do not lift the lower bound of a stage whose all-frozen backward also drops its input gradient "
+    "(planner/timing/cliff.py; field cliff; on by default)"
+)
+
+
+def _add_default_switches(q: argparse.ArgumentParser, *, plan: bool) -> None:
+    """The ``--no-...`` switches of the defaults (``planner.defaults``) and the old ``--gaps``/``--anchor``."""
+    q.add_argument("--no-gaps", action="store_true", help=_NO_GAPS_HELP)
+    q.add_argument("--gaps", action="store_true", help="the default; accepted for old command lines")
+    q.add_argument("--no-anchor", action="store_true", help=_NO_ANCHOR_HELP)
+    q.add_argument("--anchor", action="store_true", help="the default; accepted for old command lines")
+    q.add_argument("--no-cliff", action="store_true", help=_NO_CLIFF_HELP)
+    if plan:
+        q.add_argument("--no-jitter", action="store_true", help=_NO_JITTER_HELP)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,13 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
-    q.add_argument("--gaps", action="store_true", help=_GAPS_HELP)
-    q.add_argument(
-        "--anchor",
-        action="store_true",
-        help="bring the lower-bound window to the upper one's machine speed (its F/I factor) first, as the "
-        "runtime does; the plan records the factors (field monitoring)",
-    )
+    _add_default_switches(q, plan=True)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -147,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--gap", type=_gap_arg, metavar="G", help=_GAP_HELP)
     q.add_argument("--estimator", default=DEFAULT_ESTIMATOR, choices=ESTIMATORS, help=_ESTIMATOR_HELP)
     q.add_argument("--no-comm", action="store_true", help=_NO_COMM_HELP)
-    q.add_argument("--gaps", action="store_true", help=_GAPS_HELP)
+    _add_default_switches(q, plan=False)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
     q.add_argument("trace", metavar="TRACE_DIR")
@@ -180,6 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--steps", type=_positive_int, default=3, help="records per action and phase")
     q.add_argument("--stable-ratio", type=_unit_float, help="also write 'stable' records at this freeze ratio")
+
+    q = sub.add_parser(
+        "import-log", help="turn a log of the paper authors' TorchTitan fork into a trace (docs/formats.md)"
+    )
+    q.add_argument("log", metavar="LOG")
+    q.add_argument("--out", required=True, metavar="TRACE_DIR")
+    q.add_argument(
+        "--stable-from",
+        type=_positive_int,
+        metavar="STEP",
+        help="first step of the stable reference window (default: twice the lower window's last step)",
+    )
     return p
 
 
@@ -192,7 +223,6 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     from planner.timing.gaps import gap_line
     from planner.trace.load import load_trace
 
-    _check_gaps(args)
     trace = load_trace(args.trace)
     # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
     plan = plan_from_trace(
@@ -202,15 +232,24 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         estimator=args.estimator,
         comm=not args.no_comm,
         gap=args.gap,
-        gaps=args.gaps,
-        anchor=True if args.anchor else None,
+        **_switches(args),
+        jitter=PLAN_DEFAULTS["jitter"] and not args.no_jitter,
     )
     write_plan(plan, args.out)  # an unwritable path is a one-line PlannerError naming it
     print(plan_summary(plan, trace.meta))
     print(f"node weights: estimator {args.estimator}")
-    if args.anchor:
-        f = ", ".join(f"{x:.3f}" for x in plan.extra["monitoring"]["factors"]["lower"])
-        print(f"monitoring: lower-bound window F factor {f} against the upper window; anchored")
+    f = ", ".join(f"{x:.3f}" for x in plan.extra["monitoring"]["factors"]["lower"])
+    done = "anchored" if plan.extra["monitoring"]["anchored"] else "not anchored (--no-anchor)"
+    print(f"monitoring: lower-bound window F factor {f} against the upper window; {done}")
+    cliff = plan.extra.get("cliff")
+    if cliff and cliff["stages"]:
+        print(
+            f"lower-bound cliff: stage(s) {', '.join(map(str, cliff['stages']))} drop their input gradient when "
+            f"all frozen; their B planned on the floor share {cliff['share']:.3f} of the other stages"
+        )
+    if "jitter" in plan.extra:
+        j = plan.extra["jitter"]
+        print(f"jitter: {j['steps']} residual steps, planned batch x{j['planned']:.4f}")
     if "comm" in plan.extra:
         print(summary_line(plan.extra["comm"]))
     if "gaps" in plan.extra:
@@ -218,28 +257,44 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
-def _check_gaps(args: argparse.Namespace) -> None:
+def _switches(args: argparse.Namespace) -> dict:
+    """``gaps``, ``anchor`` and ``cliff`` of ``plan_from_trace``: the defaults less the ``--no-...`` flags
+    (``--gaps`` with ``--no-comm`` asks for what cannot be had: an error, as before)."""
     if args.gaps and args.no_comm:
         raise PlannerError("--gaps needs the cross-rank delays: drop --no-comm")
+    return {
+        "gaps": PLAN_DEFAULTS["gaps"] and not args.no_gaps and not args.no_comm,
+        "anchor": PLAN_DEFAULTS["anchor"] and not args.no_anchor,
+        "cliff": PLAN_DEFAULTS["cliff"] and not args.no_cliff,
+    }
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
     from planner.schedule.dag import build_dag
     from planner.sweep import format_table, plot_sweep, sweep, write_csv
+    from planner.timing import monitor
+    from planner.timing.cliff import apply_cliffs, find_cliffs
     from planner.timing.comm import estimate_edge_delays, summary_line
     from planner.timing.estimate import estimate_weights
     from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
     from planner.trace.load import load_trace
 
-    _check_gaps(args)
+    sw = _switches(args)
     trace = load_trace(args.trace)
     dag = build_dag(trace.meta)
     edge_ms = {} if args.no_comm else estimate_edge_delays(trace, dag)
-    if args.gaps:
+    if sw["gaps"]:
         edge_ms = with_gap_costs(trace, dag, edge_ms)[0]
+    if sw["anchor"]:
+        trace_w = monitor.anchored(trace, monitor.monitoring_summary(trace, True)["factors"])
+    else:
+        trace_w = trace
+    weights = estimate_weights(trace_w, args.estimator)
+    if sw["cliff"]:
+        weights = apply_cliffs(weights, find_cliffs(weights))
     rows = sweep(
         trace.meta,
-        estimate_weights(trace, args.estimator),
+        weights,
         args.r_max,
         solver=args.solver,
         edge_ms=edge_ms,
@@ -318,12 +373,32 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
     )
 
 
+def _cmd_import_log(args: argparse.Namespace) -> None:
+    from planner.trace.authors_log import import_log
+
+    trace = import_log(args.log, args.out, stable_from=args.stable_from)
+    m, a = trace.meta, trace.meta.extra["authors"]
+    counts: dict[str, int] = {}
+    for rec in trace.records:
+        counts[rec.phase] = counts.get(rec.phase, 0) + 1
+    print(
+        f"wrote {args.out}: {m.schedule}, pp={m.pp_degree}, {m.num_stages} stages, {m.num_microbatches} "
+        f"microbatches; records " + ", ".join(f"{k} {v}" for k, v in counts.items())
+    )
+    if "plan_batch_ms" in a:
+        print(
+            f"authors' bounds and plan: upper {a['upper_batch_ms']} ms, lower {a.get('lower_batch_ms')} ms, "
+            f"planned {a['plan_batch_ms']} ms"
+        )
+
+
 _COMMANDS = {
     "plan": _cmd_plan,
     "sweep": _cmd_sweep,
     "gantt": _cmd_gantt,
     "orders": _cmd_orders,
     "simulate": _cmd_simulate,
+    "import-log": _cmd_import_log,
 }
 
 

@@ -155,6 +155,8 @@ def plan_from_trace(
     dag: BatchDag | None = None,
     gaps: bool = False,
     anchor: bool | None = None,
+    jitter: bool = False,
+    cliff: bool = False,
 ) -> Plan:
     """:func:`make_plan` on a loaded trace, node weights by ``estimator`` (recorded as the plan's ``estimator``).
     ``comm``: the delays on cross-rank edges measured in the trace (``planner.timing.comm``; none without ``start_ms``),
@@ -162,9 +164,19 @@ def plan_from_trace(
     ``gaps`` (with ``comm``): also the fixed costs between a rank's consecutive actions (``planner.timing.gaps``;
     the plan's ``gaps`` field). ``anchor`` (``planner.timing.monitor``): True brings the lower-bound window to the
     upper window's machine speed before estimating, False does not; either way the plan records the factors
-    and noise floors (``monitoring``). None (the default): neither."""
+    and noise floors (``monitoring``). None (the default): neither. ``jitter`` (``planner.timing.jitter``): the plan
+    also records the factors the monitoring windows' jitter adds to its predictions (field ``jitter``).
+    ``cliff`` (``planner.timing.cliff``): a stage whose all-frozen backward drops its input-gradient work plans on the
+    floor of the other stages (field ``cliff``, written whenever ``cliff`` is on). :data:`planner.defaults.
+    PLAN_DEFAULTS` are the arguments the runtime and ``python -m planner plan`` use."""
     monitoring = monitor.monitoring_summary(trace, bool(anchor)) if anchor is not None else None
     weights = estimate_weights(monitor.anchored(trace, monitoring["factors"]) if anchor else trace, estimator)
+    cliffs = None
+    if cliff:
+        from planner.timing.cliff import apply_cliffs, find_cliffs
+
+        cliffs = find_cliffs(weights)
+        weights = apply_cliffs(weights, cliffs)
     dag = build_dag(trace.meta) if dag is None else dag
     edge_ms = None if not comm else edge_ms if edge_ms is not None else estimate_edge_delays(trace, dag)
     model = None
@@ -176,6 +188,12 @@ def plan_from_trace(
         plan.extra["gaps"] = {**plan.extra.get("gaps", {"edges": 0}), **model.summary()}
     if monitoring is not None:
         plan.extra["monitoring"] = monitoring
+    if cliffs is not None:
+        plan.extra["cliff"] = cliffs
+    if jitter:
+        from planner.timing.jitter import jitter_factors
+
+        plan.extra["jitter"] = jitter_factors(trace, dag, plan, edge_ms)
     return plan
 
 

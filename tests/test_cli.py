@@ -157,7 +157,7 @@ def test_plan_on_two_replica_trace(tmp_path):
 
     plan_path = tmp_path / "plan.json"
     assert str(plan_path) in assert_ok(
-        run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path, "--estimator", "median")
+        run("plan", trace_dir, "--r-max", 0.5, "--out", plan_path, "--estimator", "median", "--no-anchor")
     )
     plan = json.loads(plan_path.read_text())
     single = [node_weights(t) for t in reps]
@@ -180,7 +180,7 @@ def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
     plans = {}
     for name, extra in (("median", ("--estimator", "median")), ("pooled", ())):
         path = tmp_path / f"{name}.json"
-        out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", path, *extra))
+        out = assert_ok(run("plan", trace_dir, "--r-max", 0.5, "--out", path, "--no-anchor", *extra))
         assert f"estimator {name}" in out
         plans[name] = json.loads(path.read_text())
         assert plans[name]["estimator"] == name
@@ -191,7 +191,9 @@ def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
     for s in range(4):  # synthetic microbatches are alike: one w_max per stage's B actions
         assert len({pooled[f"{s}B{m}"]["w_max"] for m in range(8)}) == 1
         assert len({plans["median"]["actions"][f"{s}B{m}"]["w_max"] for m in range(8)}) > 1
-    out = assert_ok(run("sweep", trace_dir, "--r-max", "0,0.5", "--estimator", "pooled", "--csv", tmp_path / "s.csv"))
+    out = assert_ok(
+        run("sweep", trace_dir, "--r-max", "0,0.5", "--estimator", "pooled", "--no-anchor", "--csv", tmp_path / "s.csv")
+    )
     assert "estimator pooled" in out
     with open(tmp_path / "s.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -201,6 +203,7 @@ def test_plan_and_sweep_with_pooled_estimator(trace_dir, tmp_path):
 def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
     """A trace whose records carry start_ms: ``plan`` uses the delays on cross-rank edges and prints one line
     about them, the plan records them (``comm``); ``--no-comm`` plans as without start times; sweep agrees."""
+    from planner.defaults import PLAN_DEFAULTS
     from planner.plan import plan_from_trace
     from planner.timing.comm import estimate_edge_delays, summarize, summary_line
     from planner.trace.simulate import write_trace
@@ -216,7 +219,7 @@ def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
     with_comm = json.loads((tmp_path / "comm.json").read_text())
     assert with_comm["comm"] == summarize(delays)
     assert with_comm["batch_time_ms"]["planned"] == pytest.approx(
-        plan_from_trace(trace, 0.5).batch_time_ms["planned"], rel=1e-9
+        plan_from_trace(trace, 0.5, **PLAN_DEFAULTS).batch_time_ms["planned"], rel=1e-9
     )
     out = assert_ok(run("plan", root, "--r-max", 0.5, "--out", tmp_path / "plain.json", "--no-comm"))
     assert "communication" not in out
@@ -224,7 +227,7 @@ def test_plan_and_sweep_with_measured_communication(trace_dir, tmp_path):
     assert "comm" not in plain
     assert plain["batch_time_ms"]["planned"] < with_comm["batch_time_ms"]["planned"]
     assert plain["batch_time_ms"]["planned"] == pytest.approx(
-        plan_from_trace(trace, 0.5, comm=False).batch_time_ms["planned"], rel=1e-9
+        plan_from_trace(trace, 0.5, **(PLAN_DEFAULTS | {"comm": False})).batch_time_ms["planned"], rel=1e-9
     )
     for extra, want in (((), with_comm), (("--no-comm",), plain)):
         out = assert_ok(run("sweep", root, "--r-max", "0,0.5", "--csv", tmp_path / "s.csv", *extra))

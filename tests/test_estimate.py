@@ -219,6 +219,7 @@ def plan_settings(**kw) -> PlanSettings:
         gaps=False,
         anchor=True,
         jitter=False,
+        cliff=False,
         monitor_tolerance=0.1,
         replan=False,
         replan_threshold=0.05,

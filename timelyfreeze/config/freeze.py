@@ -9,8 +9,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from planner.defaults import ANCHOR, DEFAULT_ESTIMATOR, GAPS, JITTER
 from planner.lp.solve import SOLVERS
-from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS
+from planner.timing.estimate import ESTIMATORS
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.fields import check_types, fail
 from timelyfreeze.config.phases import Phases, derive_phases
@@ -94,7 +95,7 @@ class Freeze:
     docs/results/runtime/estimators.md) or ``median`` (each action's own medians of its upper/lower records);
     see ``docs/formats.md``. The recorded trace is the same either way."""
 
-    gap_model: bool = True
+    gap_model: bool = GAPS
     """Plan with the runtime's own time between consecutive actions of a rank (``planner.timing.gaps``): per
     rank and kind transition (e.g. F -> B on rank 1), the mean gap the monitoring windows measured when the
     next action's input was already there, put on the DAG's rank-order edges next to the cross-rank delays.
@@ -103,7 +104,7 @@ class Freeze:
     timing); without it the plan is the same either way. ``false``: plan on action times and cross-rank
     delays alone, as before."""
 
-    jitter_model: bool = True
+    jitter_model: bool = JITTER
     """Predict the batch as steps measure it: a step's longest path runs over its actions' own times, which
     jitter around their medians, and the longest of many nearly critical paths is longer than the longest
     path of the medians (``planner.timing.jitter``). The plan records, from the monitoring windows' steps, the factor
@@ -142,7 +143,7 @@ class Freeze:
     its weights and prediction take the measurements (logged as a kept re-plan, with the candidate in
     ``replans/kept_step<N>.json``). 0: every due re-plan takes effect."""
 
-    anchor_monitoring: bool = True
+    anchor_monitoring: bool = ANCHOR
     """Bring the lower-bound window to the upper-bound window's machine speed before planning: its records
     are divided by its F factor (median over stages of its F and I actions' time / the upper window's), as
     freezing never changes those actions; the plan records the factors (``monitoring``)."""

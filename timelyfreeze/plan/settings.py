@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.defaults import CLIFF
 from planner.errors import PlannerError
 from planner.lp.budget import check_r_max
 from timelyfreeze.config.errors import FreezeConfigError
@@ -29,6 +30,9 @@ class PlanSettings:
     """Bring the lower-bound window to the upper-bound window's machine speed (``planner.timing.monitor``)."""
     jitter: bool
     """Carry the monitoring windows' jitter factors in every prediction (``planner.timing.jitter``)."""
+    cliff: bool
+    """Plan a stage whose all-frozen backward also drops its input-gradient work on the other stages' floor
+    (``planner.timing.cliff``); the runtime takes the planner's default (``planner.defaults.CLIFF``)."""
     monitor_tolerance: float
     """A monitoring window whose F factor departs from 1 by more than this is flagged in the summary."""
     replan: bool
@@ -58,6 +62,7 @@ class PlanSettings:
             gaps=cfg.gap_model,
             anchor=cfg.anchor_monitoring,
             jitter=cfg.jitter_model,
+            cliff=CLIFF,
             monitor_tolerance=cfg.monitor_tolerance,
             replan=cfg.replan and cfg.method in PLANNED_METHODS,
             replan_threshold=cfg.replan_threshold,

@@ -36,7 +36,8 @@ def solve(
     also the fixed costs between a rank's consecutive actions (``planner.timing.gaps``); the delays handed
     on for re-plans (``PlanUpdate.edge_ms``) then include them. ``settings.jitter``: the plan also records, and
     the result carries, the factors by which the monitoring windows' jitter lengthens each prediction
-    (``planner.timing.jitter``; plan field ``jitter``)."""
+    (``planner.timing.jitter``; plan field ``jitter``). ``settings.cliff``: ``planner.timing.cliff`` (plan field
+    ``cliff``). ``planner.defaults`` holds the defaults, shared with ``python -m planner plan``."""
     try:
         trace = trace_from_records(meta, records_by_rank, source=str(trace_dir))
         dag = build_dag(trace.meta)
@@ -50,6 +51,7 @@ def solve(
             dag=dag,
             gaps=settings.gaps,
             anchor=settings.anchor,
+            cliff=settings.cliff,
         )
         if settings.gaps:
             edge_ms = with_gap_costs(trace, dag, edge_ms)[0]  # what the plan was made with (re-plans keep it)
