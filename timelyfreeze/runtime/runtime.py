@@ -29,6 +29,7 @@ from timelyfreeze.hooks.compile_watch import CompileWatch
 from timelyfreeze.hooks.freezing import FreezingHook
 from timelyfreeze.hooks.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.hooks.stage_layout import build_stage_views
+from timelyfreeze.hooks.step_clock import StepClock
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.outputs import summary as run_summary
@@ -74,12 +75,14 @@ class FreezeRuntime:
         self.step = 0
         self.accum = 0
         """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
-        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs)
+        self.clock = StepClock(info.use_cuda)
+        """The step's marks (host clock on CPU, CUDA events on CUDA), shared by the profiler and the metrics."""
+        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs, clock=self.clock)
         self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum, pairs=pipeline.pairs)
         self._stages = pipeline.stages
         self._hooks_on = False
         self.attach_hooks()
-        self.meter = StepMetrics(self.views, self.job, info)
+        self.meter = StepMetrics(self.views, self.job, info, self.clock)
         self.metrics = MetricsLog(self.paths.metrics, write=self.job.rank == 0, tb_log=trainer.tb_log)
         self.writer: TraceWriter | None = None
         self.state = FreezeState()
@@ -123,10 +126,11 @@ class FreezeRuntime:
         """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks."""
         self.accum = index
 
-    def add_batch(self, seconds: float, loss: Any | None) -> None:
-        """One pipeline batch (``schedule.step`` call) finished: its wall time and local loss (a float or a
-        0-d tensor, read once at the end of the step: no host synchronisation per batch on CUDA)."""
-        self.meter.add_batch(seconds, loss)
+    def add_batch(self, time: float | tuple[Any, Any], loss: Any | None) -> None:
+        """One pipeline batch (``schedule.step`` call) finished: its wall time (seconds, or two marks of
+        ``self.clock``) and local loss (a float or a 0-d tensor, read once at the end of the step: no host
+        synchronisation per batch on CUDA)."""
+        self.meter.add_batch(time, loss)
 
     def after_backward(self, step: int) -> None:
         self.method.after_backward(step)

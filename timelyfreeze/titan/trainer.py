@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from typing import Any
 
 import torch
@@ -183,12 +182,12 @@ class TimelyFreezeTrainer(Trainer):
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
         rt.begin_batch(self._batch_in_step)
-        t0 = time.perf_counter()
+        t0 = rt.clock.mark()  # perf_counter on CPU; a CUDA event on CUDA (device time, read at the step's end)
         loss = super().forward_backward_step(
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
         # the loss stays a tensor until the step ends: no host synchronisation per batch on CUDA
-        rt.add_batch(time.perf_counter() - t0, loss.detach().sum() if self.pp_has_last_stage else None)
+        rt.add_batch((t0, rt.clock.mark()), loss.detach().sum() if self.pp_has_last_stage else None)
         self._batch_in_step += 1
         if self._batch_in_step == self.gradient_accumulation_steps:
             rt.after_backward(self.step)
