@@ -29,7 +29,7 @@ import pytest
 from planner.plan import load_plan, plan_from_trace
 from planner.trace.load import load_trace
 from tests.test_runtime_torchrun import check_full_cycle
-from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun
+from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun, two_agents
 from timelyfreeze.titan.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
@@ -89,19 +89,7 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     assert {(r.replica, r.rank) for r in trace.records} == {(d, r) for d in range(replicas) for r in range(2)}
     # one plan for every pipeline, and the offline planner makes the same plan from the trace with the options
     # the plan records (its estimator, the gap model, the anchored monitoring windows)
-    plan = load_plan(run.out / "plan.json")
-    monitoring = plan.extra.get("monitoring")
-    offline = plan_from_trace(
-        trace,
-        plan.r_max,
-        estimator=plan.extra["estimator"],
-        gaps="gaps" in plan.extra and "classes" in plan.extra["gaps"],
-        anchor=None if monitoring is None else monitoring["anchored"],
-    )
-    assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
-        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
-    )
-    assert offline.batch_time_ms == pytest.approx(plan.batch_time_ms)
+    check_offline_plan(trace, run.out / "plan.json")
     # every replica froze the same number of tensors in every backward action (the same masks)
     frozen: dict[tuple[int, str], set] = {}
     for d in range(replicas):
@@ -224,6 +212,24 @@ def test_replicate_only_with_pp_is_refused(tmp_path):
     )  # (torchrun's own is there)
 
 
+def check_offline_plan(trace, plan_path) -> None:
+    """The offline planner makes the plan at ``plan_path`` from ``trace`` with the options the plan records (its
+    estimator, the gap model, the anchored monitoring windows)."""
+    plan = load_plan(plan_path)
+    monitoring = plan.extra.get("monitoring")
+    offline = plan_from_trace(
+        trace,
+        plan.r_max,
+        estimator=plan.extra["estimator"],
+        gaps="gaps" in plan.extra and "classes" in plan.extra["gaps"],
+        anchor=None if monitoring is None else monitoring["anchored"],
+    )
+    assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
+        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
+    )
+    assert offline.batch_time_ms == pytest.approx(plan.batch_time_ms)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -237,38 +243,11 @@ def test_pp4_on_two_nodes_on_this_host(tmp_path):
     port = _free_port()
     dump = tmp_path / "run"
     cycle = (WARMUP, MONITOR, RAMP, STABLE)
-    procs = []
-    for node in range(2):
-        cmd = command(
-            "llama3_debug_1f1b_cpu.toml",
-            dump,
-            *short_cycle(*cycle),
-            "--parallelism.pipeline_parallel_degree",
-            "4",
-            nproc=2,
-        )
-        i = cmd.index("--rdzv-endpoint=localhost:0")
-        cmd[i : i + 1] = [
-            f"--rdzv-endpoint=localhost:{port}",
-            "--nnodes=2",
-            f"--node_rank={node}",
-            "--rdzv-id=tf-two-nodes",
-        ]
-        env = dict(ENV, TORCHELASTIC_ERROR_FILE=str(tmp_path / f"err{node}.json"))
-        procs.append(
-            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        )
-    logs, rcs = [], []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=600)
-            logs.append(out)
-            rcs.append(p.returncode)
-    finally:
-        for p in procs:  # a timed-out agent must not outlive the test
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    cmd = command(
+        "llama3_debug_1f1b_cpu.toml", dump, *short_cycle(*cycle), "--parallelism.pipeline_parallel_degree", "4", nproc=2
+    )
+    envs = [dict(ENV, TORCHELASTIC_ERROR_FILE=str(tmp_path / f"err{node}.json")) for node in range(2)]
+    rcs, logs = two_agents([cmd, cmd], envs, port, "tf-two-nodes")
     dump.mkdir(parents=True, exist_ok=True)
     (dump / "torchrun.log").write_text("\n=====\n".join(logs))
     run = Run(max(rcs, key=abs), "\n".join(logs), dump)

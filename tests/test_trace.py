@@ -407,7 +407,7 @@ def test_bad_hosts_value(tmp_path, value) -> None:
     with pytest.raises(PlannerError) as e:
         load_trace(root)
     assert str(e.value) == (
-        f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 host-name strings, got {value!r}"
+        f"{root / 'meta.json'}: field 'hosts' must be a list of pp_degree=2 clock-id strings, got {value!r}"
     )
 
 

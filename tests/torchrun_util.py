@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,3 +99,37 @@ def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 
         "--validation.steps",
         "2",
     ]
+
+
+def two_agents(cmds: list[list[str]], envs: list[dict], port: int, rdzv_id: str, timeout: int = 600):
+    """Start one torchrun agent per command as the nodes of one job (``--nnodes``, ``--node_rank``, one c10d
+    rendezvous endpoint on this host at ``port``), each with its environment; wait for all of them (a
+    timed-out agent is killed). Returns their exit codes and their logs."""
+    procs = []
+    for node, (cmd, env) in enumerate(zip(cmds, envs)):
+        i = cmd.index("--rdzv-endpoint=localhost:0")
+        cmd = (
+            cmd[:i]
+            + [
+                f"--rdzv-endpoint=localhost:{port}",
+                f"--nnodes={len(cmds)}",
+                f"--node_rank={node}",
+                f"--rdzv-id={rdzv_id}",
+            ]
+            + cmd[i + 1 :]
+        )
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        )
+    logs, rcs = [], []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            logs.append(out)
+            rcs.append(p.returncode)
+    finally:
+        for p in procs:  # a timed-out agent must not outlive the test
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return rcs, logs

@@ -11,8 +11,10 @@ The rule of :func:`estimate_edge_delays`:
 
 * Samples come from the records of phases ``upper`` and ``lower`` of replica 0 that have ``start_ms``.
   One *batch* is one step, or one accumulation batch of it: the ``k``-th record of an action in a step
-  belongs to the step's ``k``-th batch.  Start times compare only within one host, so only edges between
-  two ranks on the same host (meta field ``hosts``; without it every rank is on one host) get samples.
+  belongs to the step's ``k``-th batch.  Start times compare within one host (meta field ``hosts``: each
+  rank's clock; without it every rank is on one host), and across hosts once the trace's clock samples
+  (``clock_sync``) put them on rank 0's clock (``planner.trace.clocks``, applied when the trace is loaded);
+  without those, only edges between two ranks on the same host get samples.
 * For every cross-rank edge ``u -> v`` of ``build_dag(meta)`` (node attribute ``rank`` differs) and every
   batch with records of ``u``, ``v`` and ``p``: ``end_u = start_u + ms_u``, ``p`` is ``v``'s predecessor in its
   rank's order (``meta.rank_orders``) and ``end_p`` its end in that batch (``-inf`` when ``v`` is its rank's
@@ -24,8 +26,10 @@ The rule of :func:`estimate_edge_delays`:
   cross-rank predecessor to have ended by ``end_u``.)  Batches missing a record of ``u``, ``v``, ``p`` (or
   that other predecessor) are skipped.
 * An edge's delay is the median of its uncensored samples, clamped at ``>= 0``.  An edge with no
-  uncensored sample (cross-host edges included) gets the *link* value: the median of all uncensored
-  samples of all cross-rank edges, clamped at ``>= 0``, or 0 when there is none at all.
+  uncensored sample gets the *link* value of its kind, within a host or across hosts: the median of all
+  uncensored samples of the cross-rank edges of that kind, clamped at ``>= 0``; where its kind has none,
+  the median over both kinds, or 0 when there is none at all.  (A cross-host edge so gets the measured
+  cross-host delay, not the intra-host one, when any cross-host edge was measured.)
 * Same-rank edges get no delay (what happens inside the hooked compute call is already in ``ms``).
 * A trace without any ``start_ms`` gives ``{}``: no delays, the plan is exactly the delay-free one.
 """
@@ -37,6 +41,7 @@ import statistics
 import networkx as nx
 
 from planner.schedule.dag import SINK, SOURCE, EdgeDelays, build_dag
+from planner.trace.clocks import same_clock
 from planner.trace.load import Trace
 
 __all__ = ["SAMPLE_PHASES", "EdgeDelays", "cross_rank_edges", "estimate_edge_delays", "summarize", "summary_line"]
@@ -77,7 +82,6 @@ def estimate_edge_delays(trace: Trace, dag: nx.DiGraph | None = None) -> EdgeDel
     meta = trace.meta
     if dag is None:
         dag = build_dag(meta)
-    hosts = meta.hosts
     rank_of = {a: r for r, order in meta.rank_orders.items() for a in order}
     prev = {a: (order[i - 1] if i else None) for order in meta.rank_orders.values() for i, a in enumerate(order)}
     batches = list(_batches(trace).values())
@@ -87,7 +91,7 @@ def estimate_edge_delays(trace: Trace, dag: nx.DiGraph | None = None) -> EdgeDel
         cross_preds.setdefault(v, []).append(u)
     samples: dict[tuple[str, str], list[float]] = {}
     for u, v in edges:
-        if hosts is not None and hosts[rank_of[u]] != hosts[rank_of[v]]:
+        if not same_clock(meta, rank_of[u], rank_of[v]):
             continue
         waits = [w for w in [prev[v], *cross_preds[v]] if w is not None and w != u]
         got = samples.setdefault((u, v), [])
@@ -97,9 +101,17 @@ def estimate_edge_delays(trace: Trace, dag: nx.DiGraph | None = None) -> EdgeDel
             end_u = t[u][1]
             if all(t[w][1] <= end_u for w in waits):
                 got.append(t[v][0] - end_u)
+    hosts = meta.hosts
+    cross_host = {(u, v): hosts is not None and hosts[rank_of[u]] != hosts[rank_of[v]] for u, v in edges}
     pooled = [x for xs in samples.values() for x in xs]
     link = max(0.0, float(statistics.median(pooled))) if pooled else 0.0
-    return {e: max(0.0, float(statistics.median(samples[e]))) if samples.get(e) else link for e in edges}
+    links = {}  # the link value of each kind of edge (within a host, across hosts), where it has samples
+    for kind in (False, True):
+        mine = [x for e, xs in samples.items() if cross_host[e] == kind for x in xs]
+        links[kind] = max(0.0, float(statistics.median(mine))) if mine else link
+    return {
+        e: max(0.0, float(statistics.median(samples[e]))) if samples.get(e) else links[cross_host[e]] for e in edges
+    }
 
 
 def summarize(delays: EdgeDelays) -> dict[str, float]:

@@ -13,8 +13,9 @@ The rule of :func:`fit_gap_model`:
 
 * Samples come from the records of phases ``upper`` and ``lower`` of replica 0 with ``start_ms`` (the
   monitoring windows the plan is made from, :data:`planner.timing.comm.SAMPLE_PHASES`), batch by batch as in
-  :mod:`planner.timing.comm`.  An action with a cross-rank input from another host (meta ``hosts``) gives no sample:
-  start times compare only within a host.  The costs apply to every replica.
+  :mod:`planner.timing.comm`.  An action with a cross-rank input from another host (meta ``hosts``) gives no
+  sample, unless the trace's clock samples (``clock_sync``) put every rank on rank 0's clock
+  (``planner.trace.clocks``).  The costs apply to every replica.
 * For every pair ``p -> v`` of consecutive actions of a rank (``meta.rank_orders``) and every batch with
   records of both: the gap is ``start_v - end_p``.  It is *free* (a sample) only when ``v`` did not wait
   for a cross-rank input: every cross-rank predecessor ``u`` of ``v`` had ``end_u + delay(u, v) <= end_p``
@@ -38,6 +39,7 @@ import networkx as nx
 from planner.schedule.actions import action_kind
 from planner.schedule.dag import EdgeDelays, build_dag
 from planner.timing.comm import SAMPLE_PHASES, cross_rank_edges, estimate_edge_delays, summarize
+from planner.trace.clocks import same_clock
 from planner.trace.load import Trace
 
 __all__ = [
@@ -155,12 +157,10 @@ def gap_samples(
     for u, v in cross_rank_edges(dag):
         xpred.setdefault(v, []).append(u)
     rank_of = {a: r for r, order in meta.rank_orders.items() for a in order}
-    hosts = meta.hosts
-    if hosts is not None:  # start times compare only within a host: drop inputs from other hosts' clocks
-        xpred = {v: us for v, us in xpred.items() if all(hosts[rank_of[u]] == hosts[rank_of[v]] for u in us)}
-        unknown = {v for u, v in cross_rank_edges(dag) if v not in xpred}
-    else:
-        unknown = set()
+    # start times compare within a host, or across hosts through the trace's clock samples (planner.trace.clocks):
+    # an action with an input on another clock gives no sample
+    xpred = {v: us for v, us in xpred.items() if all(same_clock(meta, rank_of[u], rank_of[v]) for u in us)}
+    unknown = {v for u, v in cross_rank_edges(dag) if v not in xpred}
     out: list[GapSample] = []
     for (step, _), recs in sorted(batches(trace, phases).items()):
         end = {a: rec.start_ms + rec.ms for a, rec in recs.items()}

@@ -5,8 +5,9 @@ between two phases, and the achieved share of a predicted speed-up.
 * **Span** of a step: last end minus first start (``start_ms + ms``) over every record of the step on
   every pipeline rank of replica 0 (all of its accumulation batches). ``start_ms`` is each host's
   monotonic clock, so spans are computed only when every rank of replica 0 is on one host (meta field
-  ``hosts``; without it one host is assumed, as ``planner.timing.comm`` does); across hosts :func:`step_spans`
-  gives ``{}``. A step with a record without ``start_ms`` (a CUDA or older trace) has no span. With
+  ``hosts``; without it one host is assumed, as ``planner.timing.comm`` does) or the trace's clock samples
+  (``clock_sync``) align the hosts (``planner.trace.clocks``; good to their ``error_ms``); otherwise
+  :func:`step_spans` gives ``{}``. A step with a record without ``start_ms`` (a CUDA or older trace) has no span. With
   several replicas the span is replica 0's (``meta.hosts`` names only its ranks' hosts).
 * **Representative step** of a phase: the step whose span is the phase's lower median span (the earliest
   such step), so a timeline drawn from it ends at that median.
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from planner.schedule.actions import action_kind
 from planner.schedule.dag import EdgeDelays, longest_path
+from planner.trace.clocks import comparable
 from planner.trace.load import Trace
 
 __all__ = [
@@ -64,9 +66,9 @@ class StepTimeline:
 
 
 def one_host(trace: Trace) -> bool:
-    """True when start times compare across the ranks of replica 0: one host, or no ``hosts`` field."""
-    hosts = trace.meta.hosts
-    return hosts is None or len(set(hosts)) <= 1
+    """True when start times compare across the ranks of replica 0: one host, no ``hosts`` field, or clock
+    samples that put every rank on rank 0's clock (``planner.trace.clocks.comparable``)."""
+    return comparable(trace.meta)
 
 
 def _timed_steps(trace: Trace) -> dict[int, list]:

@@ -21,6 +21,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.fileio import read_json
 from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
+from planner.trace.clocks import align_records
 from planner.trace.meta import TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 
 __all__ = [
@@ -140,7 +141,7 @@ def trace_from_records(
         fname = f"{source}/{rank_file_name(r, d)}"
         for i, obj in enumerate(recs):
             records.append(_validate_record(obj, f"{fname}:{i + 1}", r, acts, d))
-    return Trace(m, records, source)
+    return Trace(m, align_records(m, records), source)
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
@@ -184,7 +185,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 except json.JSONDecodeError as e:
                     raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
                 records.append(_validate_record(obj, where, r, acts, d))
-    return Trace(m, records, root)
+    return Trace(m, align_records(m, records), root)
 
 
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())

@@ -4,6 +4,7 @@ its placement and every rank's order of actions; :func:`validate_meta` checks a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,8 @@ from planner.schedule.actions import parse_action
 TRACE_FORMAT = "timelyfreeze-trace/1"
 
 _META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
-_OPTIONAL_META_FIELDS = ("replicas", "hosts")  # checked when present
-_EXTRA_META_FIELDS = ("hosts",)  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
+_OPTIONAL_META_FIELDS = ("replicas", "hosts", "clock_sync")  # checked when present
+_EXTRA_META_FIELDS = ("hosts", "clock_sync")  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
 
 
 @dataclass
@@ -131,7 +132,30 @@ def _check_fields(d: Any, err: Callable[[str], PlannerError]) -> None:
         raise err(f"field 'replicas' must be a positive integer, got {replicas!r}")
     pp, hosts = d["pp_degree"], d.get("hosts")
     if "hosts" in d and (not isinstance(hosts, list) or len(hosts) != pp or not all(isinstance(h, str) for h in hosts)):
-        raise err(f"field 'hosts' must be a list of pp_degree={pp} host-name strings, got {hosts!r}")
+        raise err(f"field 'hosts' must be a list of pp_degree={pp} clock-id strings, got {hosts!r}")
+    if "clock_sync" in d:
+        _check_clock_sync(d["clock_sync"], pp, err)
+
+
+def _check_clock_sync(sync: Any, pp: int, err: Callable[[str], PlannerError]) -> None:
+    """``clock_sync``: ``{"key": "boot_id"|"hostname", "samples": [{"step", "offset_ms", "error_ms"}, ...]}``, one
+    finite offset and one finite error bound >= 0 per pipeline rank in every sample, steps strictly rising."""
+    if not isinstance(sync, dict) or sync.get("key") not in ("boot_id", "hostname"):
+        raise err(f"field 'clock_sync' must be an object with 'key' \"boot_id\" or \"hostname\", got {sync!r}")
+    got = sync.get("samples")
+    if not isinstance(got, list):
+        raise err(f"field 'clock_sync'.samples must be a list, got {got!r}")
+    last = None
+    for i, s in enumerate(got):
+        where = f"field 'clock_sync'.samples[{i}]"
+        if not isinstance(s, dict) or not is_int(s.get("step")) or (last is not None and s["step"] <= last):
+            raise err(f"{where} must be an object with an integer 'step' above the previous one, got {s!r}")
+        last = s["step"]
+        for name, low in (("offset_ms", -math.inf), ("error_ms", 0.0)):
+            v = s.get(name)
+            ok = isinstance(v, list) and len(v) == pp and all(is_num(x) and math.isfinite(x) and x >= low for x in v)
+            if not ok:
+                raise err(f"{where}.{name} must be a list of pp_degree={pp} finite numbers (errors >= 0), got {v!r}")
 
 
 def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[int, list[str]]:

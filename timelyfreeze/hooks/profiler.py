@@ -5,7 +5,8 @@ happen before the hooked call), and DualPipeV's OVERLAP_F_B pairs as one action 
 order this rank executed them in. On CPU it uses
 ``perf_counter`` (Linux: CLOCK_MONOTONIC, one clock for every process of a host) and also records each
 action's start time, from which the planner estimates the delays on cross-rank edges (``planner.timing.comm``);
-on CUDA it records an event pair per action and synchronises once per step (durations only).
+on CUDA it records an event pair per action and places them on the host clock after the step's one
+synchronisation through the step's anchor event (``timelyfreeze.hooks.step_clock``): start times on both.
 ``end_step`` turns the step's timings into trace records and appends them to
 ``actions_rank<r>.jsonl`` (flushed every step, so a crash loses nothing already measured).
 """
@@ -19,10 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from planner.fileio import write_json_atomically
 from planner.trace.load import TraceMeta, rank_file_name
+from timelyfreeze.hooks.step_clock import StepClock
 
 
 @dataclass
@@ -35,7 +35,7 @@ class ActionRecord:
     frozen_tensors: int | None = None
     """Extra field (readers ignore unknown fields): tensors left out, for B/W actions."""
     start_ms: float | None = None
-    """Start on the host's monotonic clock (ms), CPU timing only (``docs/formats.md``)."""
+    """Start on the host's monotonic clock (ms): CPU, or CUDA through the step's anchor (``docs/formats.md``)."""
 
     def to_json(self) -> dict:
         d = {
@@ -61,9 +61,14 @@ class ActionProfiler:
     its time is the union of the parts' intervals (the time in which at least one part computed: the sum
     when they ran one after the other, receives between them excluded), its start the earliest part's."""
 
-    def __init__(self, rank: int, *, use_cuda: bool, pairs: dict[str, str] | None = None):
+    def __init__(
+        self, rank: int, *, use_cuda: bool, pairs: dict[str, str] | None = None, clock: StepClock | None = None
+    ):
         self.rank = rank
         self.use_cuda = use_cuda
+        self.clock = clock if clock is not None else StepClock(use_cuda)
+        """Where CUDA marks and their host times come from (shared with the step metrics)."""
+        self._mark = self.clock.mark
         self.pairs = dict(pairs or {})
         self._open: dict[tuple[int, str, int], object] = {}
         self._names: dict[tuple[int, str, int], str] = {}
@@ -78,19 +83,10 @@ class ActionProfiler:
 
     # -- listener (per action: no allocation beyond the timestamps and one tuple) --------------
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if self.use_cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self._open[(stage, kind, microbatch)] = ev
-        else:
-            self._open[(stage, kind, microbatch)] = time.perf_counter()
+        self._open[(stage, kind, microbatch)] = self._mark() if self.use_cuda else time.perf_counter()
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if self.use_cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-        else:
-            end = time.perf_counter()
+        end = self._mark() if self.use_cuda else time.perf_counter()
         key = (stage, kind, microbatch)
         start = self._open.pop(key)
         name = self._names.get(key)
@@ -112,23 +108,30 @@ class ActionProfiler:
 
     # -- per step ----------------------------------------------------------------------------
     def collect(self) -> list[tuple[str, float, float | None]]:
-        """(action, ms, start ms or None) of every action timed since the last call, in execution order;
-        the start (on the host's monotonic clock) only with CPU timing."""
+        """(action, ms, start ms) of every action timed since the last call, in execution order; the start
+        on the host's monotonic clock (with the injected test offset, ``step_clock``). On CUDA this is the
+        step's one synchronisation (``StepClock.settle``)."""
         pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
-        if self.use_cuda and pending:
-            pending[-1][1][-1][1].synchronize()
-            out = []
-            for a, iv in pending:
-                t0 = iv[0][0]  # CUDA events give differences only: times relative to the first part's start
-                ms = (
-                    iv[0][0].elapsed_time(iv[0][1])
-                    if len(iv) == 1
-                    else _union([(t0.elapsed_time(s), t0.elapsed_time(e)) for s, e in iv])
-                )
-                out.append((a, ms, None))
-        else:
-            out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in pending]
         self._pending.clear()
+        if self.use_cuda:
+            return self._collect_cuda(pending)
+        out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in pending]
+        offset = self.clock.offset_ms
+        return [(a, ms, start + offset) for a, ms, start in out] if offset else out
+
+    def _collect_cuda(self, pending: list) -> list[tuple[str, float, float]]:
+        """The CUDA branch of ``collect``: after the step's one synchronisation every event has a host time
+        through the step's anchor; a pair's time is the union of its parts' intervals, as on CPU."""
+        clock = self.clock
+        clock.settle()
+        out = []
+        for a, iv in pending:
+            if len(iv) == 1:
+                s, e = iv[0]
+                out.append((a, clock.ms_between(s, e), clock.start_ms(s)))
+            else:
+                spans = [(clock.start_ms(s), clock.start_ms(e)) for s, e in iv]
+                out.append((a, _union(spans), min(s for s, _ in spans)))
         return out
 
     def reset_order(self) -> None:

@@ -8,50 +8,57 @@ stage, microbatch and replica, the slowest rank's step time and each replica's b
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from planner.schedule.actions import parse_action
 from timelyfreeze.hooks.profiler import ActionRecord
+from timelyfreeze.hooks.step_clock import StepClock
 from timelyfreeze.methods.base import StageView
 from timelyfreeze.runtime.collectives import JobGroup
 from timelyfreeze.runtime.run_info import RunInfo
 
 
 class StepMetrics:
-    def __init__(self, views: list[StageView], job: JobGroup, info: RunInfo):
-        """Collective over the pipeline group (the trainable elements of every stage)."""
+    def __init__(self, views: list[StageView], job: JobGroup, info: RunInfo, clock: StepClock | None = None):
+        """Collective over the pipeline group (the trainable elements of every stage). ``clock``: where the
+        batch and step marks come from (host ``perf_counter`` on CPU, CUDA events read after the step's one
+        synchronisation on CUDA; shared with the profiler)."""
         self.job, self.info = job, info
+        self.clock = clock if clock is not None else StepClock(info.use_cuda)
         self.trainable = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
         """Trainable elements of each stage this rank holds."""
         self.total_trainable = sum(job.pipeline.all_gather(sum(self.trainable.values())))
         """Trainable elements of the whole pipeline (every stage, once)."""
         self.lr = 0.0
         """The LR this step's optimizer update uses."""
-        self._batch_s = 0.0
+        self._batches: list[Any] = []
+        """Each batch of the step: its seconds, or its (start, end) marks of ``clock``."""
         self._losses: list[Any] = []
-        self._t0 = 0.0
-        self._step_s = 0.0
+        self._t0: Any = 0.0
+        self._t1: Any = 0.0
         self._stage_of: dict[str, int] = {}
         """Stage of every action seen (parsed once)."""
 
     # -- this rank, while the step runs ------------------------------------------------------------
     def begin(self, lr: float) -> None:
         self.lr = lr
-        self._batch_s = 0.0
+        self._batches = []
         self._losses = []
-        self._t0 = time.perf_counter()
+        self.clock.begin_step()
+        self._t0 = self.clock.mark()
 
-    def add_batch(self, seconds: float, loss: Any | None) -> None:
-        """One pipeline batch finished: its wall time and local loss (a float or a 0-d tensor, read once at
-        the end of the step: no host synchronisation per batch on CUDA)."""
-        self._batch_s += seconds
+    def add_batch(self, time: float | tuple[Any, Any], loss: Any | None) -> None:
+        """One pipeline batch finished: its wall time (seconds, or the ``(start, end)`` marks of ``clock``,
+        read at the end of the step) and local loss (a float or a 0-d tensor, read once at the end of the
+        step: no host synchronisation per batch on CUDA)."""
+        self._batches.append(time)
         if loss is not None:
             self._losses.append(loss)
 
     def end(self) -> None:
-        """The step's work is done (after the optimizer step): its wall time stops here."""
-        self._step_s = time.perf_counter() - self._t0
+        """The step's work is done (after the optimizer step): its time stops here (a mark; read after the
+        step's synchronisation, ``local``)."""
+        self._t1 = self.clock.mark()
 
     def local(self, records: list[ActionRecord], batches: int) -> dict:
         """This rank's part of the step's gather: the elements its ``records`` froze (per batch, of
@@ -61,10 +68,12 @@ class StepMetrics:
             if r.action not in stage_of:
                 stage_of[r.action] = parse_action(r.action).stage
         frozen = sum(r.freeze_ratio * self.trainable[stage_of[r.action]] for r in records)
+        clock = self.clock
+        clock.settle()  # CUDA: the step's one synchronisation (done already when the profiler collected)
         return {
             "frozen": frozen / max(1, batches),
-            "batch_s": self._batch_s,
-            "step_s": self._step_s,
+            "batch_s": sum(b if isinstance(b, float) else clock.seconds(*b) for b in self._batches),
+            "step_s": clock.seconds(self._t0, self._t1),
             "loss": sum(float(x) for x in self._losses) if self._losses else None,
         }
 

@@ -17,7 +17,6 @@ implies depend only on (seed, step, stage, microbatch, accumulation batch), so t
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from planner.errors import PlannerError
@@ -27,7 +26,7 @@ from planner.schedule.dag import build_dag
 from planner.timing.comm import estimate_edge_delays
 from planner.timing.gaps import with_gap_costs
 from planner.timing.spans import dag_f_factor
-from planner.trace.load import META_FILE, Trace, load_trace
+from planner.trace.load import Trace, trace_from_records
 from timelyfreeze.config.freeze import Freeze, knob_of
 from timelyfreeze.config.phases import Phases
 from timelyfreeze.hooks import stage_hooks
@@ -35,6 +34,7 @@ from timelyfreeze.hooks.compile_watch import CompileWatch
 from timelyfreeze.hooks.freezing import FreezingHook
 from timelyfreeze.hooks.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.hooks.stage_layout import build_stage_views
+from timelyfreeze.hooks.step_clock import StepClock
 from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.outputs import summary as run_summary
@@ -45,6 +45,7 @@ from timelyfreeze.plan.coordinator import PlanChange, PlanCoordinator
 from timelyfreeze.plan.settings import PlanSettings
 from timelyfreeze.plan.solve import one_line
 from timelyfreeze.runtime import state as saved_state
+from timelyfreeze.runtime.clock_sync import ClockSync, gather_records, sync_steps
 from timelyfreeze.runtime.collectives import JobGroup
 from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.state import FreezeStateError, RunState
@@ -57,6 +58,9 @@ class FreezeRuntime:
         self.cfg, self.phases, self.info = cfg, phases, info
         self.job = JobGroup(pipeline.group)
         self.pg = self.job.pipeline
+        # -- clocks across hosts (timelyfreeze.runtime.clock_sync): the clock of every rank, its offset later
+        self.clocks = ClockSync(self.job.places)
+        self._sync_at = sync_steps(phases.warmup_end, phases.upper_end, phases.lower_end)
         self._log = trainer.log
         self.paths = info.paths
         self.paths.out.mkdir(parents=True, exist_ok=True)
@@ -82,12 +86,14 @@ class FreezeRuntime:
         self.step = 0
         self.accum = 0
         """Gradient-accumulation batch of the current step (0-based), set by ``begin_batch``."""
-        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs)
+        self.clock = StepClock(info.use_cuda)
+        """The step's marks (host clock on CPU, CUDA events on CUDA), shared by the profiler and the metrics."""
+        self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs, clock=self.clock)
         self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum, pairs=pipeline.pairs)
         self._stages = pipeline.stages
         self._hooks_on = False
         self.attach_hooks()
-        self.meter = StepMetrics(self.views, self.job, info)
+        self.meter = StepMetrics(self.views, self.job, info, self.clock)
         self.metrics = MetricsLog(self.paths.metrics, write=self.job.rank == 0, tb_log=trainer.tb_log)
         self.writer: TraceWriter | None = None
         self.state = RunState()
@@ -138,10 +144,11 @@ class FreezeRuntime:
         """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks."""
         self.accum = index
 
-    def add_batch(self, seconds: float, loss: Any | None) -> None:
-        """One pipeline batch (``schedule.step`` call) finished: its wall time and local loss (a float or a
-        0-d tensor, read once at the end of the step: no host synchronisation per batch on CUDA)."""
-        self.meter.add_batch(seconds, loss)
+    def add_batch(self, time: float | tuple[Any, Any], loss: Any | None) -> None:
+        """One pipeline batch (``schedule.step`` call) finished: its wall time (seconds, or two marks of
+        ``self.clock``) and local loss (a float or a 0-d tensor, read once at the end of the step: no host
+        synchronisation per batch on CUDA)."""
+        self.meter.add_batch(time, loss)
 
     def after_backward(self, step: int) -> None:
         self.method.after_backward(step)
@@ -167,7 +174,7 @@ class FreezeRuntime:
                     **local,
                     "order": list(self.profiler.order),
                     "tensors": self.hook.freezable_tensors(),
-                    "host": socket.gethostname(),
+                    "host": self.clocks.id,
                     "scales": scales,
                     "method": method,
                 }
@@ -177,6 +184,8 @@ class FreezeRuntime:
             if self._gather is None:
                 self._gather = StepGather(_all_actions(self.state.meta), type(self.method).step_metric_names)
             gathered = self._gather.unpack(self.job.all_gather_floats(self._gather.pack(local, scales, method)))
+        if step in self._sync_at:  # before any plan is made from the window's records
+            self._measure_clocks(step)
         self._apply(self.plans.after_gather(step, self.state.meta, self.method.needs_plan(step)))
         row = self.meter.row(step, phase, gathered, self.plans.predicted_ms())
         for g in gathered:
@@ -217,6 +226,15 @@ class FreezeRuntime:
             hosts=[first[r]["host"] for r in range(self.pg.size)],
             method=self.cfg.method,
         )
+        if self.job.rank == 0 and self.cfg.trace:
+            TraceWriter.write_meta(self.paths.trace, self.state.meta)
+
+    def _measure_clocks(self, step: int) -> None:
+        """Measure every clock's offset to rank 0's (collective; nothing when one clock serves every rank) and
+        put them in ``meta`` (``clock_sync``), which the plans and ``meta.json`` carry from then on."""
+        if self.clocks.measure(step) is None or self.state.meta is None:
+            return
+        self.state.meta["clock_sync"] = self.clocks.meta()
         if self.job.rank == 0 and self.cfg.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
@@ -280,11 +298,14 @@ class FreezeRuntime:
         """Write summary.json (and the timeline PNG) on global rank 0; returns the summary there."""
         if self.writer is not None:
             self.writer.close()
+        if self.step not in self._sync_at and (not self.clocks.samples or self.clocks.samples[-1]["step"] < self.step):
+            self._measure_clocks(self.step)  # the last clock sample: drift over the whole run
+        records = gather_records(self.writer.path if self.writer else None, self.clocks.group)
         medians = self.job.all_gather(timeline.phase_medians(self.writer.path if self.writer else None))
         compiled = self.job.all_gather(self.compile_watch.stats()) if self.compile_watch is not None else None
         if self.job.rank != 0:
             return None
-        trace = _read_trace(self.paths.trace, self.log) if self.writer is not None else None
+        trace = _gathered_trace(self.state.meta, records, self.job.places, self.log)
         state, plans, r_max = self.state, self.plans, self.plans.settings.r_max
         summary = run_summary.build(
             history=state.history,
@@ -338,6 +359,7 @@ class FreezeRuntime:
         self.ctx.all_gather = None
         self.meter.close()
         self.plans.close()
+        self.clocks.close()
         self.pg = self.job = None
 
 
@@ -355,16 +377,16 @@ def _stage_to_rank(stages_by_rank: list[list[int]]) -> list[int]:
     return out
 
 
-def _read_trace(trace_dir, log) -> Trace | None:
-    """The whole trace, read once at the end by global rank 0 (every rank closed its file before the gather
-    in ``FreezeRuntime.finish``), for the pipeline spans, the F factor and the measured timeline panels:
-    reading it here adds nothing to the per-step path. None where rank 0 cannot read every rank's file
-    (ranks on several hosts without a shared dump folder; their start times would not compare anyway)."""
-    if not (trace_dir / META_FILE).exists():
+def _gathered_trace(meta: dict | None, records: list | None, places: list, log) -> Trace | None:
+    """The whole trace on global rank 0, from every rank's records as ``clock_sync.gather_records`` brought
+    them (no other rank's file is read: node-local dump folders work), for the pipeline spans, the F factor
+    and the measured timeline panels; loading aligns the clocks (``planner.trace.clocks``). None without a
+    trace (``[freeze] trace = false`` or no ``meta`` yet) or where the records do not check out (logged)."""
+    if meta is None or records is None or any(r is None for r in records):
         return None
     try:
-        return load_trace(trace_dir)
-    except (PlannerError, OSError) as e:
+        return trace_from_records(meta, {place: recs for place, recs in zip(places, records)}, source="<gathered>")
+    except PlannerError as e:
         log(f"[freeze] no spans or F factor: trace not read: {e}")
         return None
 

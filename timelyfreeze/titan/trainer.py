@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from typing import Any
 
 import torch
@@ -30,7 +29,7 @@ from timelyfreeze.hooks.stage_hooks import overlap_pairs
 from timelyfreeze.outputs.summary import format_summary
 from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.runtime import FreezeRuntime
-from timelyfreeze.titan import cpu_shims
+from timelyfreeze.titan import cpu_shims, precision
 from timelyfreeze.titan import spec as titan_spec
 from timelyfreeze.titan.torch_fixes import parallel_meshes, patch_v_schedule_eval, release_mesh_process_groups
 
@@ -79,6 +78,7 @@ class TimelyFreezeTrainer(Trainer):
 
     def _set_up(self, job_config, phases) -> None:
         cpu_shims.fsdp_sum_reductions(self.model_parts)
+        self._check_precision(job_config, phases)
         self._hold_lr_after_schedule()
         self._batch_in_step = 0
         if self.parallel_dims.pp_enabled and v_shaped(job_config.parallelism.pipeline_parallel_schedule):
@@ -94,6 +94,17 @@ class TimelyFreezeTrainer(Trainer):
                 f"[freeze] stop_at_val_loss with [model] name = {job_config.model.name!r}: its TrainSpec brings its "
                 "own metrics processor, so the freezing runtime sees no validation loss"
             )
+
+    def _check_precision(self, job_config, phases) -> None:
+        """Warn when pure bf16 parameters meet a learning rate too small to move them; refuse APF where its
+        copies would not fit the device (``timelyfreeze.titan.precision``)."""
+        params = [p for m in self.model_parts for p in m.parameters() if p.requires_grad]
+        warning = precision.bf16_lr_warning({p.dtype for p in params}, job_config.optimizer.lr)
+        if warning is not None:
+            logger.warning(warning)
+        if phases is not None and torch.cuda.is_available():
+            device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            precision.check_apf_memory(job_config.freeze.method, sum(p.numel() for p in params), device_bytes)
 
     def _release_meshes(self) -> None:
         """Drop the process-group references of every mesh TorchTitan built for this trainer (see torch_fixes)."""
@@ -183,12 +194,12 @@ class TimelyFreezeTrainer(Trainer):
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
         rt.begin_batch(self._batch_in_step)
-        t0 = time.perf_counter()
+        t0 = rt.clock.mark()  # perf_counter on CPU; a CUDA event on CUDA (device time, read at the step's end)
         loss = super().forward_backward_step(
             input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
         )
         # the loss stays a tensor until the step ends: no host synchronisation per batch on CUDA
-        rt.add_batch(time.perf_counter() - t0, loss.detach().sum() if self.pp_has_last_stage else None)
+        rt.add_batch((t0, rt.clock.mark()), loss.detach().sum() if self.pp_has_last_stage else None)
         self._batch_in_step += 1
         if self._batch_in_step == self.gradient_accumulation_steps:
             rt.after_backward(self.step)
