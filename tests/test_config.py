@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config.freeze import Freeze, FreezeConfigError, knob_of, validate
+from timelyfreeze.config.deprecated import RENAMED, apply_renames
+from timelyfreeze.config.freeze import Experiment, Freeze, FreezeAdvanced, FreezeConfigError, knob_of, validate
 from timelyfreeze.config.job_checks import check_parallelism
 from timelyfreeze.config.phases import Phases, derive_phases
 from timelyfreeze.methods.registry import METHODS as REGISTRY
@@ -73,8 +74,9 @@ def test_given_plan_skips_monitoring():
     ],
 )
 def test_bad_settings_name_the_field(kwargs, steps, warm, needle):
+    kwargs = dict(kwargs)
     with pytest.raises(FreezeConfigError) as e:
-        validate(Freeze(**kwargs), total_steps=steps, lr_warmup_steps=warm)
+        validate(freeze_with(**kwargs), total_steps=steps, lr_warmup_steps=warm)
     msg = str(e.value)
     assert needle in msg and "\n" not in msg and msg.startswith("[freeze")
 
@@ -160,15 +162,55 @@ def test_toml_and_cli_reach_the_section():
             "0.2",
             "--freeze.smartpipe.lam",
             "0.75",
-            "--freeze.estimator",
+            "--freeze.advanced.estimator",
             "pooled",
+            "--experiment.cpu-pinning",
         ]
     )
     assert cfg.freeze.enable and cfg.freeze.method == "timelyfreeze"
     assert cfg.freeze.r_max == 0.5 and cfg.freeze.monitor_steps == 4
     assert cfg.freeze.apf.threshold == 0.2 and cfg.freeze.smartpipe.lam == 0.75
-    assert cfg.freeze.estimator == "pooled"
+    assert cfg.freeze.advanced.estimator == "pooled" and cfg.experiment.cpu_pinning
     assert cfg.activation_checkpoint.mode == "none"
+
+
+def test_old_names_still_parse_and_move_with_one_warning_each(tmp_path):
+    """The settings that moved to [freeze.advanced] and [experiment] keep their old [freeze] names for one
+    release, in a TOML file and on the command line (``timelyfreeze.config.deprecated``)."""
+    from timelyfreeze.titan import cpu_shims
+
+    cpu_shims.apply_if_needed()
+    from torchtitan.config import ConfigManager
+
+    toml = tmp_path / "old.toml"
+    base = (ROOT / "torchtitan_configs" / "llama3_debug_zbv_cpu.toml").read_text()
+    toml.write_text(base.replace("[freeze]\n", '[freeze]\nsolver = "whole"\nstop_at_val_loss = 4.5\n', 1))
+    cfg = ConfigManager().parse_args(
+        ["--job.config_file", str(toml), "--freeze.no-gap-model", "--freeze.replan_min_gain", "0.0"]
+    )
+    warnings = apply_renames(cfg)
+    assert cfg.freeze.advanced.solver == "whole" and cfg.freeze.advanced.gap_model is False
+    assert cfg.freeze.advanced.replan_min_gain == 0.0 and cfg.experiment.stop_at_val_loss == 4.5
+    assert cfg.freeze.solver == "auto" and cfg.freeze.gap_model is True  # the old names hold their defaults again
+    assert len(warnings) == 4 and all(w.startswith("warning: [freeze] ") for w in warnings)
+    assert "warning: [freeze] solver is deprecated: it is now [freeze.advanced] solver" in warnings[0]
+    assert apply_renames(cfg) == []  # nothing left to move
+
+
+def test_an_old_and_a_new_name_that_disagree_are_an_error():
+    job = SimpleNamespace(freeze=freeze_with(solver="whole"), experiment=Experiment())
+    job.freeze.solver = "region"
+    with pytest.raises(FreezeConfigError, match=r"^\[freeze\] solver = 'region' and \[freeze.advanced\] solver"):
+        apply_renames(job)
+    job = SimpleNamespace(freeze=freeze_with(solver="whole"), experiment=Experiment())
+    job.freeze.solver = "whole"  # the same value twice: fine
+    assert len(apply_renames(job)) == 1 and job.freeze.advanced.solver == "whole"
+
+
+def freeze_with(**kw) -> Freeze:
+    """A ``[freeze]`` section with ``kw``; the tuning knobs go to ``[freeze.advanced]``, where they live."""
+    advanced = {k: kw.pop(k) for k in list(kw) if RENAMED.get(k) == "freeze.advanced"}
+    return Freeze(**kw, advanced=FreezeAdvanced(**advanced))
 
 
 def test_the_gpu_debug_config_parses_and_splits_into_8_microbatches():
@@ -197,18 +239,18 @@ def test_every_planner_solver_name_is_accepted():
     from planner.lp.solve import SOLVERS
 
     for name in SOLVERS:
-        validate(Freeze(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)
+        validate(freeze_with(enable=True, solver=name), total_steps=100, lr_warmup_steps=10)
 
 
 def test_estimator_names_come_from_the_planner():
     from planner.timing.estimate import ESTIMATORS
 
-    assert Freeze().estimator == "pooled"
+    assert Freeze().advanced.estimator == "pooled"
     for name in ESTIMATORS:
-        validate(Freeze(enable=True, estimator=name), total_steps=100, lr_warmup_steps=10)
+        validate(freeze_with(enable=True, estimator=name), total_steps=100, lr_warmup_steps=10)
     with pytest.raises(FreezeConfigError) as e:
-        validate(Freeze(estimator="x"), total_steps=100, lr_warmup_steps=10)
-    assert str(e.value) == "[freeze] estimator = 'x': choose one of median, pooled"
+        validate(freeze_with(estimator="x"), total_steps=100, lr_warmup_steps=10)
+    assert str(e.value) == "[freeze.advanced] estimator = 'x': choose one of median, pooled"
 
 
 def test_layer_order_of_parameter_names():
@@ -275,6 +317,12 @@ def _wrong_type_cases():
         for name, kind in typing.get_type_hints(cls).items():
             if section == "freeze" and dataclasses.is_dataclass(kind):
                 continue  # a nested section: its fields are cases of their own
+            if typing.get_origin(kind) is typing.Literal:  # a choice: a wrong type and a wrong name
+                choices = ", ".join(map(str, typing.get_args(kind)))
+                for value in (3, "nope"):
+                    message = f"[{section}] {name} = {value!r}: choose one of {choices}"
+                    yield pytest.param(path, name, value, message, id=f"{section}.{name}={value!r}")
+                continue
             assert kind in _WRONG_VALUES, f"[{section}] {name}: add wrong values of type {kind} to _WRONG_VALUES"
             for value, noun in _WRONG_VALUES[kind]:
                 label, shown = name, value
@@ -307,20 +355,20 @@ def test_every_field_of_every_section_has_its_type_checked(path, name, value, me
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"resample_every": "2"}, "[freeze] resample_every = '2': must be an integer"),
+        ({"resample_every": "2"}, "[freeze.advanced] resample_every = '2': must be an integer"),
         ({"warmup_steps": "three"}, "[freeze] warmup_steps = 'three': must be an integer"),
         ({"monitor_steps": 2.5}, "[freeze] monitor_steps = 2.5: must be an integer"),
         ({"r_max": "0.5"}, "[freeze] r_max = '0.5': must be a number"),
         ({"r_max": 1}, None),  # an integer is a number
-        ({"replan_patience": 2.0}, "[freeze] replan_patience = 2.0: must be an integer"),
+        ({"replan_patience": 2.0}, "[freeze.advanced] replan_patience = 2.0: must be an integer"),
     ],
 )
 def test_types_are_checked_before_ranges(kwargs, message):
     if message is None:
-        validate(Freeze(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
+        validate(freeze_with(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
         return
     with pytest.raises(FreezeConfigError) as e:
-        validate(Freeze(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
+        validate(freeze_with(enable=True, **kwargs), total_steps=100, lr_warmup_steps=10)
     assert str(e.value) == message
 
 

@@ -85,7 +85,7 @@ def make_cfg(**sections) -> SimpleNamespace:
     cfg = SimpleNamespace(
         seed=0,
         warmup_steps=0,
-        resample_every=1,
+        advanced=SimpleNamespace(resample_every=1),
         apf=APFConfig(),
         autofreeze=AutoFreezeConfig(),
         egeria=EgeriaConfig(),

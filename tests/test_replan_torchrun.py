@@ -38,17 +38,17 @@ def slowed_run(tmp_path, min_gain: float):
         "--training.seq_len",
         "128",
         "--validation.no-enable",
-        "--freeze.replan_patience",
+        "--freeze.advanced.replan_patience",
         str(PATIENCE),
-        "--freeze.replan_threshold",
+        "--freeze.advanced.replan_threshold",
         "0.1",
         # (the floors from the monitoring windows grow with the test machine's load; the rule that weighs them
         # is unit-tested in tests/test_monitor_rules.py, this run checks that a re-plan reaches every rank)
-        "--freeze.replan_noise_k",
+        "--freeze.advanced.replan_noise_k",
         "0",
         # (whether a new plan buys 1 % depends on this machine's timings: min_gain 0 takes every due re-plan,
         # 0.99 none; the rule between is unit-tested in tests/test_replan.py)
-        "--freeze.replan_min_gain",
+        "--freeze.advanced.replan_min_gain",
         str(min_gain),
         "--freeze.r_max_per_stage",
         *map(str, BUDGETS),

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from timelyfreeze.config.freeze import Freeze, FreezeConfigError, validate
+from timelyfreeze.config.freeze import Experiment, FreezeConfigError
 from timelyfreeze.config.job_checks import check_stop_rule
 from timelyfreeze.titan.trainer import _held_after, target_reached
 
@@ -35,12 +35,13 @@ def test_lr_holds_the_schedules_end_value():
 
 
 def test_stop_rule_config_checks():
-    with pytest.raises(FreezeConfigError, match=r"\[freeze\] stop_at_val_loss = -1"):
-        validate(Freeze(enable=True, stop_at_val_loss=-1.0), total_steps=40, lr_warmup_steps=12)
+    on = SimpleNamespace(enable=True)
+    with pytest.raises(FreezeConfigError, match=r"\[experiment\] stop_at_val_loss = -1"):
+        check_stop_rule(Experiment(stop_at_val_loss=-1.0), on)
     with pytest.raises(FreezeConfigError, match=r"stop_at_val_loss = inf"):
-        validate(Freeze(enable=True, stop_at_val_loss=math.inf), total_steps=40, lr_warmup_steps=12)
-    validate(Freeze(enable=True, stop_at_val_loss=4.5), total_steps=40, lr_warmup_steps=12)
+        check_stop_rule(Experiment(stop_at_val_loss=math.inf), on)
+    check_stop_rule(Experiment(stop_at_val_loss=4.5), on)
     with pytest.raises(FreezeConfigError, match=r"needs validation: set \[validation\] enable = true"):
-        check_stop_rule(Freeze(stop_at_val_loss=4.5), SimpleNamespace(enable=False))
-    check_stop_rule(Freeze(stop_at_val_loss=4.5), SimpleNamespace(enable=True))
-    check_stop_rule(Freeze(), SimpleNamespace(enable=False))
+        check_stop_rule(Experiment(stop_at_val_loss=4.5), SimpleNamespace(enable=False))
+    check_stop_rule(Experiment(stop_at_val_loss=4.5), on)
+    check_stop_rule(Experiment(), SimpleNamespace(enable=False))

@@ -711,7 +711,7 @@ def test_extend_to_target_grid_and_overrides(base_toml, tmp_path):
     ext = dict(extra)
     assert note is None and ext["training.steps"] == 40 and ext["lr_scheduler.total_steps"] == 20
     cmd = build_command(jobs[1].__class__(**{**jobs[1].__dict__, "overrides": extra}), base_toml, "py")
-    assert float(cmd[cmd.index("--freeze.stop_at_val_loss") + 1]) == 4.6571340560913086  # the float, not rounded
+    assert float(cmd[cmd.index("--experiment.stop_at_val_loss") + 1]) == 4.6571340560913086  # the float, not rounded
     assert extension_overrides(jobs[0], jobs_dir, base_toml) == ((), None)
 
 
@@ -742,7 +742,7 @@ def test_sweep_extends_freezing_jobs_from_the_no_freezing_result(base_toml, tmp_
     nf = json.loads((out / "jobs" / "1F1B__none__seed=0" / "dump" / "timelyfreeze" / "summary.json").read_text())
     cmd = rec["command"]
     assert cmd[cmd.index("--training.steps") + 1] == "30" and cmd[cmd.index("--lr_scheduler.total_steps") + 1] == "20"
-    assert float(cmd[cmd.index("--freeze.stop_at_val_loss") + 1]) == nf["val_loss"]
+    assert float(cmd[cmd.index("--experiment.stop_at_val_loss") + 1]) == nf["val_loss"]
     assert rec["spec"]["extend_to_target"] == 1.5
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from timelyfreeze.config.freeze import Freeze
+from timelyfreeze.config.freeze import Freeze, FreezeAdvanced
 from timelyfreeze.config.phases import Phases
 from timelyfreeze.methods.base import MethodContext, StageView
 from timelyfreeze.methods.timely import TimelyFreezeMethod
@@ -34,7 +34,7 @@ def make(resample_every: int = 1) -> TimelyFreezeMethod:
         get_lr=lambda: 1e-3,
         phases=PH,
     )
-    return TimelyFreezeMethod(Freeze(resample_every=resample_every), ctx)
+    return TimelyFreezeMethod(Freeze(advanced=FreezeAdvanced(resample_every=resample_every)), ctx)
 
 
 def test_phases_and_lower_bound_freeze_everything_but_the_anchor():

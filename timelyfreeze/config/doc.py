@@ -15,6 +15,8 @@ import re
 import typing
 from pathlib import Path
 
+from timelyfreeze.config.deprecated import RENAMED
+
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
 HEADER = """# The `[freeze]` configuration
@@ -46,7 +48,11 @@ def field_docstrings(cls: type) -> dict[str, str]:
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass) or klass is object:
             continue
-        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(klass)))
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):  # a generated class (the deprecated names): no source, no docstrings
+            continue
+        tree = ast.parse(inspect.cleandoc("\n" + source))
         body = tree.body[0].body
         for node, nxt in zip(body, body[1:] + [None]):
             if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
@@ -103,6 +109,8 @@ def sections(cls: type, prefix: str = "") -> list[tuple[str, type, list[FieldDoc
     plain: list[FieldDoc] = []
     nested: list[tuple[str, type, list[FieldDoc]]] = []
     for f in dataclasses.fields(cls):
+        if f.name in RENAMED and f.name not in vars(cls).get("__annotations__", {}):  # old names: the last table
+            continue
         tp = hints.get(f.name, f.type)
         path = prefix + f.name
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -146,29 +154,49 @@ def _source_of(cls: type) -> str:
     return f"`{cls.__module__.replace('.', '/')}.py` (`{cls.__name__}`)"
 
 
-def render(root: type | None = None) -> str:
-    """The whole page for ``root`` (default: ``timelyfreeze.config.freeze.Freeze``)."""
+def render(root: type | None = None, extra: dict[str, type] | None = None) -> str:
+    """The whole page for ``root`` (default: ``timelyfreeze.config.freeze.Freeze``) and the ``extra`` sections
+    of TimelyFreeze's job config (default: ``[experiment]``), then the deprecated names."""
     if root is None:
+        from timelyfreeze.config.freeze import Experiment
         from timelyfreeze.config.freeze import Freeze as root
-    all_sections = sections(root)
+
+        extra = {"experiment": Experiment}
+    groups = [("freeze", root, sections(root))] + [(n, c, sections(c)) for n, c in (extra or {}).items()]
     lines = [HEADER, "| field | type | default |", "|---|---|---|"]
-    for _, _, fields in all_sections:
-        lines += [f"| [`{fd.path}`](#{heading_anchor(fd.path)}) | `{fd.type}` | `{fd.default}` |" for fd in fields]
-    for path, cls, fields in all_sections:
-        title = "freeze" + ("." + path if path else "")
-        lines += ["", f"## `[{title}]`", ""]
-        intro = section_docstring(root, path) if path else ""
-        lines.append((intro + " " if intro else "") + f"Defined in {_source_of(cls)}.")
-        for fd in fields:
+    for top, _, all_sections in groups:
+        for _, _, fields in all_sections:
             lines += [
-                "",
-                f"### `{fd.path}`",
-                "",
-                f"`{fd.type}`, default `{fd.default}`; flag `--freeze.{fd.path}`.",
-                "",
-                fd.doc or "*(no docstring)*",
+                f"| [`{_flag(top, fd.path)}`](#{heading_anchor(_flag(top, fd.path))}) | `{fd.type}` | `{fd.default}` |"
+                for fd in fields
             ]
+    for top, top_cls, all_sections in groups:
+        for path, cls, fields in all_sections:
+            title = top + ("." + path if path else "")
+            lines += ["", f"## `[{title}]`", ""]
+            intro = section_docstring(top_cls, path) if path else markdown_text(inspect.getdoc(cls) or "")
+            intro = "" if top == "freeze" and not path else intro
+            lines.append((intro + " " if intro else "") + f"Defined in {_source_of(cls)}.")
+            for fd in fields:
+                flag = _flag(top, fd.path)
+                option = f"--{top}.{fd.path}"
+                lines += ["", f"### `{flag}`", "", f"`{fd.type}`, default `{fd.default}`; flag `{option}`.", ""]
+                lines.append(fd.doc or "*(no docstring)*")
+    lines += ["", "## Deprecated names", "", DEPRECATED_INTRO, "", "| old name | now |", "|---|---|"]
+    lines += [f"| `[freeze] {old}` | `[{home}] {old}` |" for old, home in RENAMED.items()]
     return "\n".join(lines) + "\n"
+
+
+DEPRECATED_INTRO = (
+    "These `[freeze]` names still work for one release: a run that uses one logs one `warning:` line naming "
+    "its new place (`timelyfreeze/config/deprecated.py`)."
+)
+
+
+def _flag(top: str, path: str) -> str:
+    """How the page names a field: below ``[freeze]`` by its path there (``r_max``, ``advanced.solver``), in
+    another section with the section's name (``experiment.cpu_pinning``)."""
+    return path if top == "freeze" else f"{top}.{path}"
 
 
 def write(path: Path = DOC_PATH) -> Path:

@@ -72,7 +72,7 @@ def _mismatch(value: Any, kind: Any, label: str) -> tuple[str, Any, str] | None:
         return (
             None
             if value in args and type(value) in {type(a) for a in args}
-            else (label, value, "must be one of " + ", ".join(map(repr, args)))
+            else (label, value, "choose one of " + ", ".join(map(str, args)))
         )
     if origin in (list, tuple) or kind in (list, tuple):
         if not isinstance(value, (list, tuple)):

@@ -8,12 +8,14 @@ inspecting real dataclass types.
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 from planner.defaults import ANCHOR, DEFAULT_ESTIMATOR, GAPS, JITTER
 from planner.lp.solve import SOLVERS
 from planner.timing.estimate import ESTIMATORS
+from timelyfreeze.config.deprecated import check_moved, names_base
 from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.config.fields import check_types, fail
+from timelyfreeze.config.fields import check_section, check_types, fail
 from timelyfreeze.config.phases import Phases, derive_phases
 from timelyfreeze.hooks.stage_layout import UNITS
 from timelyfreeze.methods.apf import APFConfig
@@ -31,13 +33,121 @@ METHOD_KNOBS: dict[str, str] = {n: spec.knob for n, spec in _REGISTRY.items() if
 reports it and the sweep runner varies it."""
 
 
+Solver = Literal[SOLVERS]
+Estimator = Literal[ESTIMATORS]
+
+
 @dataclass
-class Freeze:
+class FreezeAdvanced:
+    """``[freeze.advanced]``: how the planner and the re-planner work. Tuning knobs: each default was chosen by
+    a measurement (linked), and a user rarely needs to change one."""
+
+    solver: Solver = "auto"
+    """LP solver of the plan, all exact (the lexicographic optimum): ``auto`` (the whole LP, or from 20,000
+    actions a growing near-critical region), ``whole`` or ``region``.
+    Default: [planner benchmark](results/planner/README.md)."""
+
+    estimator: Estimator = DEFAULT_ESTIMATOR
+    """How the plan's per-action times come from the monitoring records: ``pooled`` (per stage and kind, the
+    median of every microbatch's records, except microbatches whose own median differs by more than noise) or
+    ``median`` (each action's own medians); rules in ``docs/formats.md``.
+    Default: [estimators](results/runtime/estimators.md)."""
+
+    gap_model: bool = GAPS
+    """Plan with the runtime's own time between consecutive actions of a rank (``planner.timing.gaps``), put on
+    the DAG's rank-order edges next to the cross-rank delays; needs ``start_ms`` in the trace. ``false``: plan on
+    action times and cross-rank delays alone. Default: [gap model](results/runtime/gap_model.md)."""
+
+    jitter_model: bool = JITTER
+    """Predict the batch as steps measure it: the longest of many nearly critical paths over jittering action
+    times is longer than the longest path of the medians (``planner.timing.jitter``). The plan records the
+    factor from the monitoring windows' steps and every runtime prediction carries it. ``false``: predictions
+    are the plan's longest paths. Default: [monitoring runs](results/runtime/monitoring-3/span_figures.md)."""
+
+    anchor_monitoring: bool = ANCHOR
+    """Bring the lower-bound window to the upper-bound window's machine speed before planning (its records
+    divided by its F factor: freezing never changes F); the plan records the factors (``monitoring``)."""
+
+    monitor_tolerance: float = 0.1
+    """A monitoring window whose F factor departs from 1 by more than this is flagged in the summary and the
+    log (the machine changed speed between the two windows)."""
+
+    replan_threshold: float = 0.05
+    """The smallest change that re-plans: a re-plan is due when some (stage, kind) group's measured / planned
+    time, the machine's factor (from the F and I actions) taken out, departs from 1 by more than
+    ``max(replan_noise_k * its noise floor, replan_threshold)`` (median over the last ``replan_patience`` stable
+    steps). A change of every group alike keeps the plan and only rescales its prediction."""
+
+    replan_patience: int = 3
+    """Stable steps whose median scales decide a re-plan or a rescaled prediction (and scale the re-plan)."""
+
+    replan_noise_k: float = 3.0
+    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust dispersion (1.4826
+    MAD) of its per-step scale against the machine factor in the monitoring windows (``planner.timing.monitor``).
+    0: only ``replan_threshold`` counts."""
+
+    replan_min_gain: float = 0.01
+    """What a due re-plan must buy to take effect: at least this fraction of a batch, or this much less
+    freezing, against keeping the plan in force under the same rescaled weights; otherwise the plan stays and
+    takes the measurements as its reference (a kept re-plan, candidate in ``replans/kept_step<N>.json``). 0:
+    every due re-plan takes effect. Default: [monitoring runs](results/runtime/README.md)."""
+
+    resample_every: int = 1
+    """Steps between fresh random masks (1: every step draws a new subset per action)."""
+
+    trace: bool = True
+    """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
+
+    def validate(self, section: str = "freeze.advanced") -> None:
+        """The ranges of the knobs (their types and choices are checked with the whole section)."""
+        check_section(
+            self,
+            section,
+            (
+                ("monitor_tolerance", lambda v: 0.0 <= v < math.inf, "must be a number >= 0"),
+                ("replan_threshold", lambda v: 0.0 < v < math.inf, "must be a number > 0"),
+                ("replan_patience", lambda v: v >= 1, "must be an integer >= 1"),
+                ("replan_noise_k", lambda v: 0.0 <= v < math.inf, "must be a number >= 0"),
+                ("replan_min_gain", lambda v: 0.0 <= v < 1.0, "must be a number in [0, 1)"),
+                ("resample_every", lambda v: v >= 1, "must be >= 1"),
+            ),
+        )
+
+
+@dataclass
+class Experiment:
+    """``[experiment]``: settings of experiment runs that are not about freezing."""
+
+    stop_at_val_loss: float = 0.0
+    """Time-to-accuracy runs: when > 0, the run stops after the first validation at or below this loss, once
+    it has trained the length its LR schedule is made for (``lr_scheduler.total_steps``, else
+    ``training.steps``); ``training.steps`` is then the most it may train, and past ``total_steps`` the LR holds
+    the schedule's end value. Needs ``[validation] enable``. 0 (the default): train ``training.steps``. The sweep
+    sets it from the no-freezing run (``extend_to_target`` in a grid)."""
+
+    cpu_pinning: bool = False
+    """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at least
+    as many cores as local ranks). Ignored on CUDA hosts. Off by default: pinned runs were not faster on the
+    2-core test machine ([runtime benchmark](results/runtime/README.md))."""
+
+    def validate(self, section: str = "experiment") -> None:
+        check_section(self, section, (("stop_at_val_loss", lambda v: 0.0 <= v < math.inf, "must be a number >= 0"),))
+
+
+DeprecatedFreezeNames = names_base({"freeze.advanced": FreezeAdvanced, "experiment": Experiment})
+"""The old names of the settings that moved (``timelyfreeze.config.deprecated``): accepted for one release."""
+UNIT_CHOICES = ("auto",) + UNITS
+Method = Literal[METHODS]
+Unit = Literal[UNIT_CHOICES]
+
+
+@dataclass
+class Freeze(DeprecatedFreezeNames):
     enable: bool = False
     """Turn the freezing runtime on (per-action profiler, freezing hook, the chosen method).
     Requires pipeline parallelism (``pipeline_parallel_degree >= 2``)."""
 
-    method: str = "timelyfreeze"
+    method: Method = "timelyfreeze"
     """Freezing method: ``timelyfreeze``, ``timelyfreeze_apf``, ``timelyfreeze_autofreeze``,
     ``apf``, ``autofreeze``, ``egeria``, ``smartpipe``, ``random`` or ``none`` (profile only)."""
 
@@ -62,9 +172,6 @@ class Freeze:
     """Progressive phase: every action's ratio rises linearly from 0 to its planned value over
     this many steps, then holds (stable phase). -1: 25 % of the LR warm-up (at least 1)."""
 
-    resample_every: int = 1
-    """Steps between fresh random masks (1: every step draws a new subset per action)."""
-
     seed: int = 0
     """Seed of the per-(step, stage, microbatch) mask generators: runs are reproducible."""
 
@@ -72,7 +179,7 @@ class Freeze:
     """Path to an existing plan (``timelyfreeze-plan/1``): skip both monitoring windows and use it
     (it must match the schedule, stage count and microbatch count in use)."""
 
-    unit: str = "auto"
+    unit: Unit = "auto"
     """What a backward action freezes a share of: ``tensor`` (parameter tensors, drawn one by one), ``block``
     (whole transformer blocks, with the final norm and the output head as units of their own and the first
     stage's embedding in its first block's unit), or ``auto`` (the default: ``block`` when ``[compile]``
@@ -80,90 +187,16 @@ class Freeze:
     Planned ratios are met in expectation either way; the trace records the realised share of elements.
     Under ``torch.compile`` it must be ``block``."""
 
-    trace: bool = True
-    """Write the per-action timing trace (``<dump_folder>/timelyfreeze/trace``) for every step."""
-
-    solver: str = "auto"
-    """LP solver of the plan (``planner.lp.solve.SOLVERS``), all exact (the lexicographic optimum): ``auto``
-    (the default: the whole LP, or from 20,000 actions a growing near-critical region), ``whole`` (always
-    the whole LP) or ``region`` (always the region method)."""
-
-    estimator: str = DEFAULT_ESTIMATOR
-    """How the plan's per-action times come from the monitoring records (``planner.timing.estimate.ESTIMATORS``):
-    ``pooled`` (the default: per stage and kind, the median of every microbatch's records, except microbatches
-    whose own median differs by more than noise; it predicted the stable phase better on 72 recorded runs,
-    docs/results/runtime/estimators.md) or ``median`` (each action's own medians of its upper/lower records);
-    see ``docs/formats.md``. The recorded trace is the same either way."""
-
-    gap_model: bool = GAPS
-    """Plan with the runtime's own time between consecutive actions of a rank (``planner.timing.gaps``): per
-    rank and kind transition (e.g. F -> B on rank 1), the mean gap the monitoring windows measured when the
-    next action's input was already there, put on the DAG's rank-order edges next to the cross-rank delays.
-    On the CPU test machine the measured stable batch was a median 6.9 % above the plan's prediction
-    without it and 1.7 % with it (``docs/results/runtime/gap_model.md``). Needs ``start_ms`` in the trace (CPU
-    timing); without it the plan is the same either way. ``false``: plan on action times and cross-rank
-    delays alone, as before."""
-
-    jitter_model: bool = JITTER
-    """Predict the batch as steps measure it: a step's longest path runs over its actions' own times, which
-    jitter around their medians, and the longest of many nearly critical paths is longer than the longest
-    path of the medians (``planner.timing.jitter``). The plan records, from the monitoring windows' steps, the factor
-    this adds to each prediction (plan field ``jitter``; 1F1B on the CPU test machine: +1.0 to +2.0 % planned,
-    +0.5 to +1.8 % without freezing), and the runtime's predicted batch times carry it. ``false``: the
-    predictions are the plan's longest paths."""
-
     replan: bool = True
-    """Online re-planning (TimelyFreeze methods): in the stable phase, compare each step's measured action
-    times with the plan in force; when the stages or kinds change relative to one another beyond their noise
-    (``replan_threshold``, ``replan_noise_k``), rescale the node weights by what was measured and solve the LP
-    again, the same plan on every rank (``timelyfreeze.plan.replan``); a change of every group alike (the machine,
-    seen on the F actions) only rescales the predicted batch time (logged as a rescale). Each re-plan is
-    logged in the metrics, TensorBoard and the summary, written to ``replans/plan_step<N>.json`` and
-    checkpointed; ``plan.json`` stays the plan made from the monitoring windows."""
+    """Online re-planning (TimelyFreeze methods): in the stable phase, watch each step's measured action times
+    against the plan in force and solve the LP again when the stages or kinds change relative to one another
+    beyond their noise; a change of every group alike (the machine) only rescales the predicted batch time.
+    Each re-plan is logged in the metrics, TensorBoard and the summary and written to
+    ``replans/plan_step<N>.json``; ``plan.json`` stays the plan made from the monitoring windows. How a
+    re-plan is decided: ``[freeze.advanced] replan_*``. Why it is on: [re-plan A/B](results/runtime/README.md)."""
 
-    replan_threshold: float = 0.05
-    """The smallest change that re-plans: a re-plan is due when some (stage, kind) group's measured / planned
-    time, with the machine's factor (from the F and I actions) taken out, departs from 1 by more than
-    ``max(replan_noise_k * its noise floor, replan_threshold)`` (the median over the last ``replan_patience``
-    stable steps). A change of every group alike keeps the plan and only rescales its prediction."""
-
-    replan_patience: int = 3
-    """Stable steps whose median scales decide a re-plan or a rescaled prediction (also the steps whose
-    median scales the re-plan uses)."""
-
-    replan_noise_k: float = 3.0
-    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust dispersion
-    (1.4826 MAD) of its per-step scale against the step's F/I machine factor in the monitoring windows
-    (``planner.timing.monitor``). 0: only ``replan_threshold`` counts."""
-
-    replan_min_gain: float = 0.01
-    """What a due re-plan must buy to take effect: the LP's new plan is adopted only when, under the same
-    rescaled weights, it predicts at least this fraction of a batch less than keeping the plan in force, or
-    freezes at least this much less (mean freeze ratio over the freezable actions). Otherwise the plan stays,
-    its weights and prediction take the measurements (logged as a kept re-plan, with the candidate in
-    ``replans/kept_step<N>.json``). 0: every due re-plan takes effect."""
-
-    anchor_monitoring: bool = ANCHOR
-    """Bring the lower-bound window to the upper-bound window's machine speed before planning: its records
-    are divided by its F factor (median over stages of its F and I actions' time / the upper window's), as
-    freezing never changes those actions; the plan records the factors (``monitoring``)."""
-
-    monitor_tolerance: float = 0.1
-    """A monitoring window whose F factor departs from 1 by more than this is flagged in the summary's
-    ``monitoring`` entry and the log (the machine changed speed between the two windows)."""
-
-    stop_at_val_loss: float = 0.0
-    """Time-to-accuracy runs: when > 0, the run stops after the first validation at or below this loss, once
-    it has trained the length its LR schedule is made for (``lr_scheduler.total_steps``, else
-    ``training.steps``); ``training.steps`` is then the most it may train, and past ``total_steps`` the LR
-    holds the schedule's end value (``min_lr_factor`` of the peak). Needs ``[validation] enable``. 0 (the default):
-    train ``training.steps``. The sweep sets it from the no-freezing run (``extend_to_target`` in a grid)."""
-
-    cpu_pinning: bool = False
-    """On a host without CUDA, pin each local rank to its own equal share of the cores (when there are at
-    least as many cores as local ranks), so that ranks do not share a core while another idles
-    (``timelyfreeze.titan.cpu_shims.pin_cpu_cores``). Ignored on CUDA hosts. Off by default: on the 2-core test
-    machine, with one core per rank, pinned runs were not faster (``docs/results/runtime/README.md``)."""
+    advanced: FreezeAdvanced = field(default_factory=FreezeAdvanced)
+    """How the planner and the re-planner work: tuning knobs with measured defaults (``[freeze.advanced]``)."""
 
     apf: APFConfig = field(default_factory=APFConfig)
     """APF (Chen et al.): freeze tensors whose effective perturbation stays below a threshold."""
@@ -184,6 +217,7 @@ class Freeze:
 @dataclass
 class JobConfig:
     freeze: Freeze = field(default_factory=Freeze)
+    experiment: Experiment = field(default_factory=Experiment)
 
 
 def knob_of(cfg: "Freeze") -> dict | None:
@@ -205,6 +239,7 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     of every field, nested method sections included (``timelyfreeze.config.fields``), then the ranges of
     ``[freeze]``'s own fields, then each method section's ``validate()`` (its rules live with its method)."""
     check_types(cfg, "freeze")
+    check_moved(cfg)
     _check_ranges(cfg)
     for f in dataclasses.fields(cfg):
         section = getattr(cfg, f.name)
@@ -225,9 +260,7 @@ def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
 
 
 def _check_ranges(cfg: Freeze) -> None:
-    """The rules of ``[freeze]``'s own fields, whose types ``check_types`` has checked."""
-    if cfg.method not in METHODS:
-        fail("freeze", "method", cfg.method, f"choose one of {', '.join(METHODS)}")
+    """The rules of ``[freeze]``'s own fields, whose types (and choices) ``check_types`` has checked."""
     if not 0.0 <= cfg.r_max <= 1.0:
         fail("freeze", "r_max", cfg.r_max, "must lie in [0, 1]")
     for i, v in enumerate(cfg.r_max_per_stage):
@@ -241,33 +274,11 @@ def _check_ranges(cfg: Freeze) -> None:
             "[freeze] monitor_steps = 0: the plan needs at least one upper- and one lower-bound step "
             "(or give [freeze] plan)"
         )
-    if cfg.unit not in UNIT_CHOICES:
-        fail("freeze", "unit", cfg.unit, f"choose one of {', '.join(UNIT_CHOICES)}")
-    if cfg.resample_every < 1:
-        fail("freeze", "resample_every", cfg.resample_every, "must be >= 1")
-    if cfg.solver not in SOLVERS:
-        fail("freeze", "solver", cfg.solver, f"choose one of {', '.join(SOLVERS)}")
-    if cfg.estimator not in ESTIMATORS:
-        fail("freeze", "estimator", cfg.estimator, f"choose one of {', '.join(ESTIMATORS)}")
-    if not 0.0 < cfg.replan_threshold < math.inf:
-        fail("freeze", "replan_threshold", cfg.replan_threshold, "must be a number > 0")
-    if cfg.replan_patience < 1:
-        fail("freeze", "replan_patience", cfg.replan_patience, "must be an integer >= 1")
-    if not 0.0 <= cfg.replan_min_gain < 1.0:
-        fail("freeze", "replan_min_gain", cfg.replan_min_gain, "must be a number in [0, 1)")
-    for name in ("replan_noise_k", "monitor_tolerance"):
-        if not 0.0 <= getattr(cfg, name) < math.inf:
-            fail("freeze", name, getattr(cfg, name), "must be a number >= 0")
-    if not 0.0 <= cfg.stop_at_val_loss < math.inf:
-        fail("freeze", "stop_at_val_loss", cfg.stop_at_val_loss, "must be a number >= 0")
     if cfg.plan and cfg.method not in PLANNED_METHODS:
         raise FreezeConfigError(
             f"[freeze] plan = {cfg.plan!r}: only the TimelyFreeze methods ({', '.join(PLANNED_METHODS)}) use a plan, "
             f"method = {cfg.method!r} would ignore it"
         )
-
-
-UNIT_CHOICES = ("auto",) + UNITS
 
 
 def compiles_model(compile_cfg) -> bool:

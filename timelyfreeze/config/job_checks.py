@@ -8,7 +8,7 @@ from planner.errors import PlannerError
 from planner.schedule.orders import check_microbatch_count, min_microbatches
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.fields import check_types
-from timelyfreeze.config.freeze import Freeze, compiles_model
+from timelyfreeze.config.freeze import Experiment, compiles_model
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
 
 
@@ -116,9 +116,11 @@ def check_compile_schedule(parallelism, compile_cfg) -> None:
         )
 
 
-def check_stop_rule(cfg: Freeze, validation) -> None:
-    """``stop_at_val_loss`` decides on validation losses, so validation must run."""
+def check_stop_rule(cfg: Experiment, validation) -> None:
+    """``[experiment]``'s own rules, then: ``stop_at_val_loss`` decides on validation losses, so validation must
+    run."""
+    cfg.validate("experiment")
     if cfg.stop_at_val_loss > 0 and not getattr(validation, "enable", False):
         raise FreezeConfigError(
-            f"[freeze] stop_at_val_loss = {cfg.stop_at_val_loss:g} needs validation: set [validation] enable = true"
+            f"[experiment] stop_at_val_loss = {cfg.stop_at_val_loss:g} needs validation: set [validation] enable = true"
         )

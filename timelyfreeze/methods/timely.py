@@ -76,7 +76,7 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def mask_step(self, step: int) -> int:
         """The step whose seed draws the masks: a fresh draw every ``resample_every`` steps."""
-        every = max(1, int(self.cfg.resample_every))
+        every = max(1, int(self.cfg.advanced.resample_every))
         return ((step - 1) // every) * every + 1
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:

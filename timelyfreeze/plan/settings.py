@@ -55,19 +55,20 @@ class PlanSettings:
                 r_max = check_r_max(list(cfg.r_max_per_stage), num_stages, "[freeze] r_max_per_stage")
             except PlannerError as e:
                 raise FreezeConfigError(str(e)) from None
+        adv = cfg.advanced
         return cls(
             r_max=r_max,
-            solver=cfg.solver,
-            estimator=cfg.estimator,
-            gaps=cfg.gap_model,
-            anchor=cfg.anchor_monitoring,
-            jitter=cfg.jitter_model,
+            solver=adv.solver,
+            estimator=adv.estimator,
+            gaps=adv.gap_model,
+            anchor=adv.anchor_monitoring,
+            jitter=adv.jitter_model,
             cliff=CLIFF,
-            monitor_tolerance=cfg.monitor_tolerance,
+            monitor_tolerance=adv.monitor_tolerance,
             replan=cfg.replan and cfg.method in PLANNED_METHODS,
-            replan_threshold=cfg.replan_threshold,
-            replan_patience=cfg.replan_patience,
-            replan_noise_k=cfg.replan_noise_k,
-            replan_min_gain=cfg.replan_min_gain,
+            replan_threshold=adv.replan_threshold,
+            replan_patience=adv.replan_patience,
+            replan_noise_k=adv.replan_noise_k,
+            replan_min_gain=adv.replan_min_gain,
             given_plan=cfg.plan,
         )

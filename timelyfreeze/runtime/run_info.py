@@ -30,6 +30,8 @@ class RunInfo:
     """The freezing unit in force (``[freeze] unit`` resolved: ``tensor`` or ``block``)."""
     compiled: bool = False
     """The model's transformer blocks run under ``torch.compile``."""
+    stop_at_val_loss: float = 0.0
+    """``[experiment] stop_at_val_loss`` (the summary reports the target of a time-to-accuracy run)."""
 
     @property
     def paths(self) -> RunPaths:

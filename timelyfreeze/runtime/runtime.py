@@ -131,7 +131,7 @@ class FreezeRuntime:
 
     # -- per step --------------------------------------------------------------------------------
     def begin_step(self, step: int) -> None:
-        if self.writer is None and self.cfg.trace:
+        if self.writer is None and self.cfg.advanced.trace:
             self.writer = TraceWriter(self.paths.trace, self.pg.rank, replica=self.job.replica, resume_step=step - 1)
         self.state.history = [h for h in self.state.history if h["step"] < step]
         self.step = step
@@ -226,7 +226,7 @@ class FreezeRuntime:
             hosts=[first[r]["host"] for r in range(self.pg.size)],
             method=self.cfg.method,
         )
-        if self.job.rank == 0 and self.cfg.trace:
+        if self.job.rank == 0 and self.cfg.advanced.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
     def _measure_clocks(self, step: int) -> None:
@@ -235,7 +235,7 @@ class FreezeRuntime:
         if self.clocks.measure(step) is None or self.state.meta is None:
             return
         self.state.meta["clock_sync"] = self.clocks.meta()
-        if self.job.rank == 0 and self.cfg.trace:
+        if self.job.rank == 0 and self.cfg.advanced.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
     def record_validation(self, step: int, loss: float) -> None:
@@ -323,7 +323,7 @@ class FreezeRuntime:
                 "unit": self.info.unit,
             }
             | ({"r_max_per_stage": list(r_max)} if isinstance(r_max, tuple) else {})
-            | ({"stop_at_val_loss": self.cfg.stop_at_val_loss} if self.cfg.stop_at_val_loss > 0 else {}),
+            | ({"stop_at_val_loss": self.info.stop_at_val_loss} if self.info.stop_at_val_loss > 0 else {}),
             predicted_batch_ms=plans.plan_batch_ms,
             val_curve=state.val_curve,
             method_summary=self.method.summary(),
@@ -340,7 +340,7 @@ class FreezeRuntime:
             state.meta, timeline.merge(medians), self.paths.plan, self.paths.trace, self.paths.timeline, self.log, trace
         )
         summary["paths"] = {
-            "trace": str(self.paths.trace) if self.cfg.trace else None,
+            "trace": str(self.paths.trace) if self.cfg.advanced.trace else None,
             "plan": str(self.paths.plan) if self.paths.plan.exists() else None,
             "timeline": drawn,
             "metrics": str(self.metrics.path),

@@ -16,6 +16,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
 from planner.schedule.orders import v_shaped
+from timelyfreeze.config.deprecated import apply_renames
 from timelyfreeze.config.freeze import FreezeConfigError, compiles_model, resolve_unit, validate
 from timelyfreeze.config.job_checks import (
     check_compile_schedule,
@@ -45,6 +46,9 @@ class TimelyFreezeTrainer(Trainer):
         phases = None
         freezing = fz is not None and fz.enable
         check_job_types(job_config)
+        if fz is not None:
+            for line in apply_renames(job_config):
+                logger.warning(line)
         check_parallelism(
             job_config.parallelism,
             int(os.environ.get("WORLD_SIZE", "1")),
@@ -63,8 +67,8 @@ class TimelyFreezeTrainer(Trainer):
                 fz, total_steps=job_config.training.steps, lr_warmup_steps=job_config.lr_scheduler.warmup_steps
             )
             self._freeze_unit = resolve_unit(fz, job_config.compile, warmup_end=phases.warmup_end)
-            check_stop_rule(fz, job_config.validation)
-            if fz.cpu_pinning:
+            check_stop_rule(job_config.experiment, job_config.validation)
+            if job_config.experiment.cpu_pinning:
                 cores = cpu_shims.pin_cpu_cores()
                 if cores is not None:
                     logger.info(f"[freeze] local rank {os.environ.get('LOCAL_RANK', '0')} pinned to CPU cores {cores}")
@@ -89,10 +93,10 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt = self._build_freeze_runtime(job_config, phases)
         if titan_spec.has_freeze_builders(self.metrics_processor):
             self.metrics_processor.on_validation.append(self.freeze_rt.record_validation)
-        elif self.freeze_rt.cfg.stop_at_val_loss > 0:
+        elif self.freeze_rt.info.stop_at_val_loss > 0:
             raise FreezeConfigError(
-                f"[freeze] stop_at_val_loss with [model] name = {job_config.model.name!r}: its TrainSpec brings its "
-                "own metrics processor, so the freezing runtime sees no validation loss"
+                f"[experiment] stop_at_val_loss with [model] name = {job_config.model.name!r}: its TrainSpec brings "
+                "its own metrics processor, so the freezing runtime sees no validation loss"
             )
 
     def _check_precision(self, job_config, phases) -> None:
@@ -129,6 +133,7 @@ class TimelyFreezeTrainer(Trainer):
             dp_degree=dp_degree,
             unit=self._freeze_unit,
             compiled=compiles_model(job_config.compile),
+            stop_at_val_loss=job_config.experiment.stop_at_val_loss,
         )
         schedulers = self.lr_schedulers.schedulers
         pipeline = PipelinePart(self._pp_stages(), pd.get_mesh("pp").get_group(), pairs=overlap_pairs(self.pp_schedule))
@@ -148,19 +153,19 @@ class TimelyFreezeTrainer(Trainer):
             sched.lr_lambdas = [functools.partial(_held_after, fn, last) for fn in sched.lr_lambdas]
 
     def should_continue_training(self) -> bool:
-        """TorchTitan's rule, and ``[freeze] stop_at_val_loss``: stop at the first validation at or below the
+        """TorchTitan's rule, and ``[experiment] stop_at_val_loss``: stop at the first validation at or below the
         target once the LR schedule's length is trained (every rank holds the same gathered losses)."""
         if not super().should_continue_training():
             return False
         rt = self.freeze_rt
-        if rt is None or rt.cfg.stop_at_val_loss <= 0:
+        if rt is None or rt.info.stop_at_val_loss <= 0:
             return True
         floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
         val_curve = rt.state.val_curve
-        if target_reached(val_curve, self.step, floor, rt.cfg.stop_at_val_loss):
+        if target_reached(val_curve, self.step, floor, rt.info.stop_at_val_loss):
             logger.info(
                 f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
-                f"{rt.cfg.stop_at_val_loss!r} at step {self.step}: target reached, stopping"
+                f"{rt.info.stop_at_val_loss!r} at step {self.step}: target reached, stopping"
             )
             return False
         return True
@@ -254,6 +259,6 @@ def _held_after(fn, last: int, step: int) -> float:
 
 
 def target_reached(val_curve: list, step: int, floor: int, target: float) -> bool:
-    """The stop rule of ``[freeze] stop_at_val_loss``: this step validated at or below ``target`` and at
+    """The stop rule of ``[experiment] stop_at_val_loss``: this step validated at or below ``target`` and at
     least ``floor`` steps are trained."""
     return bool(val_curve) and step >= floor and val_curve[-1][0] == step and val_curve[-1][1] <= target

@@ -22,7 +22,7 @@ Job kinds, per schedule and repeat:
   plan in force after the last re-plan: error over the steps after it, and the share
   ``(no_freeze' / stable' - 1) / (no_freeze' / planned' - 1)`` with that plan's own predicted no-freeze and
   planned batch times (the upper bound is not re-measured under the new load).
-* ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[freeze] cpu_pinning = false``, next to the
+* ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[experiment] cpu_pinning = false``, next to the
   ``phases`` runs of the same schedule, which (like ``load`` and ``overhead``) run with ``cpu_pinning = true``.
 * ``noreplan`` (``--replan-ab``): a ``phases`` run with ``[freeze] replan = false``, right after the ``phases``
   run of the same schedule and repeat; with ``--load-change`` on that schedule also ``<load kind>_noreplan``
@@ -131,7 +131,7 @@ def overhead_job(schedule: str, dump: Path, opts, probe: bool = False) -> dict:
         dump,
         opts.nproc,
         opts.layout,
-        [*cycle_args(0.0, 2, 1, len(CYCLES[probe]) * opts.pairs), "--freeze.cpu-pinning"],
+        [*cycle_args(0.0, 2, 1, len(CYCLES[probe]) * opts.pairs), "--experiment.cpu-pinning"],
         env={PROBE_ENV: "1"} if probe else None,
     )
     return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
@@ -242,7 +242,7 @@ def run(opts) -> list[dict]:
             res = overhead_job(s, dump, opts, probe=kind == "overhead_probe")
         else:
             # every job but the A/B's other half runs pinned, as the results so far were measured
-            pin = "--freeze.no-cpu-pinning" if kind == "unpinned" else "--freeze.cpu-pinning"
+            pin = "--experiment.no-cpu-pinning" if kind == "unpinned" else "--experiment.cpu-pinning"
             extra = [pin, "--freeze.no-replan"] if kind.endswith("noreplan") else [pin]
             res = phases_job(s, dump, opts, extra=extra, load=kind.startswith("load"), load_core=opts.load_core)
         durations.append(time.time() - t0)

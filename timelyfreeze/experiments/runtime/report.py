@@ -88,7 +88,7 @@ def report(rows: list[dict], opts) -> str:
     if opts.pinning_ab:
         lines += [
             "",
-            "CPU pinning (`[freeze] cpu_pinning`), the same job pinned (the `phases` runs) and not:",
+            "CPU pinning (`[experiment] cpu_pinning`), the same job pinned (the `phases` runs) and not:",
             "",
             "| schedule | pinning | n | upper (ms) | stable (ms) | stable error | achieved share |",
             "|---|---|---|---|---|---|---|",

@@ -6,7 +6,7 @@ no-freezing job of the same schedule and seed (which the grid runs first):
 
 - ``--training.steps ceil(F * S)`` (S: the no-freezing run's ``training.steps``), the most it may train;
 - ``--lr_scheduler.total_steps S``: the same LR schedule as the no-freezing run, then its end value (min_lr);
-- ``--freeze.stop_at_val_loss L`` (L: the no-freezing run's final validation loss): it stops at the first
+- ``--experiment.stop_at_val_loss L`` (L: the no-freezing run's final validation loss): it stops at the first
   validation at or below L once it has trained S steps.
 
 Without a usable no-freezing result (it failed, or never validated) the job runs its plain length and the
@@ -63,5 +63,5 @@ def extension_overrides(
     return (
         ("training.steps", math.ceil(job.extend * steps)),
         ("lr_scheduler.total_steps", steps),
-        ("freeze.stop_at_val_loss", repr(loss)),  # the full float: a rounded target would move the finish line
+        ("experiment.stop_at_val_loss", repr(loss)),  # the full float: a rounded target would move the finish line
     ), None
