@@ -17,10 +17,11 @@ import shutil
 
 import pytest
 
+from planner.plan import load_plan
 from planner.timing.spans import step_spans
 from planner.trace.load import load_trace
-from tests.test_parallel_torchrun import SMALL, _free_port, check_offline_plan
-from tests.torchrun_util import ENV, Run, command, short_cycle, two_agents
+from tests.test_parallel_torchrun import SMALL, _free_port
+from tests.torchrun_util import ENV, Run, check_plan_from_trace, command, short_cycle, two_agents
 
 pytestmark = pytest.mark.torchrun
 
@@ -78,4 +79,4 @@ def test_offset_recovered_and_spans_aligned_across_two_hosts(tmp_path):
     assert all(abs(spans[k] - truth[k]) <= bound + 1e-6 for k in spans)
 
     # the runtime planned on aligned start times: the offline planner makes the same plan from the aligned trace
-    check_offline_plan(aligned, node0 / "plan.json")
+    check_plan_from_trace(load_plan(node0 / "plan.json"), aligned)

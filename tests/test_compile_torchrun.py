@@ -1,23 +1,24 @@
 """Real ``torchrun`` jobs with ``[compile] enable = true`` (TorchTitan compiles every transformer block).
 
 1. A full TimelyFreeze cycle on the 1F1B default with block units: it finishes; the warm-up compiled every
-   graph the run needed (none after it, on any rank), so no monitoring window timed a compilation; the
-   graphs stay within two per compiled block plus validation's; Dynamo never
-   hit its recompile limit.
+   graph the run needed (none after it, on any rank: Dynamo's own count, ``graphs_after_warmup``), so no
+   monitoring window timed a compilation; the graphs stay within two per compiled block plus validation's;
+   Dynamo never hit its recompile limit; the offline planner makes the run's plan from its trace. No
+   assertion on action times: whether an action was slow says nothing the compile count does not, and one
+   preemption on a loaded machine would fail it.
 2. Compile with freezing off exits 0: the teardown no longer trips over objects compile leaves behind.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-from collections import defaultdict
 
 import pytest
 
 from planner.plan import load_plan
 from planner.schedule.actions import parse_action
-from tests.torchrun_util import short_cycle, torchrun
+from planner.trace.load import load_trace
+from tests.torchrun_util import check_plan_from_trace, short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -36,8 +37,7 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
     # two graphs per block (trainable, frozen), and validation's no-grad graphs of the two block kinds (plain
     # and activation-checkpointed) or of the compiled loss
     assert all(g <= 2 * r + 2 for g, r in zip(comp["graphs"], comp["regions"]))
-    plan = load_plan(run.out / "plan.json")
-    assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
+    check_plan_from_trace(load_plan(run.out / "plan.json"), load_trace(run.out / "trace"))
     records = [
         json.loads(line)
         for r in (0, 1)
@@ -50,13 +50,6 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
                 assert rec["freeze_ratio"] == 0.0
             elif rec["phase"] == "lower" or rec["step"] == 2:
                 assert rec["freeze_ratio"] > 0.99
-    # no compilation inside a monitoring window: no action there took 3x its window's median
-    by = defaultdict(list)
-    for rec in records:
-        if rec["phase"] in ("upper", "lower"):
-            by[(rec["phase"], rec["action"])].append(rec["ms"])
-    slow = {k: max(v) / statistics.median(v) for k, v in by.items() if max(v) > 3 * statistics.median(v)}
-    assert not slow, slow
     # something froze in the stable phase (whole units: see test_compile_exact)
     stable = [rec for rec in records if rec["phase"] == "stable" and parse_action(rec["action"]).kind == "B"]
     assert stable and any(rec["freeze_ratio"] > 0 for rec in stable)

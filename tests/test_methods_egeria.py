@@ -5,12 +5,26 @@ import math
 import threading
 import time
 
+import pytest
 import torch
 from test_methods_common import LockStep, make_cfg, make_ctx, make_stages
 
 from timelyfreeze.methods.egeria.controller import EgeriaController
 from timelyfreeze.methods.egeria.method import Egeria, EgeriaConfig
 from timelyfreeze.methods.egeria.sp_loss import linear_slope, sp_loss
+
+IDLE_DEADLINE_S = 120.0
+"""How long a test waits for the worker to finish its one evaluation (of a model of a few small layers) before
+it fails: a deadline against a hang, generous for a loaded machine, never a timing threshold."""
+
+
+def wait_idle(worker, what: str) -> None:
+    """Wait until ``worker`` has no job in flight; fail the test with ``what`` if that takes ``IDLE_DEADLINE_S``."""
+    deadline = time.monotonic() + IDLE_DEADLINE_S
+    while worker.busy():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the Egeria worker was still busy {IDLE_DEADLINE_S:g} s after {what} (hung?)")
+        time.sleep(0.01)
 
 
 def test_sp_loss_by_hand():
@@ -150,9 +164,7 @@ def test_worker_never_blocks_and_skips_when_busy():
     gate.set()
     assert not steps.is_alive() and held  # all six steps ran while the worker was still held
     assert m.submitted == 1 and m.skipped_busy == 5  # skipped, not queued
-    deadline = time.time() + 60
-    while m.worker.busy() and time.time() < deadline:
-        time.sleep(0.02)
+    wait_idle(m.worker, "the held job was released")
     assert m.worker.completed == 1 and m.worker.failed == 0, m.worker.errors
     assert m.worker.quantized is True and m.worker.refreshes == 1
     ((module, gen, rstep, value),) = m.worker.drain()
@@ -169,9 +181,7 @@ def test_end_to_end_reading_uses_int8_reference_and_refreshes_every_w():
     x = torch.randint(0, 11, (2, 2, 3))
     for step in range(1, 6):
         _train_step(stages, m, step, x)
-        deadline = time.time() + 10
-        while m.worker.busy() and time.time() < deadline:
-            time.sleep(0.01)
+        wait_idle(m.worker, f"step {step}")
     assert m.worker.failed == 0, m.worker.errors
     assert m.submitted == 5 and m.worker.completed == 5
     assert m.worker.refreshes == 3  # evaluations 1, 3, 5 (every W = 2)
@@ -182,8 +192,7 @@ def test_end_to_end_reading_uses_int8_reference_and_refreshes_every_w():
     fp = Egeria(make_cfg(egeria=EgeriaConfig(eval_every=1, window=2, quantize=False)), make_ctx(stages))
     fp.ctrl.bootstrapped, fp.ctrl.cur = True, 2
     _train_step(stages, fp, 1, x)
-    while fp.worker.busy():
-        time.sleep(0.01)
+    wait_idle(fp.worker, "the fp32 reference's step")
     ((_, _, _, v),) = fp.worker.drain()
     assert v < 1e-10 and fp.worker.quantized is False
     m.close()

@@ -26,10 +26,10 @@ import subprocess
 
 import pytest
 
-from planner.plan import load_plan, plan_from_trace
+from planner.plan import load_plan
 from planner.trace.load import load_trace
 from tests.test_runtime_torchrun import check_full_cycle
-from tests.torchrun_util import ENV, ROOT, Run, command, short_cycle, torchrun, two_agents
+from tests.torchrun_util import ENV, ROOT, Run, check_plan_from_trace, command, short_cycle, torchrun, two_agents
 from timelyfreeze.titan.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
@@ -89,7 +89,7 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
     assert {(r.replica, r.rank) for r in trace.records} == {(d, r) for d in range(replicas) for r in range(2)}
     # one plan for every pipeline, and the offline planner makes the same plan from the trace with the options
     # the plan records (its estimator, the gap model, the anchored monitoring windows)
-    check_offline_plan(trace, run.out / "plan.json")
+    check_plan_from_trace(load_plan(run.out / "plan.json"), trace)
     # every replica froze the same number of tensors in every backward action (the same masks)
     frozen: dict[tuple[int, str], set] = {}
     for d in range(replicas):
@@ -210,24 +210,6 @@ def test_replicate_only_with_pp_is_refused(tmp_path):
     assert not any(
         line.startswith("[rank") and "Traceback" in line for line in run.log.splitlines()
     )  # (torchrun's own is there)
-
-
-def check_offline_plan(trace, plan_path) -> None:
-    """The offline planner makes the plan at ``plan_path`` from ``trace`` with the options the plan records (its
-    estimator, the gap model, the anchored monitoring windows)."""
-    plan = load_plan(plan_path)
-    monitoring = plan.extra.get("monitoring")
-    offline = plan_from_trace(
-        trace,
-        plan.r_max,
-        estimator=plan.extra["estimator"],
-        gaps="gaps" in plan.extra and "classes" in plan.extra["gaps"],
-        anchor=None if monitoring is None else monitoring["anchored"],
-    )
-    assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
-        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
-    )
-    assert offline.batch_time_ms == pytest.approx(plan.batch_time_ms)
 
 
 def _free_port() -> int:

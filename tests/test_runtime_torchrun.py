@@ -2,8 +2,8 @@
 
 Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
 default (llama3 debug model, Python stdlib corpus); DualPipeV, InterleavedZeroBubble and LoopedBFS run a
-shorter cycle (``SHORTER``). Checked: the trace follows the spec and the
-planner accepts it, the plan exists and matches, every backward action froze exactly the number of
+shorter cycle (``SHORTER``). Checked: the trace follows the spec, the plan exists and matches the run, the
+offline planner makes the same plan from the trace, every backward action froze exactly the number of
 tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite.
 
 What is asserted about the loss is what holds for every plan. The plan (hence which tensors freeze)
@@ -28,7 +28,7 @@ from planner.schedule.actions import PAIR, parse_action
 from planner.schedule.orders import rank_orders
 from planner.timing.spans import f_factor, phase_spans, step_spans
 from planner.trace.load import load_trace
-from tests.torchrun_util import short_cycle, torchrun
+from tests.torchrun_util import check_plan_from_trace, short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -55,16 +55,14 @@ def check_full_cycle(
     lower_end = warmup + 2 * monitor
     ramp_end = lower_end + ramp_steps
     assert run.rc == 0, run.tail()
-    # trace: spec-conformant, and the offline planner accepts it
+    # trace: spec-conformant (load_trace checks it)
     trace = load_trace(run.out / "trace")
     assert trace.meta.schedule == schedule and trace.meta.num_stages == num_stages
     assert trace.meta.num_microbatches == 8
-    replanned = plan_from_trace(trace, r_max)
-    assert replanned.batch_time_ms["planned"] <= replanned.batch_time_ms["no_freeze"] + 1e-9
-    # the runtime's plan
+    # the runtime's plan, and the offline planner makes the same one from the trace
     plan = load_plan(run.out / "plan.json")
     assert plan.schedule == schedule and plan.num_stages == num_stages and plan.r_max == r_max
-    assert plan.batch_time_ms["all_frozen"] <= plan.batch_time_ms["planned"] <= plan.batch_time_ms["no_freeze"]
+    check_plan_from_trace(plan, trace)
     # phases recorded per step
     phases = {r.step: r.phase for r in trace.records}
     steps = lower_end + ramp_steps + stable

@@ -7,13 +7,14 @@ from timelyfreeze.experiments.runtime.span_figures import main, run_figures, tab
 JOBS = Path("docs/results/runtime/monitoring/jobs")
 
 
-def test_committed_runs_give_their_figures():
+def test_committed_runs_give_their_committed_table():
+    """The committed runs give, figure for figure, the table committed beside them (``span_figures.md``): the
+    figures are computed from committed files only, so any difference is a change to the computation or to
+    the files. (Before: each run's stable span within +-50 % of its plan, which no plausible error fails.)"""
     runs = [run_figures(d.parent) for d in sorted(JOBS.glob("*/timelyfreeze/summary.json"))]
     assert len(runs) == 10 and all(r is not None for r in runs)
-    for r in runs:
-        assert -0.5 < r["stable_vs_plan"] < 0.5 and r["replans"] >= 0 and r["lower_f"] > 0
-    text = table([JOBS])
-    assert "| 1F1B | 5 |" in text and "| ZBVZeroBubble | 5 |" in text
+    assert all(r["replans"] >= 0 and r["lower_f"] > 0 for r in runs)
+    assert table([JOBS]) == (JOBS.parent / "span_figures.md").read_text()
 
 
 def test_no_folder_is_exit_2(tmp_path, capsys):

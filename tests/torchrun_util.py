@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from timelyfreeze.titan.launch import CONFIGS, TRAIN, run, torchrun_command
 from timelyfreeze.titan.launch import REPO_ROOT as ROOT
 
@@ -133,3 +135,26 @@ def two_agents(cmds: list[list[str]], envs: list[dict], port: int, rdzv_id: str,
                 p.kill()
                 p.wait()
     return rcs, logs
+
+
+def check_plan_from_trace(plan, trace) -> None:
+    """The run's ``plan.json`` is the plan the offline planner makes from the run's trace with the options the
+    plan records (its estimator, the gap model, the anchored monitoring windows): the same ratio per action
+    and the same predicted batch times. Unlike ``all_frozen <= planned <= no_freeze`` (which ``load_plan``
+    already enforces, and which the LP meets by construction since ``w_min`` is clamped to ``w_max``), this
+    fails if the runtime planned from other measurements or other options than its trace records."""
+    from planner.plan import plan_from_trace
+
+    monitoring = plan.extra.get("monitoring")
+    offline = plan_from_trace(
+        trace,
+        plan.r_max,
+        estimator=plan.extra["estimator"],
+        gaps="gaps" in plan.extra and "classes" in plan.extra["gaps"],
+        anchor=None if monitoring is None else monitoring["anchored"],
+        cliff="cliff" in plan.extra,
+    )
+    assert {a: ap.freeze_ratio for a, ap in offline.actions.items()} == pytest.approx(
+        {a: ap.freeze_ratio for a, ap in plan.actions.items()}, abs=1e-9
+    )
+    assert offline.batch_time_ms == pytest.approx(plan.batch_time_ms)

@@ -1,0 +1,36 @@
+"""The time-to-accuracy grid (``scripts/tta_grid.toml``) parses and expands to the jobs its protocol
+(``docs/results/tta/README.md``) names: 2 schedules x 5 seeds x {no freezing, TimelyFreeze r_max 0.6 and 1.0},
+144 steps, freezing jobs extended up to 2x, each (seed, schedule)'s no-freezing job first."""
+
+from pathlib import Path
+
+from timelyfreeze.experiments.sweep.cli import main
+from timelyfreeze.experiments.sweep.grid import expand_grid, load_grid_file
+
+GRID = Path(__file__).resolve().parent.parent / "scripts" / "tta_grid.toml"
+
+
+def test_tta_grid_expands_to_the_protocols_30_jobs():
+    grid = load_grid_file(GRID)
+    assert Path(grid["config"]).name == "llama3_debug_finetune_cpu.toml" and Path(grid["config"]).is_file()
+    jobs = expand_grid(grid)
+    assert len(jobs) == 30
+    cells = {(j.schedule, j.method, j.knob_value) for j in jobs}
+    methods = (("none", None), ("timelyfreeze", 0.6), ("timelyfreeze", 1.0))
+    assert cells == {(s, m, v) for s in ("1F1B", "ZBVZeroBubble") for m, v in methods}
+    assert sorted({j.seed for j in jobs}) == [0, 1, 2, 3, 4]
+    for j in jobs:
+        assert dict(j.overrides)["training.steps"] == 144
+        assert j.extend == (None if j.method == "none" else 2.0)
+    # seeds outermost, and within a (seed, schedule) the no-freezing job (the targets' source) first
+    assert [j.seed for j in jobs] == sorted(j.seed for j in jobs)
+    for k, j in enumerate(jobs):
+        if j.method != "none":
+            assert any(i.method == "none" and (i.seed, i.schedule) == (j.seed, j.schedule) for i in jobs[:k])
+
+
+def test_tta_grid_dry_run(tmp_path, capsys):
+    assert main(["run", "--grid", str(GRID), "--out", str(tmp_path / "tta"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith("30 jobs") and out.count("--training.steps 144") == 30
+    assert not (tmp_path / "tta").exists()  # a dry run writes nothing
