@@ -18,8 +18,22 @@ from collections.abc import Sequence
 
 from planner.defaults import PLAN_DEFAULTS
 from planner.errors import PlannerError
+from planner.gantt import plot_timeline, trace_panels
+from planner.lp.budget import parse_r_max
 from planner.lp.solve import SOLVERS
-from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS
+from planner.plan import load_plan, plan_from_trace, plan_summary, write_plan
+from planner.schedule.dag import build_dag
+from planner.schedule.orders import rank_orders, schedule_meta
+from planner.sweep import format_table, plot_sweep, sweep, write_csv
+from planner.timing import monitor
+from planner.timing.cliff import apply_cliffs, find_cliffs
+from planner.timing.comm import estimate_edge_delays, summary_line
+from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS, estimate_weights
+from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
+from planner.timing.spans import StepTimeline
+from planner.trace.authors_log import import_log
+from planner.trace.load import load_trace
+from planner.trace.simulate import synthetic_trace, write_trace
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +54,6 @@ def _unit_float(text: str) -> float:
 
 
 def _r_max_arg(text: str) -> float | tuple[float, ...]:
-    from planner.lp.budget import parse_r_max
 
     try:
         return parse_r_max(text)
@@ -218,10 +231,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    from planner.plan import plan_from_trace, plan_summary, write_plan
-    from planner.timing.comm import summary_line
-    from planner.timing.gaps import gap_line
-    from planner.trace.load import load_trace
 
     trace = load_trace(args.trace)
     # (a per-stage r_max must match the trace's stages: checked with the problem, a one-line PlannerError)
@@ -270,14 +279,6 @@ def _switches(args: argparse.Namespace) -> dict:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from planner.schedule.dag import build_dag
-    from planner.sweep import format_table, plot_sweep, sweep, write_csv
-    from planner.timing import monitor
-    from planner.timing.cliff import apply_cliffs, find_cliffs
-    from planner.timing.comm import estimate_edge_delays, summary_line
-    from planner.timing.estimate import estimate_weights
-    from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
-    from planner.trace.load import load_trace
 
     sw = _switches(args)
     trace = load_trace(args.trace)
@@ -319,15 +320,10 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
-    from planner.gantt import plot_timeline, trace_panels
-    from planner.timing.spans import StepTimeline
-    from planner.trace.load import load_trace
 
     trace = load_trace(args.trace)
     plan = None
     if args.plan:
-        from planner.plan import load_plan
-
         plan = load_plan(args.plan)
     panels, ratios, notes = trace_panels(trace, plan, args.plan)
     for note in notes:
@@ -339,7 +335,6 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
 
 
 def _cmd_orders(args: argparse.Namespace) -> None:
-    from planner.schedule.orders import rank_orders, schedule_meta
 
     if args.json:
         print(json.dumps(schedule_meta(args.schedule, args.pp, args.microbatches, args.stages_per_rank), indent=1))
@@ -349,7 +344,6 @@ def _cmd_orders(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
-    from planner.trace.simulate import synthetic_trace, write_trace
 
     trace = synthetic_trace(
         args.schedule,
@@ -374,7 +368,6 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_import_log(args: argparse.Namespace) -> None:
-    from planner.trace.authors_log import import_log
 
     trace = import_log(args.log, args.out, stable_from=args.stable_from)
     m, a = trace.meta, trace.meta.extra["authors"]

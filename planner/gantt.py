@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from planner.errors import PlannerError
 from planner.fileio import replace_atomically
 from planner.lp.budget import format_r_max
+from planner.plan import check_plan_matches
 from planner.schedule.actions import KINDS, PAIR, parse_action
 from planner.schedule.dag import build_dag, longest_path
 from planner.timing.spans import StepTimeline, representative_step, step_spans, step_timeline
-from planner.trace.load import TraceMeta
+from planner.trace.load import TraceMeta, node_weights
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#55A868", "W": "#8172B3", PAIR: "#C44E52"}
 FROZEN_COLOR = "#222222"
@@ -90,8 +91,6 @@ def trace_panels(trace, plan=None, plan_source: str = "plan") -> tuple[list, lis
     phase when the trace has one. Measured panels are real steps (:func:`measured_panel`) where the trace
     has comparable timestamps, else medians on the DAG's longest path, titled so (:data:`NO_TIMESTAMPS`).
     ``notes``: why a panel is left out."""
-    from planner.plan import check_plan_matches
-    from planner.trace.load import node_weights
 
     meta, spans, notes = trace.meta, step_spans(trace), []
     actions = meta.all_actions()
@@ -158,10 +157,10 @@ def plot_timeline(
         ]
         solved.append((panel_title, boxes, makespan, set(critical)))
 
-    import matplotlib
+    import matplotlib  # deferred: matplotlib is heavy and only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is heavy and only plots need it
 
     pp = meta.pp_degree
     n_panels = len(solved)
@@ -220,7 +219,7 @@ class _Boxes:
 
     def char_pt(self, c: str, size: int) -> float:
         """Advance width of one character in points (cached; label widths are sums of these)."""
-        from matplotlib.textpath import TextPath
+        from matplotlib.textpath import TextPath  # deferred: matplotlib is heavy and only plots need it
 
         if (c, size) not in self.widths:
             self.widths[c, size] = TextPath((0, 0), c + c, size=size).get_extents().width / 2
@@ -228,7 +227,7 @@ class _Boxes:
 
     def draw(self, ax, a: str, r: int, x: float, w: float, ratio: float, on_path: bool) -> None:
         """Action ``a`` on rank ``r`` from ``x`` for ``w`` ms, frozen by ``ratio``, outlined if ``on_path``."""
-        from matplotlib.patches import Rectangle
+        from matplotlib.patches import Rectangle  # deferred: matplotlib is heavy and only plots need it
 
         kind = parse_action(a).kind
         self.kinds_seen.add(kind)
@@ -276,7 +275,7 @@ class _Boxes:
 
     def legend(self, fig, height_in: float) -> None:
         """The one-row legend at the bottom and the layout (title row on top, fixed heights in inches)."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: matplotlib is heavy and only plots need it
         from matplotlib.patches import Patch
 
         handles = [Patch(facecolor=KIND_COLORS[k], label=KIND_LABELS[k]) for k in KINDS if k in self.kinds_seen]

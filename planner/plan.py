@@ -17,9 +17,11 @@ from planner.lp.solve import solve_problem
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from planner.schedule.dag import BatchDag, EdgeDelays, build_dag, longest_path
 from planner.timing import monitor
+from planner.timing.cliff import apply_cliffs, find_cliffs
 from planner.timing.comm import estimate_edge_delays
 from planner.timing.estimate import DEFAULT_ESTIMATOR, estimate_weights
 from planner.timing.gaps import delay_fields, with_gap_costs
+from planner.timing.jitter import jitter_factors
 from planner.trace.load import NodeWeights, Trace, TraceMeta
 
 PLAN_FORMAT = "timelyfreeze-plan/1"
@@ -173,8 +175,6 @@ def plan_from_trace(
     weights = estimate_weights(monitor.anchored(trace, monitoring["factors"]) if anchor else trace, estimator)
     cliffs = None
     if cliff:
-        from planner.timing.cliff import apply_cliffs, find_cliffs
-
         cliffs = find_cliffs(weights)
         weights = apply_cliffs(weights, cliffs)
     dag = build_dag(trace.meta) if dag is None else dag
@@ -191,8 +191,6 @@ def plan_from_trace(
     if cliffs is not None:
         plan.extra["cliff"] = cliffs
     if jitter:
-        from planner.timing.jitter import jitter_factors
-
         plan.extra["jitter"] = jitter_factors(trace, dag, plan, edge_ms)
     return plan
 

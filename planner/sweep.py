@@ -135,10 +135,10 @@ def plot_sweep(rows: list[SweepRow], path: str | os.PathLike[str], title: str | 
     (right axis), with the no-freeze and all-frozen references as horizontal lines."""
     if not rows:
         raise PlannerError("no sweep rows to plot")
-    import matplotlib
+    import matplotlib  # deferred: matplotlib is heavy and only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is heavy and only plots need it
 
     rows = sorted(rows, key=lambda r: _x(r.r_max))
     no_freeze, all_frozen = rows[0].no_freeze_ms, rows[0].all_frozen_ms

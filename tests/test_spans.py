@@ -192,10 +192,8 @@ def test_gantt_cli_without_timestamps_keeps_the_medians_and_says_so(tmp_path, ca
 
 
 def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monkeypatch) -> None:
-    import planner.gantt
-
     drawn = []
-    monkeypatch.setattr(planner.gantt, "plot_timeline", lambda meta, panels, out, ratios: drawn.append(panels))
+    monkeypatch.setattr(timeline, "plot_timeline", lambda meta, panels, out, ratios: drawn.append(panels))
     medians = timeline.merge([timeline.phase_medians(f) for f in sorted((JOB / "trace").glob("actions_rank*.jsonl"))])
     meta = trace.meta.to_json()
     args = (meta, medians, JOB / "plan.json", JOB / "trace", tmp_path / "t.png", print)

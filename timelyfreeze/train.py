@@ -19,7 +19,7 @@ def main(trainer_cls: type | None = None) -> None:
     # crash in teardown names the thread that was running.
     faulthandler.enable(all_threads=True)
     cpu_shims.apply_if_needed()
-    from torchtitan.train import main as titan_main
+    from torchtitan.train import main as titan_main  # deferred: TorchTitan only after the CPU shims
 
     from timelyfreeze.config.errors import FreezeConfigError
     from timelyfreeze.runtime.state_codec import FreezeStateError

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import highspy
 import numpy as np
 
 from planner.errors import PlannerError
@@ -88,7 +89,6 @@ def _status_name(h, status) -> str:
 
 
 def _highs_lp(m: LPModel, col_lower=None, col_upper=None, row_lower=None, row_upper=None, cost=None):
-    import highspy
 
     lp = highspy.HighsLp()
     lp.num_col_ = m.num_col
@@ -117,7 +117,6 @@ def _run(
 ) -> tuple[np.ndarray, int, object]:
     """Solve one stage with HiGHS; returns the column values, the simplex iteration count and the solution
     (with duals).  ``lp`` (a ``HighsLp``) replaces the model built from ``m``."""
-    import highspy
 
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.schedule.orders import rank_orders
 from planner.trace.load import Record, Trace
 from planner.trace.meta import TRACE_FORMAT, validate_meta
+from planner.trace.simulate import write_trace
 
 __all__ = [
     "TRUNCATION_MS",
@@ -218,7 +220,6 @@ def _rank_orders(log: AuthorsLog, block: Block, pp: int) -> dict[int, list[str]]
     """This project's order of the schedule (``planner.schedule.orders.rank_orders``), with a split backward
     ``sI m, sW m`` read as one ``sB m`` where the log prints a full ``B`` (ZBV's stage 0): the log's set of
     actions per rank must then be the order's."""
-    from planner.schedule.orders import rank_orders
 
     spr = log.num_stages // pp
     try:
@@ -357,7 +358,6 @@ def _plan_ratios(upper: Block, lb: Block | None, plan: Block | None) -> dict[str
 
 def import_log(path: str | os.PathLike[str], out: str | os.PathLike[str], *, stable_from: int | None = None) -> Trace:
     """Parse the log at ``path`` and write its trace directory to ``out`` (atomically, file by file)."""
-    from planner.trace.simulate import write_trace
 
     trace = log_to_trace(parse_log(path), stable_from=stable_from)
     write_trace(trace, out)

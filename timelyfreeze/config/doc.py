@@ -16,6 +16,7 @@ import typing
 from pathlib import Path
 
 from timelyfreeze.config.deprecated import RENAMED
+from timelyfreeze.config.freeze import Experiment, Freeze
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -158,10 +159,7 @@ def render(root: type | None = None, extra: dict[str, type] | None = None) -> st
     """The whole page for ``root`` (default: ``timelyfreeze.config.freeze.Freeze``) and the ``extra`` sections
     of TimelyFreeze's job config (default: ``[experiment]``), then the deprecated names."""
     if root is None:
-        from timelyfreeze.config.freeze import Experiment
-        from timelyfreeze.config.freeze import Freeze as root
-
-        extra = {"experiment": Experiment}
+        root, extra = Freeze, {"experiment": Experiment}
     groups = [("freeze", root, sections(root))] + [(n, c, sections(c)) for n, c in (extra or {}).items()]
     lines = [HEADER, "| field | type | default |", "|---|---|---|"]
     for top, _, all_sections in groups:

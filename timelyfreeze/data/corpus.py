@@ -135,6 +135,7 @@ def ensure_tokenizer() -> Path:
     with _locked(out.with_name(out.name + ".lock")):
         if (out / "tokenizer.json").exists():
             return out
+        # deferred: heavy, and needed only when the corpus is built
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         tok = Tokenizer(models.BPE())
@@ -258,19 +259,20 @@ def resolve_initial_load(job_config) -> None:
 
 
 def _load_split(split: str):
-    from datasets import Dataset
+    from datasets import Dataset  # deferred: heavy, and needed only when the corpus is built
 
     return Dataset.from_dict({"text": read_texts(split)})
 
 
 def _load_heads(split: str):
-    from datasets import Dataset
+    from datasets import Dataset  # deferred: heavy, and needed only when the corpus is built
 
     return Dataset.from_dict({"text": [head_of(t) for t in read_texts(split)]})
 
 
 def register_datasets() -> None:
     """Make ``pystdlib_<split>`` and ``pystdlib_val_heads`` known to TorchTitan's text dataset registry."""
+    # deferred: TorchTitan is imported after the CPU shims (timelyfreeze.train)
     from torchtitan.hf_datasets import DatasetConfig, text_datasets
 
     for split in SPLITS:

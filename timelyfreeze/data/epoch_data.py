@@ -133,6 +133,7 @@ def build_fixed_dataset(name: str, tokenizer, seq_len: int, dp_rank: int = 0, dp
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
     """``TrainSpec.build_dataloader_fn``: the fixed sequences for a ``pystdlib_<split>_fixed<N>`` name, else
     TorchTitan's ``build_text_dataloader``."""
+    # deferred: TorchTitan is imported after the CPU shims (timelyfreeze.train)
     from torchtitan.components.dataloader import ParallelAwareDataloader
     from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 

@@ -18,6 +18,9 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from scipy.stats import linregress
+from scipy.stats import t as student_t
+
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.results import knob_sort_key, num
 
@@ -32,9 +35,8 @@ NO_DIFFERENCE = "no difference resolved"
 
 def t_quantile(dof: int) -> float:
     """The 0.975 quantile of Student's t with ``dof`` degrees of freedom."""
-    from scipy.stats import t
 
-    return float(t.ppf(0.975, dof))
+    return float(student_t.ppf(0.975, dof))
 
 
 def mean_ci(values: Iterable[float | None]) -> tuple[float | None, float | None, float | None, int]:
@@ -116,7 +118,6 @@ def knob_trends(
     slope of each quantity over the knob, pooling every seed (e.g. how much validation loss each +1 of r_max costs),
     with its 95 % interval (``slope +- t(0.975, n-2) * standard error``). Pooling the seeds of all values resolves
     a steady trend that per-value intervals over three seeds leave open."""
-    from scipy.stats import linregress
 
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for t in paired:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 def graphs_compiled() -> int:
     """Distinct graphs Dynamo has compiled in this process so far."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # deferred: Dynamo only for compiled runs
 
     return int(counters["stats"]["unique_graphs"])
 
 
 def compiled_regions(modules) -> int:
     """Modules under ``modules`` that ``torch.compile`` wrapped (TorchTitan wraps every transformer block)."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    from torch._dynamo.eval_frame import OptimizedModule  # deferred: Dynamo only for compiled runs
 
     return sum(isinstance(m, OptimizedModule) for root in modules for m in root.modules())
 

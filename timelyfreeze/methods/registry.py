@@ -1,22 +1,28 @@
-"""The freezing methods: one table, the only place their names are written.
+"""The freezing methods: one table of their classes, keyed by each class's own ``name`` (its one home).
 
-``[freeze] method`` name -> where its class lives, its main hyperparameter (the ``[freeze]`` field the run
-summary reports and the sweep varies), and whether it plans from measurements (the TimelyFreeze
-family, which needs the monitoring phases). ``timelyfreeze.config.freeze`` and the experiments read it from here.
+``[freeze] method`` name -> its class, its main hyperparameter (the ``[freeze]`` field the run summary
+reports and the sweep varies), and whether it plans from measurements (the TimelyFreeze family, which
+needs the monitoring phases). ``timelyfreeze.config.freeze`` and the experiments read it from here.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from dataclasses import dataclass
 
+from timelyfreeze.methods.apf import APF
+from timelyfreeze.methods.autofreeze import AutoFreeze
 from timelyfreeze.methods.base import FreezeMethod
+from timelyfreeze.methods.egeria.method import Egeria
+from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze
+from timelyfreeze.methods.random_fixed import RandomFixed
+from timelyfreeze.methods.smartpipe import SmartPipe
+from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    module: str
+    cls: type[FreezeMethod]
+    """The method's class; its ``name`` is the ``[freeze] method`` value."""
     knob: str | None
     """Field path of the main hyperparameter under ``[freeze]`` (``None`` for ``none``)."""
     planned: bool = False
@@ -32,23 +38,22 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {
-    "none": MethodSpec("timelyfreeze.methods.base", None, data_parallel=True),
-    "timelyfreeze": MethodSpec("timelyfreeze.methods.timely", "r_max", planned=True, data_parallel=True),
-    "timelyfreeze_apf": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
-    "timelyfreeze_autofreeze": MethodSpec("timelyfreeze.methods.hybrid", "r_max", planned=True),
-    "apf": MethodSpec("timelyfreeze.methods.apf", "apf.threshold", block_units=False),
-    "autofreeze": MethodSpec("timelyfreeze.methods.autofreeze", "autofreeze.percentile"),
-    "egeria": MethodSpec("timelyfreeze.methods.egeria.method", "egeria.tolerance_coef"),
-    "smartpipe": MethodSpec("timelyfreeze.methods.smartpipe", "smartpipe.lam"),
-    "random": MethodSpec("timelyfreeze.methods.random_fixed", "random.ratio", data_parallel=True),
+    spec.cls.name: spec
+    for spec in (
+        MethodSpec(FreezeMethod, None, data_parallel=True),
+        MethodSpec(TimelyFreezeMethod, "r_max", planned=True, data_parallel=True),
+        MethodSpec(TimelyAPF, "r_max", planned=True),
+        MethodSpec(TimelyAutoFreeze, "r_max", planned=True),
+        MethodSpec(APF, "apf.threshold", block_units=False),
+        MethodSpec(AutoFreeze, "autofreeze.percentile"),
+        MethodSpec(Egeria, "egeria.tolerance_coef"),
+        MethodSpec(SmartPipe, "smartpipe.lam"),
+        MethodSpec(RandomFixed, "random.ratio", data_parallel=True),
+    )
 }
 
 
 def method_class(name: str) -> type[FreezeMethod]:
     if name not in METHODS:
         raise ValueError(f"unknown freezing method {name!r}; choose one of {', '.join(METHODS)}")
-    module = importlib.import_module(METHODS[name].module)
-    for _, obj in inspect.getmembers(module, inspect.isclass):
-        if issubclass(obj, FreezeMethod) and obj.__dict__.get("name") == name:
-            return obj
-    raise ValueError(f"freezing method {name!r}: no class with name = {name!r} in {METHODS[name].module}")
+    return METHODS[name].cls

@@ -17,8 +17,11 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
+from planner.gantt import NO_TIMESTAMPS, measured_panel, plot_timeline
 from planner.lp.budget import format_r_max
-from planner.trace.load import Trace
+from planner.plan import load_plan
+from planner.timing.spans import step_spans
+from planner.trace.load import Trace, validate_meta
 
 
 def phase_medians(trace_file: Path | None) -> dict[str, dict[str, float]]:
@@ -65,10 +68,6 @@ def draw(
     if meta is None or "upper" not in medians:
         return None
     try:
-        from planner.gantt import NO_TIMESTAMPS, measured_panel, plot_timeline
-        from planner.timing.spans import step_spans
-        from planner.trace.load import validate_meta
-
         vmeta = validate_meta(meta, str(trace_dir))
         spans = step_spans(trace) if trace is not None else {}
         measured = {p: measured_panel(trace, p, spans) for p in ("upper", "stable")} if spans else {}
@@ -79,8 +78,6 @@ def draw(
             panels = [(f"measured, nothing frozen (upper bound), {NO_TIMESTAMPS}", medians["upper"])]
             ratios = [None]
         if plan_path.exists():
-            from planner.plan import load_plan
-
             plan = load_plan(plan_path)
             panels.append(
                 (f"planned (r_max {format_r_max(plan.r_max)})", {a: ap.duration for a, ap in plan.actions.items()})

@@ -98,6 +98,7 @@ def _collective_device() -> torch.device:
     """Where the default process group takes tensors: the CPU under gloo (or a CPU backend beside NCCL),
     the current CUDA device under NCCL alone (as ``all_gather_object`` chooses)."""
     try:
+        # deferred: a private helper, only for object collectives
         from torch.distributed.distributed_c10d import _get_object_coll_device
 
         kind = _get_object_coll_device()

@@ -8,6 +8,11 @@ import json
 import statistics
 from pathlib import Path
 
+from planner.schedule.dag import build_dag, longest_path
+from planner.timing.comm import estimate_edge_delays
+from planner.timing.spans import achieved_share, forward_medians
+from planner.trace.load import load_trace
+
 PROBE_ENV = "TIMELYFREEZE_OVERHEAD_PROBE"
 """Set to ``1`` in an overhead job's environment: its stable steps include the no-op probe
 (``overhead_trainer``)."""
@@ -60,9 +65,6 @@ def after_replan(dump: Path) -> dict:
 def decompose(dump: Path) -> dict:
     """``{"model_gap_pct", "action_drift_pct", "upper_f_ms"}`` of a phases run (module docstring; the last:
     :func:`upper_f_ms`); {} without a trace."""
-    from planner.schedule.dag import build_dag, longest_path
-    from planner.timing.comm import estimate_edge_delays
-    from planner.trace.load import load_trace
 
     out = Path(dump) / "timelyfreeze"
     if not (out / "trace" / "meta.json").exists():
@@ -100,7 +102,6 @@ def upper_f_ms(trace) -> float:
     actions of their median time in the upper-bound window (replica 0). Forward actions do not depend on the
     plan, and the upper window comes before any plan or load, so the ratio of two runs' values is the ratio
     of their machines' speeds (the re-plan A/B divides it out)."""
-    from planner.timing.spans import forward_medians
 
     return sum(forward_medians(trace, "upper").values())
 
@@ -108,7 +109,6 @@ def upper_f_ms(trace) -> float:
 def share(measured: float, predicted: float) -> float:
     """The achieved share (%) of a predicted speed-up (``planner.timing.spans.achieved_share``); NaN when nothing
     was predicted."""
-    from planner.timing.spans import achieved_share
 
     got = achieved_share(measured, predicted)
     return 100 * got if got is not None else float("nan")

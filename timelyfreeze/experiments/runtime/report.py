@@ -9,6 +9,8 @@ import os
 import statistics
 from pathlib import Path
 
+from timelyfreeze.experiments.stats import fmt_ci, mean_ci
+
 WARMUP = 3
 """Warm-up steps of every job (the first steps of a process are slow: allocator, caches)."""
 
@@ -107,7 +109,6 @@ def report(rows: list[dict], opts) -> str:
 
 def _overhead_means(rows: list[dict], opts) -> list[str]:
     """The overhead at ratio 0 per schedule as mean and 95 % interval over its jobs, wall and direct."""
-    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
 
     out = []
     for s in opts.schedules:
@@ -131,7 +132,6 @@ def _replan_ab(rows: list[dict], opts) -> list[str]:
     raw and with the machine factor taken out (divided by the pair's ratio of ``upper_f_ms``: the two jobs of
     a pair can run on a machine of different speed before anything differs between them), and the average
     freeze ratio of each (at the same speed, less freezing is the better plan)."""
-    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
 
     if not getattr(opts, "replan_ab", []):
         return []

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from timelyfreeze.experiments.stats import fmt_ci, mean_ci
+
 COLUMNS = ["stable_vs_plan", "upper_vs_no_freeze", "share_f", "share", "replans", "kept", "rescales", "lower_f"]
 
 
@@ -89,7 +91,6 @@ def table(folders: list[Path]) -> str:
             f"{cell('share_f', False)} | {cell('share', False)} | {cell('replans', False)} | "
             f"{cell('kept', False)} | {cell('rescales', False)} |"
         )
-    from timelyfreeze.experiments.stats import fmt_ci, mean_ci
 
     m, lo, hi, n = mean_ci(r["odd_even"] for r in runs)
     if n > 1:

@@ -19,6 +19,8 @@ the plan of one of them (the run's ``estimator``), which does not favour either'
 
 from __future__ import annotations
 
+import argparse
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -31,6 +33,7 @@ from planner.timing.estimate import ESTIMATORS, estimate_weights
 from planner.timing.spans import f_factor
 from planner.trace.load import NodeWeights, Trace, load_trace
 from timelyfreeze.experiments.stats import mean_ci
+from timelyfreeze.experiments.sweep.report import write_csv
 
 RUN_COLUMNS = ["run", "schedule", "f_factor", "stable_steps"] + [
     f"{q}_{e}" for q in ("action_err", "path_err") for e in ESTIMATORS
@@ -142,10 +145,6 @@ def markdown(summary: list[dict[str, Any]], command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import shlex
-
-    from timelyfreeze.experiments.sweep.report import write_csv
 
     ap = argparse.ArgumentParser(prog="bench_estimators.py", description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*", default=["docs/results/comparison", "docs/results/rmax"])

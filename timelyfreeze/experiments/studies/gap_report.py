@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from planner.analysis.gap_analysis import decompose_trace, gap_table
@@ -62,7 +63,6 @@ def analyse_jobs(jobs: list[Path]) -> tuple[list[dict], list[dict]]:
 
 def _regroup(s):
     """The sample with its phase replaced by its :data:`GROUP`."""
-    from dataclasses import replace
 
     return replace(s, phase=GROUP[s.phase])
 

@@ -71,7 +71,7 @@ def _cycle(name: str, config: str, out: Path, *extra: str) -> dict:
 def block_times(hidden: int = 4096, seq: int = 1024, repeats: int = 10) -> dict:
     """F, B (input gradient: I) and W (weight gradient) of one Llama-3-8B block in bf16, ms (median); B with
     nothing and with everything frozen (then the backward is I only)."""
-    from torchtitan.models.llama3.model.args import TransformerModelArgs
+    from torchtitan.models.llama3.model.args import TransformerModelArgs  # deferred: only the GPU check builds a block
     from torchtitan.models.llama3.model.model import TransformerBlock
 
     # (deferred: TorchTitan is only needed for this part)
@@ -80,7 +80,7 @@ def block_times(hidden: int = 4096, seq: int = 1024, repeats: int = 10) -> dict:
     dev = torch.device("cuda")
     block = TransformerBlock(0, args).to(dev, torch.bfloat16)
     block.init_weights(buffer_device=dev) if hasattr(block, "init_weights") else None
-    from torchtitan.models.llama3.model.model import precompute_freqs_cis
+    from torchtitan.models.llama3.model.model import precompute_freqs_cis  # deferred: only the GPU check builds a block
 
     freqs = precompute_freqs_cis(args.dim // args.n_heads, seq, args.rope_theta).to(dev)
     x = torch.randn(1, seq, hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)

@@ -182,10 +182,10 @@ def plot_placement(pairs: list[dict[str, Any]], cells: list[dict[str, Any]], out
     pooled = [c for c in cells if c["r_max"] == "all" and c["schedule"] != "all" and c["d_speedup_mean"] is not None]
     if not pooled:
         return False
-    import matplotlib
+    import matplotlib  # deferred: matplotlib is heavy and only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is heavy and only plots need it
 
     fig, ax = plt.subplots(figsize=(1.8 + 1.6 * len(pooled), 4.2))
     for i, c in enumerate(pooled):

@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from planner.errors import PlannerError
 from timelyfreeze.config.freeze import METHODS, PLANNED_METHODS
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
@@ -44,10 +46,10 @@ def style(method: str) -> tuple[str, str]:
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # deferred: matplotlib is heavy and only plots need it
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib is heavy and only plots need it
 
     return plt
 
@@ -190,7 +192,6 @@ def plot_rmax(data: dict[str, dict[str, Any]], out_png: Path) -> bool:
     data = {k: d for k, d in data.items() if d["cells"]}
     if not data:
         return False
-    import numpy as np
 
     plt = _plt()
     fig, axes = plt.subplots(len(data), 2, figsize=(12, 4.4 * len(data)), squeeze=False)

@@ -9,10 +9,15 @@ never stops the report (as when the planner ran as a child process).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from planner.errors import PlannerError
+from planner.gantt import plot_timeline, trace_panels
+from planner.plan import load_plan
+from planner.sweep import sweep
+from planner.trace.load import load_trace, node_weights
 
 
 def _guarded(what: str, fn: Callable[[], Any]) -> Any:
@@ -33,10 +38,6 @@ class Planner:
     def sweep(self, trace: Path, r_values: Sequence[float]) -> list[dict[str, Any]]:
         """The planner's r_max sweep of one trace: a dict per r_max value with ``planner.sweep.SweepRow``'s
         fields (``r_max``, ``batch_ms``, ``speedup``, ... as floats)."""
-        from dataclasses import asdict
-
-        from planner.sweep import sweep
-        from planner.trace.load import load_trace, node_weights
 
         def run() -> list[dict[str, Any]]:
             tr = load_trace(trace)
@@ -48,9 +49,6 @@ class Planner:
     def gantt(self, trace: Path, plan: Path, out_png: Path) -> None:
         """Per-rank timeline PNG: measured upper bound, the plan's batch, and the measured stable phase
         when the trace has one (``planner.gantt.trace_panels``)."""
-        from planner.gantt import plot_timeline, trace_panels
-        from planner.plan import load_plan
-        from planner.trace.load import load_trace
 
         def run() -> None:
             tr = load_trace(trace)

@@ -112,7 +112,7 @@ def load_snapshot(reference: nn.Module, snapshot: dict[str, torch.Tensor]) -> No
 def build_int8_reference(reference: nn.Module) -> nn.Module:
     """An int8 dynamically quantised copy of ``reference`` (its ``nn.Linear`` layers); raises where
     quantisation is unavailable (the caller falls back to the fp32 reference)."""
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import quantize_dynamic  # deferred: quantization only for Egeria's int8 reference
 
     with warnings.catch_warnings():  # torch 2.13 deprecates torch.ao.quantization (still works)
         warnings.simplefilter("ignore", DeprecationWarning)
