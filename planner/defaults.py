@@ -11,13 +11,13 @@ __all__ = ["ANCHOR", "CLIFF", "COMM", "DEFAULT_ESTIMATOR", "GAPS", "JITTER", "PL
 COMM = True
 """Delays on cross-rank edges measured in the trace (``planner.timing.comm``)."""
 GAPS = True
-"""Fixed costs between a rank's consecutive actions (``planner.timing.gaps``; ``[freeze] gap_model``)."""
+"""Fixed costs between a rank's consecutive actions (``planner.timing.gaps``; ``[freeze.advanced] gap_model``)."""
 ANCHOR = True
 """Lower-bound window brought to the upper window's machine speed (``planner.timing.monitor``;
-``[freeze] anchor_monitoring``)."""
+``[freeze.advanced] anchor_monitoring``)."""
 JITTER = True
 """The plan records the factors the monitoring windows' jitter adds to each prediction (``planner.timing.jitter``;
-``[freeze] jitter_model``)."""
+``[freeze.advanced] jitter_model``)."""
 CLIFF = True
 """A stage whose all-frozen backward also drops its input-gradient work (a lower-bound *cliff*,
 ``planner.timing.cliff``) plans partial ratios on the input-gradient floor instead."""

@@ -1,5 +1,5 @@
 """The monitoring windows' jitter and what it adds to a plan's predictions (``planner.timing.jitter``), and the
-runtime's planning step that records it (``[freeze] jitter_model``)."""
+runtime's planning step that records it (``[freeze.advanced] jitter_model``)."""
 
 from __future__ import annotations
 

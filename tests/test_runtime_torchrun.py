@@ -102,7 +102,7 @@ def check_full_cycle(
     # something was frozen in the stable phase, and the run reports it
     summary = run.summary()
     assert summary["avg_freeze_ratio"] > 0
-    expected = plan.batch_time_ms["planned"] * plan.extra["jitter"]["planned"]  # [freeze] jitter_model
+    expected = plan.batch_time_ms["planned"] * plan.extra["jitter"]["planned"]  # [freeze.advanced] jitter_model
     assert summary["predicted_batch_ms"]["planned"] == pytest.approx(expected)
     assert (run.out / "timeline.png").stat().st_size > 10_000
     # the loss is finite (see the module docstring for why nothing noisier is asserted)

@@ -1,4 +1,4 @@
-"""``[freeze] stop_at_val_loss`` (time-to-accuracy runs): the stop rule, the LR held past its schedule, and
+"""``[experiment] stop_at_val_loss`` (time-to-accuracy runs): the stop rule, the LR held past its schedule, and
 the config checks. The end-to-end run is in tests/test_sweep_torchrun.py."""
 
 from __future__ import annotations

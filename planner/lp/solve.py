@@ -36,7 +36,7 @@ from planner.schedule.dag import SINK, SOURCE, BatchDag, EdgeDelays
 from planner.trace.load import NodeWeights
 
 SOLVERS: tuple[str, ...] = ("auto", "whole", "region")
-"""Every solver name ``solve_freeze_lp`` accepts: the one list the CLI and ``[freeze] solver`` check against.
+"""Every solver name ``solve_freeze_lp`` accepts: the one list the CLI and ``[freeze.advanced] solver`` check against.
 ``auto`` (default): ``region`` from ``_REGION_MIN_ACTIONS`` actions on, else ``whole``; ``whole``: the
 whole LP; ``region``: the region method, falling back to the whole LP when the region grows too large.
 All three give the same optimum."""

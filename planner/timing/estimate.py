@@ -41,7 +41,7 @@ from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from planner.trace.load import NodeWeights, Trace, combine_replicas, node_weights
 
 ESTIMATORS: tuple[str, ...] = ("median", "pooled")
-"""Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze] estimator`` read it)."""
+"""Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze.advanced] estimator`` read it)."""
 DEFAULT_ESTIMATOR = "pooled"
 """The estimator the runtime, the CLI and the planner functions use unless told otherwise: ``pooled`` predicted
 the stable phase's action times and longest paths better than ``median`` on 72 recorded runs, out of sample

@@ -3,7 +3,7 @@
 Each stable step, every rank turns its own action times into per-group scales (``planner.timing.drift``:
 measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
 over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
-decision without a further collective. Over the last ``[freeze] replan_patience`` stable steps under the
+decision without a further collective. Over the last ``[freeze.advanced] replan_patience`` stable steps under the
 plan in force (the per-group median scales ``S_g``):
 
 * the **machine factor** ``m`` is the median of the ``F``/``I`` groups' scales (``planner.timing.drift.
@@ -53,7 +53,7 @@ class Replanner:
     def __init__(self, meta: TraceMeta, threshold: float, patience: int, noise_k: float = 3.0):
         self.meta = meta
         self.threshold = float(threshold)
-        """The smallest corrected change that re-plans (``[freeze] replan_threshold``)."""
+        """The smallest corrected change that re-plans (``[freeze.advanced] replan_threshold``)."""
         self.patience = int(patience)
         self.noise_k = float(noise_k)
         self.noise: dict[str, float] = {}

@@ -381,7 +381,7 @@ def _gathered_trace(meta: dict | None, records: list | None, places: list, log) 
     """The whole trace on global rank 0, from every rank's records as ``clock_sync.gather_records`` brought
     them (no other rank's file is read: node-local dump folders work), for the pipeline spans, the F factor
     and the measured timeline panels; loading aligns the clocks (``planner.trace.clocks``). None without a
-    trace (``[freeze] trace = false`` or no ``meta`` yet) or where the records do not check out (logged)."""
+    trace (``[freeze.advanced] trace = false`` or no ``meta`` yet) or where the records do not check out (logged)."""
     if meta is None or records is None or any(r is None for r in records):
         return None
     try:
