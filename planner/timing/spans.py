@@ -45,6 +45,7 @@ __all__ = [
     "forward_medians",
     "one_host",
     "phase_spans",
+    "plan_f_factor",
     "rank_f_factors",
     "representative_step",
     "step_spans",
@@ -184,6 +185,22 @@ def dag_f_factor(
     base = longest_path(dag, durations, edge_ms)[0]
     scaled = longest_path(dag, {a: d * factors[rank[a]] for a, d in durations.items()}, edge_ms)[0]
     return scaled / base if base > 0 else None
+
+
+def plan_f_factor(trace: Trace, plan) -> float | None:
+    """:func:`dag_f_factor` of the stable phase against the upper bound over ``plan``'s durations (a
+    ``planner.plan.Plan``, the monitoring plan) with the delays it was made with: estimated again from the trace's
+    monitoring windows, as planning did, plus the gap costs where the plan has them (``planner.timing.gaps``).
+    None when a rank has no factor; KeyError or ValueError where the plan does not fit the trace."""
+    from planner.schedule.dag import build_dag
+    from planner.timing.comm import estimate_edge_delays
+    from planner.timing.gaps import with_gap_costs
+
+    dag = build_dag(trace.meta)
+    edges = estimate_edge_delays(trace, dag)
+    if "gaps" in plan.extra:
+        edges = with_gap_costs(trace, dag, edges)[0]
+    return dag_f_factor(trace, {a: ap.duration for a, ap in plan.actions.items()}, dag, edges)
 
 
 def achieved_share(measured: float | None, predicted: float | None) -> float | None:
