@@ -10,6 +10,8 @@ is the re-anchored prediction. Per run, from its packed job folder (:func:`pack`
   included, as the runtime predicts; spans from the trace's ``start_ms``, ``planner.timing.spans``);
 - ``vs_first_f``: the same with the stable phase's F factor out, span / (planned x F) - 1 (F: each rank's median
   forward time stable / upper laid on the monitoring plan's DAG, ``planner.timing.spans.plan_f_factor``);
+- ``vs_first_fk``: the same with each stable step's own F factor out (:func:`step_f_factors`: the machine's speed
+  in that step, which a co-tenant can change from one step to the next);
 - ``vs_in_force``: the same against each stable step's ``predicted_batch_ms`` (the plan in force, re-anchored);
 - ``share`` and ``share_f``: the achieved share of the first plan's predicted speed-up from the phases' median
   spans, raw and with the F factor out;
@@ -38,7 +40,7 @@ from planner.fileio import replace_atomically
 
 FILES = ("summary.json", "metrics.jsonl", "plan.json")
 TRACE = "trace.tar.gz"
-PCT = ("vs_first", "vs_first_f", "vs_in_force", "upper_vs_no_freeze")
+PCT = ("vs_first", "vs_first_f", "vs_first_fk", "vs_in_force", "upper_vs_no_freeze")
 RATIO = ("share", "share_f", "f_factor")
 COUNTS = ("rescales", "kept", "replans", "anchored_steps")
 
@@ -109,6 +111,8 @@ def run_figures(job: Path) -> dict[str, Any] | None:
     if not stable:
         return None
     f = plan_f_factor(trace, plan)
+    fk = step_f_factors(trace, plan)
+    with_fk = [r for r in stable if r["step"] in fk]
     med = phase_spans(trace, spans)
     predicted = first["no_freeze"] / first["planned"]
     measured = med["upper"] / med["stable"]
@@ -120,6 +124,9 @@ def run_figures(job: Path) -> dict[str, Any] | None:
         "steps": len(stable),
         "vs_first": statistics.median(spans[r["step"]] / first["planned"] - 1 for r in stable),
         "vs_first_f": statistics.median(spans[r["step"]] / (first["planned"] * f) - 1 for r in stable) if f else None,
+        "vs_first_fk": statistics.median(spans[r["step"]] / (first["planned"] * fk[r["step"]]) - 1 for r in with_fk)
+        if with_fk
+        else None,
         "vs_in_force": statistics.median(spans[r["step"]] / r["predicted_batch_ms"] - 1 for r in stable),
         "upper_vs_no_freeze": med["upper"] / first["no_freeze"] - 1,
         "share": achieved_share(measured, predicted),
@@ -130,6 +137,29 @@ def run_figures(job: Path) -> dict[str, Any] | None:
         "replans": len(s.get("replans") or []),
         "anchored_steps": sum(1 for r in stable if abs(r["predicted_batch_ms"] / first["planned"] - 1) > 1e-9),
     }
+
+
+def step_f_factors(trace, plan) -> dict[int, float]:
+    """Per step: each pipeline rank's median over its F records of the step of (ms / the action's median in the
+    upper-bound window), laid on ``plan``'s DAG (``planner.timing.spans.dag_scale``): how much slower the plan's
+    batch is on that step's machine. Steps where a rank has no F record are left out."""
+    from planner.schedule.actions import action_kind
+    from planner.timing.spans import dag_scale, forward_medians, plan_dag
+
+    dag, edges = plan_dag(trace, plan)
+    ref = forward_medians(trace, "upper")
+    rank = {a: r for r, order in trace.meta.rank_orders.items() for a in order}
+    per: dict[int, dict[int, list[float]]] = {}
+    for rec in trace.records:
+        if rec.replica == 0 and action_kind(rec.action) == "F" and ref.get(rec.action, 0.0) > 0:
+            per.setdefault(rec.step, {}).setdefault(rank[rec.action], []).append(rec.ms / ref[rec.action])
+    durations = {a: ap.duration for a, ap in plan.actions.items()}
+    out = {}
+    for k, ranks in sorted(per.items()):
+        f = dag_scale(dag, durations, {r: statistics.median(v) for r, v in ranks.items()}, edges)
+        if f:
+            out[k] = f
+    return out
 
 
 def median_ci(values, level: float = 0.95) -> tuple[float, float | None, float | None, float | None]:
@@ -173,7 +203,8 @@ def _stat_cells(vals: list[float], key: str) -> tuple[str, str]:
 
 LABELS = {
     "vs_first": "stable span vs first plan",
-    "vs_first_f": "stable span vs first plan, F factor out",
+    "vs_first_f": "stable span vs first plan, the stable phase's F factor out",
+    "vs_first_fk": "stable span vs first plan, each step's own F factor out",
     "vs_in_force": "stable span vs plan in force (re-anchored)",
     "upper_vs_no_freeze": "upper span vs no-freeze prediction",
     "share": "share of the first plan's speed-up, raw",
@@ -228,15 +259,16 @@ def table(jobs: Path, loads: dict[str, float] | None = None) -> str:
     out += [
         "### Per run",
         "",
-        "| run | loadavg 1 min | vs first plan | F factor out | vs plan in force | F factor | share raw | share F out "
-        "| rescales | kept re-plans | re-plans |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | loadavg 1 min | vs first plan | phase F out | step F out | vs plan in force | F factor | share raw "
+        "| share F out | rescales | kept re-plans | re-plans |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         load = loads.get(r["run"])
         out.append(
             f"| {r['run']} | {'n/a' if load is None else f'{load:.2f}'} | {_fmt(r['vs_first'], 'vs_first')} | "
-            f"{_fmt(r['vs_first_f'], 'vs_first')} | {_fmt(r['vs_in_force'], 'vs_first')} | {_fmt(r['f_factor'], '')} | "
+            f"{_fmt(r['vs_first_f'], 'vs_first')} | {_fmt(r['vs_first_fk'], 'vs_first')} | "
+            f"{_fmt(r['vs_in_force'], 'vs_first')} | {_fmt(r['f_factor'], '')} | "
             f"{_fmt(r['share'], '')} | {_fmt(r['share_f'], '')} | {r['rescales']} | {r['kept']} | {r['replans']} |"
         )
     return "\n".join(out) + "\n"
