@@ -80,6 +80,10 @@ class FreezingHook:
         view = self.views[stage]
         return sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
 
+    def ratio_total(self, stage: int) -> int:
+        """The stage's trainable elements (the denominator of :meth:`ratio_of`)."""
+        return self._total[stage]
+
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
         frozen = self._frozen.get(key, ())

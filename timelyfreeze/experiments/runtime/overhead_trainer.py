@@ -30,7 +30,8 @@ force, the same draw as an attached step's); during the step a minimal stage-hoo
 ``requires_grad`` on them around each action (the hook's ``ParamSwitch``): no profiler, trace, gather, metrics
 or drift check. Each masked row also has ``draw_s`` (the draw, timed) and ``switch_s`` (the switches, timed),
 each the rank that spent most, and ``ratio`` (the mean applied freeze ratio over the step's (stage,
-microbatch)s, averaged over ranks), as attached rows have ``ratio`` and ``hook_s`` (the freezing hook's calls:
+microbatch)s, by elements over every rank's stages, as the metrics' ``freeze_ratio``), as attached rows have
+``ratio`` and ``hook_s`` (the freezing hook's calls:
 draw and switches inside the full runtime). One accumulation batch per step (the bench's layouts).
 """
 
@@ -99,10 +100,16 @@ class _MaskListener:
         self.clock[0] += time.perf_counter() - t
 
 
-def _applied_ratio(applied: dict[str, list[tuple[float, int]]]) -> float:
-    """Mean applied ratio over an attached step's backward records (``FreezingHook.applied``)."""
-    vals = [r for recs in applied.values() for r, _ in recs]
-    return sum(vals) / len(vals) if vals else 0.0
+def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tuple[float, float]:
+    """(frozen, trainable) elements over an attached step's backward records (``FreezingHook.applied``)."""
+    from planner.schedule.actions import parse_action
+
+    frozen = total = 0.0
+    for name, recs in applied.items():
+        stage_total = hook.ratio_total(parse_action(name).stage)
+        for r, _ in recs:
+            frozen, total = frozen + r * stage_total, total + stage_total
+    return frozen, total
 
 
 class OverheadBenchTrainer(TimelyFreezeTrainer):
@@ -121,7 +128,8 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
                 for mb in range(rt.method.ctx.num_microbatches)
             }
             extra["draw_s"] = time.perf_counter() - t
-            extra["ratio"] = sum(rt.hook.ratio_of(st, f) for (st, _), f in masks.items()) / max(1, len(masks))
+            extra["frozen_el"] = sum(rt.hook.ratio_of(st, f) * rt.hook.ratio_total(st) for (st, _), f in masks.items())
+            extra["total_el"] = sum(rt.hook.ratio_total(st) for st, _ in masks)
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):
             rt.attach_hooks()
@@ -134,7 +142,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
             Trainer.train_step(self, data_iterator)
-            extra["ratio"] = _applied_ratio(rt.hook.applied)
+            extra["frozen_el"], extra["total_el"] = _applied_elements(rt.hook, rt.hook.applied)
             t = time.perf_counter()
             rt.end_step(self.step)
             clock[0] += time.perf_counter() - t
@@ -160,7 +168,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             row["draw_s"] = max(t[2]["draw_s"] for t in times)
             row["switch_s"] = max(t[2]["switch_s"] for t in times)
         if kind in ("cycle", "hooks", "masked"):
-            row["ratio"] = sum(t[2].get("ratio", 0.0) for t in times) / len(times)
+            row["ratio"] = sum(t[2]["frozen_el"] for t in times) / max(1.0, sum(t[2]["total_el"] for t in times))
         self._bench = getattr(self, "_bench", []) + [row]
         if dist.get_rank() == 0:
             (Path(self.job_config.job.dump_folder) / "bench_overhead.json").write_text(json.dumps(self._bench))
