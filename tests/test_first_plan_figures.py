@@ -61,6 +61,8 @@ def test_every_readme_figure_linked_to_the_table_is_in_it():
         quoted += re.findall(link, text)
     assert quoted, "no figure links to first_plan.md"
     for q in quoted:
+        if q.endswith(".md"):  # a link to the file by its name, not a figure
+            continue
         for figure in re.split(r" and |; ", q):
             assert figure.strip() in table, figure
 
