@@ -83,3 +83,37 @@ def test_the_recomputation_agrees_with_what_the_runtime_wrote():
         assert r["f_factor"] == pytest.approx(s["speedup"]["f_factor_dag"], rel=1e-9)
     assert r["rescales"] + r["kept"] == len((s.get("monitoring") or {}).get("rescales") or [])
     assert math.isfinite(r["vs_first"])
+
+
+OVERHEAD = RESULTS / "overhead"
+
+
+@pytest.mark.skipif(not (OVERHEAD / "jobs").is_dir(), reason="no committed overhead results")
+def test_the_overhead_figures_are_what_the_committed_step_times_give():
+    """Each overhead job's figures from its packed ``bench_overhead.json`` equal its result line; the report's
+    lines from those figures are in the committed ``bench_runtime.md``, and every README figure linked to it is
+    in it."""
+    import json
+    from types import SimpleNamespace
+
+    from timelyfreeze.experiments.runtime import report as rr
+    from timelyfreeze.experiments.runtime.analysis import overhead_figures
+
+    lines = [json.loads(line) for line in (OVERHEAD / "results.jsonl").read_text().splitlines()]
+    rows = []
+    for rec in lines:
+        steps = json.loads(
+            (OVERHEAD / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
+        )
+        fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
+        assert fig == {k: rec[k] for k in fig}
+        rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
+    report = (OVERHEAD / "bench_runtime.md").read_text()
+    opts = SimpleNamespace(schedules=sorted({r["schedule"] for r in rows}), r_max=0.6)
+    made = [line for line in rr._overhead_means(rows, opts) if line]
+    assert made and all(line in report for line in made)
+    link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?first-plan/overhead/bench_runtime\.md\)"
+    quoted = [q for q in re.findall(link, (ROOT / "README.md").read_text()) if not q.endswith(".md")]
+    assert quoted, "no README figure links to the overhead results"
+    for q in quoted:
+        assert q in report, q

@@ -64,7 +64,7 @@ def trace_archive(folder: Path) -> bytes:
 
 def pack(dumps: Path, dest: Path) -> list[str]:
     """Every finished job under ``dumps`` (``<job>/timelyfreeze/summary.json``) into ``dest/<job>/``: ``FILES``,
-    ``replans/`` and ``TRACE``; the names packed."""
+    ``replans/``, ``TRACE`` and an overhead job's step times (``bench_overhead.json``); the names packed."""
     done = []
     for d in sorted(Path(dumps).iterdir()):
         src = d / "timelyfreeze"
@@ -79,6 +79,8 @@ def pack(dumps: Path, dest: Path) -> list[str]:
             (out / "replans").mkdir(exist_ok=True)
             _write_bytes(out / "replans" / f.name, f.read_bytes())
         _write_bytes(out / TRACE, trace_archive(src / "trace"))
+        if (d / "bench_overhead.json").exists():
+            _write_bytes(out / "bench_overhead.json", (d / "bench_overhead.json").read_bytes())
         done.append(d.name)
     return done
 
