@@ -119,14 +119,14 @@ def test_overhead_pairs_cancel_a_linear_drift_of_the_machine():
 
 
 def test_overhead_cycles_put_every_kind_on_odd_and_even_steps_between_detached_ones():
-    from timelyfreeze.experiments.runtime.analysis import CYCLES
+    from timelyfreeze.experiments.runtime.analysis import BASE, CYCLES
 
-    for cycle in CYCLES.values():
+    for mode, cycle in CYCLES.items():
         assert len(cycle) % 2 == 1  # odd length: a kind's steps alternate in parity
         twice = cycle * 2
         for i, kind in enumerate(cycle):
-            if kind != "plain":
-                assert twice[i - 1] == "plain" and twice[i + 1] == "plain"
+            if kind != BASE[mode]:
+                assert twice[i - 1] == BASE[mode] and twice[i + 1] == BASE[mode]
 
 
 def test_the_overhead_probe_is_its_own_attached_kind():
@@ -148,6 +148,34 @@ def test_the_overhead_probe_is_its_own_attached_kind():
     assert "(with the no-op probe steps), 1F1B, mean [95 % interval] over 2 jobs: wall 0.50 [" in rr.report(rows, o)
 
 
+def test_masked_overhead_compares_attached_steps_with_masked_ones_and_reports_the_masks_alone():
+    # at a plan's ratios: attached steps 6 ms over masked ones of 1 s; the draw 1 ms and the switches 0.5 ms a step
+    kinds = ["hooks", "masked", "masked"] * 3
+    rows = [
+        {
+            "step": 15 + i,
+            "kind": k,
+            "s": 1.0 + (0.006 if k == "hooks" else 0.0),
+            "ratio": 0.45,
+            **({"direct_s": 0.004, "hook_s": 0.002} if k == "hooks" else {"draw_s": 0.001, "switch_s": 0.0005}),
+        }
+        for i, k in enumerate(kinds)
+    ]
+    fig = rb.overhead_figures(rows)
+    assert fig["overhead_pct"] == pytest.approx(0.6) and fig["pairs"] == 3
+    assert fig["draw_pct"] == pytest.approx(0.1) and fig["switch_pct"] == pytest.approx(0.05)
+    assert fig["hook_pct"] == pytest.approx(0.2) and fig["ratio_hooks"] == fig["ratio_masked"] == pytest.approx(0.45)
+    o = opts(skip_overhead=False, overhead_only=True, overhead_masked=True, repeats=1)
+    assert [j for j in rb.plan_jobs(o) if j[0].startswith("overhead")] == [
+        ("overhead_masked", "1F1B", 0),
+        ("overhead_masked", "ZBVZeroBubble", 0),
+    ]
+    rows = [{"kind": "overhead_masked", "schedule": "1F1B", "repeat": i, **fig} for i in range(2)]
+    text = rr.report(rows, o)
+    assert "Overhead at r_max 0.8 (attached vs masked: the same plan's masks, no runtime), 1F1B, mean [95 %" in text
+    assert "draw 0.100 [0.100, 0.100] %, switches 0.050 [0.050, 0.050] %" in text
+
+
 def test_decompose_without_a_trace_is_empty(tmp_path):
     assert decompose(tmp_path) == {}
 
@@ -158,6 +186,8 @@ def test_decompose_without_a_trace_is_empty(tmp_path):
         (["--schedules", "Nope"], "error: --schedules: unknown schedule 'Nope'"),
         (["--repeats", "0"], "error: --repeats: must be >= 1"),
         (["--r-max", "2"], "error: --r-max: must lie in [0, 1]"),
+        (["--overhead-masked", "--r-max", "0"], "error: --overhead-masked: needs --r-max above 0"),
+        (["--overhead-masked", "--overhead-probe"], "error: --overhead-masked and --overhead-probe: choose one"),
     ],
 )
 def test_bad_options_are_one_error_line(capsys, argv, needle):

@@ -41,10 +41,13 @@ __all__ = [
     "StepTimeline",
     "achieved_share",
     "dag_f_factor",
+    "dag_scale",
     "f_factor",
     "forward_medians",
     "one_host",
     "phase_spans",
+    "plan_dag",
+    "plan_f_factor",
     "rank_f_factors",
     "representative_step",
     "step_spans",
@@ -177,13 +180,41 @@ def dag_f_factor(
     """The longest path of ``durations`` (a plan's) with every action scaled by its rank's
     :func:`rank_f_factors` (``phases``: their ``phase`` and ``base``), over that of ``durations``; None
     when a rank has no factor."""
-    factors = rank_f_factors(trace, **phases)
+    return dag_scale(dag, durations, rank_f_factors(trace, **phases), edge_ms)
+
+
+def dag_scale(dag, durations: dict[str, float], factors: dict[int, float], edge_ms: EdgeDelays | None = None):
+    """The longest path of ``durations`` with every action scaled by its rank's factor in ``factors``, over that
+    of ``durations``; None when a rank has no factor."""
     rank = {a: dag.nodes[a]["rank"] for a in durations}
     if any(r not in factors for r in rank.values()):
         return None
     base = longest_path(dag, durations, edge_ms)[0]
     scaled = longest_path(dag, {a: d * factors[rank[a]] for a, d in durations.items()}, edge_ms)[0]
     return scaled / base if base > 0 else None
+
+
+def plan_dag(trace: Trace, plan):
+    """(the DAG, its edge delays) that ``plan`` (a ``planner.plan.Plan``) was made with: the delays estimated
+    again from the trace's monitoring windows, as planning did, plus the gap costs where the plan has them."""
+    from planner.schedule.dag import build_dag
+    from planner.timing.comm import estimate_edge_delays
+    from planner.timing.gaps import with_gap_costs
+
+    dag = build_dag(trace.meta)
+    edges = estimate_edge_delays(trace, dag)
+    if "gaps" in plan.extra:
+        edges = with_gap_costs(trace, dag, edges)[0]
+    return dag, edges
+
+
+def plan_f_factor(trace: Trace, plan) -> float | None:
+    """:func:`dag_f_factor` of the stable phase against the upper bound over ``plan``'s durations (a
+    ``planner.plan.Plan``, the monitoring plan) with the delays it was made with: estimated again from the trace's
+    monitoring windows, as planning did, plus the gap costs where the plan has them (``planner.timing.gaps``).
+    None when a rank has no factor; KeyError or ValueError where the plan does not fit the trace."""
+    dag, edges = plan_dag(trace, plan)
+    return dag_f_factor(trace, {a: ap.duration for a, ap in plan.actions.items()}, dag, edges)
 
 
 def achieved_share(measured: float | None, predicted: float | None) -> float | None:

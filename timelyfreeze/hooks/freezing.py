@@ -61,14 +61,28 @@ class FreezingHook:
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
         if kind == "F":
-            view = self.views[stage]
-            names = self.method.frozen_tensors(self.get_step(), stage, microbatch, accum=self.get_accum())
-            if view.anchor is not None and not self.method.may_freeze_anchor:
-                names = names - {view.anchor}
-            frozen = tuple(n for n in view.params if n in names)  # registration order: same on every rank
+            frozen = self.draw(self.get_step(), stage, microbatch, self.get_accum())
             self._frozen[key] = frozen
-            self._ratio[key] = sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
+            self._ratio[key] = self.ratio_of(stage, frozen)
         self.switch[stage].set(self._frozen.get(key, ()), False)
+
+    def draw(self, step: int, stage: int, microbatch: int, accum: int = 0) -> tuple[str, ...]:
+        """The tensors the method leaves out of ``microbatch`` on ``stage`` (the anchor kept where the method
+        may not freeze it), in registration order: the same on every rank."""
+        view = self.views[stage]
+        names = self.method.frozen_tensors(step, stage, microbatch, accum=accum)
+        if view.anchor is not None and not self.method.may_freeze_anchor:
+            names = names - {view.anchor}
+        return tuple(n for n in view.params if n in names)
+
+    def ratio_of(self, stage: int, frozen: tuple[str, ...]) -> float:
+        """Frozen elements / the stage's trainable elements."""
+        view = self.views[stage]
+        return sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
+
+    def ratio_total(self, stage: int) -> int:
+        """The stage's trainable elements (the denominator of :meth:`ratio_of`)."""
+        return self._total[stage]
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)

@@ -22,10 +22,7 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.fileio import write_json_atomically
 from planner.plan import load_plan
-from planner.schedule.dag import build_dag
-from planner.timing.comm import estimate_edge_delays
-from planner.timing.gaps import with_gap_costs
-from planner.timing.spans import dag_f_factor
+from planner.timing.spans import plan_f_factor
 from planner.trace.load import Trace, trace_from_records
 from timelyfreeze.config.freeze import Freeze, knob_of
 from timelyfreeze.config.phases import Phases
@@ -392,19 +389,14 @@ def _gathered_trace(meta: dict | None, records: list | None, places: list, log) 
 
 
 def _plan_f_factor(trace: Trace, plan_path, log) -> float | None:
-    """``planner.timing.spans.dag_f_factor`` of the stable phase against the upper bound, over the monitoring plan's
+    """``planner.timing.spans.plan_f_factor`` of the stable phase against the upper bound, over the monitoring plan's
     durations (``plan.json``) with the delays it was made with (estimated again from the trace's monitoring
     windows, as ``planning.solve`` did; the gap costs where the plan has them). None without that plan or
     where it does not fit the trace (logged: the shares then take the pooled F factor out)."""
     if not plan_path.exists():
         return None
     try:
-        plan = load_plan(plan_path)
-        dag = build_dag(trace.meta)
-        edges = estimate_edge_delays(trace, dag)
-        if "gaps" in plan.extra:
-            edges = with_gap_costs(trace, dag, edges)[0]
-        return dag_f_factor(trace, {a: ap.duration for a, ap in plan.actions.items()}, dag, edges)
+        return plan_f_factor(trace, load_plan(plan_path))
     except (PlannerError, KeyError, ValueError) as e:
         log(f"[freeze] no F factor through the plan's DAG ({plan_path}): {e}")
         return None

@@ -13,15 +13,23 @@ from planner.timing.comm import estimate_edge_delays
 from planner.timing.spans import achieved_share, forward_medians
 from planner.trace.load import load_trace
 
-PROBE_ENV = "TIMELYFREEZE_OVERHEAD_PROBE"
-"""Set to ``1`` in an overhead job's environment: its stable steps include the no-op probe
-(``overhead_trainer``)."""
+MODE_ENV = "TIMELYFREEZE_OVERHEAD_MODE"
+"""An overhead job's mode in its environment (``overhead_trainer``): ``plain`` (the default), ``probe`` (its stable
+steps include the no-op probe) or ``masked`` (its detached steps apply the plan's masks)."""
 
-CYCLES = {False: ("hooks", "plain", "plain"), True: ("hooks", "plain", "probe", "plain", "plain")}
-"""The kinds of an overhead job's stable steps (``overhead_trainer``), repeated. Each attached step has
-detached steps on both sides, and the cycles have an odd length, so every kind falls on odd and even steps
-alike: on the test machine odd steps ran about 0.8 % slower than even ones (stable phases of 30
+CYCLES = {
+    "plain": ("hooks", "plain", "plain"),
+    "probe": ("hooks", "plain", "probe", "plain", "plain"),
+    "masked": ("hooks", "masked", "masked"),
+}
+"""The kinds of an overhead job's stable steps per mode (``overhead_trainer``), repeated. Each attached step has
+detached steps (``BASE``) on both sides, and the cycles have an odd length, so every kind falls on odd and even
+steps alike: on the test machine odd steps ran about 0.8 % slower than even ones (stable phases of 30
 TimelyFreeze runs), which a cycle of two put entirely on the attached steps."""
+
+BASE = {"plain": "plain", "probe": "plain", "masked": "masked"}
+"""The detached kind an attached step is compared with, per mode: TorchTitan's own step (``plain``), or at a
+plan's ratios TorchTitan's step with the same plan's masks applied by a minimal path (``masked``)."""
 
 
 def phase_median(metrics: list[dict], phase: str) -> float:
@@ -117,10 +125,13 @@ def share(measured: float, predicted: float) -> float:
 def overhead_figures(rows: list[dict]) -> dict:
     """An overhead job's figures from its stable steps' rows (``overhead_trainer``): per attached kind
     (``hooks``; ``probe`` where the job has it) the mean :func:`paired_differences` over the median detached
-    step, and the median direct cost."""
-    plain = statistics.median(r["s"] for r in rows if r["kind"] == "plain")
+    step (``masked`` steps where the job has them, else ``plain``), and the median direct cost. With masked
+    steps also the masks' own cost per masked step (``draw_pct``: the method's selection for every (stage,
+    microbatch); ``switch_pct``: the ``requires_grad`` switches) and the mean applied freeze ratio of each kind."""
+    base = "masked" if any(r["kind"] == "masked" for r in rows) else "plain"
+    plain = statistics.median(r["s"] for r in rows if r["kind"] == base)
     hooks = [r for r in rows if r["kind"] == "hooks"]
-    diffs = paired_differences(rows)
+    diffs = paired_differences(rows, base=base)
     out = {
         "pairs": len(diffs),
         "plain_ms": plain * 1e3,
@@ -133,20 +144,28 @@ def overhead_figures(rows: list[dict]) -> dict:
         out |= {"direct_ms": direct * 1e3, "direct_pct": 100 * direct / plain}
     if any(r["kind"] == "probe" for r in rows):
         out["probe_pct"] = 100 * statistics.fmean(paired_differences(rows, "probe")) / plain
+    if base == "masked":
+        masked = [r for r in rows if r["kind"] == "masked"]
+        for key in ("draw", "switch"):
+            out[f"{key}_pct"] = 100 * statistics.median(r[f"{key}_s"] for r in masked) / plain
+        if all("hook_s" in r for r in hooks):
+            out["hook_pct"] = 100 * statistics.median(r["hook_s"] for r in hooks) / plain
+        for kind, rs in (("hooks", hooks), ("masked", masked)):
+            out[f"ratio_{kind}"] = statistics.fmean(r["ratio"] for r in rs)
     return out
 
 
-def paired_differences(rows: list[dict], kind: str = "hooks") -> list[float]:
+def paired_differences(rows: list[dict], kind: str = "hooks", base: str = "plain") -> list[float]:
     """Per attached step of ``kind`` (``hooks``, or the overhead probe's ``probe``), its wall time minus the
-    mean of its detached neighbours' (the steps before and after; one where only one is detached): a drift
-    of the machine that is linear over three steps cancels, which pairing with the next step alone does not
-    (a job speeding up after its ramp would count as overhead)."""
+    mean of its detached (``base``) neighbours' (the steps before and after; one where only one is detached): a
+    drift of the machine that is linear over three steps cancels, which pairing with the next step alone does
+    not (a job speeding up after its ramp would count as overhead)."""
     by_step = {r["step"]: r for r in rows}
     out = []
     for s, r in sorted(by_step.items()):
         if r["kind"] != kind:
             continue
-        near = [by_step[n]["s"] for n in (s - 1, s + 1) if by_step.get(n, {}).get("kind") == "plain"]
+        near = [by_step[n]["s"] for n in (s - 1, s + 1) if by_step.get(n, {}).get("kind") == base]
         if near:
             out.append(r["s"] - statistics.fmean(near))
     return out

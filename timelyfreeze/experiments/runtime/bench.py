@@ -12,6 +12,10 @@ Job kinds, per schedule and repeat:
   ``--overhead-probe`` (kind ``overhead_probe``): steps cycle attached, detached, *probe* (the hooked stage
   class with listeners that do nothing), detached, detached; the probe's overhead is what the hook mechanism
   costs. Cycles of odd length (``runtime_analysis.CYCLES``) put every kind on odd and even steps alike.
+* ``overhead_masked`` (``--overhead-masked``): the same at ``--r-max`` with the phases jobs' monitoring windows
+  and ramp, so that a plan holds its ratios; the detached steps (*masked*) apply the same plan's masks through a
+  minimal path, so attached against masked is the runtime's cost at the plan's ratios, not freezing's speed-up;
+  the masks' own cost (draw, switches) is timed in the masked steps.
 * ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
   *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
@@ -55,7 +59,7 @@ from typing import Callable
 
 from timelyfreeze.experiments.runtime.analysis import (
     CYCLES,
-    PROBE_ENV,
+    MODE_ENV,
     after_replan,
     decompose,
     overhead_figures,
@@ -124,15 +128,18 @@ def cycle_args(r_max: float, monitor: int, ramp: int, stable: int) -> list[str]:
     ]
 
 
-def overhead_job(schedule: str, dump: Path, opts, probe: bool = False) -> dict:
+def overhead_job(schedule: str, dump: Path, opts, mode: str = "plain") -> dict:
+    """``mode`` (``analysis.CYCLES``): ``plain`` and ``probe`` at ratio 0 (2-step monitoring windows, a 1-step
+    ramp); ``masked`` at ``--r-max`` with the phases jobs' windows and ramp, so that a plan is in force."""
+    r_max, monitor, ramp = (opts.r_max, opts.monitor, opts.ramp) if mode == "masked" else (0.0, 2, 1)
     torchrun(
         ["-m", "timelyfreeze.experiments.runtime.overhead_trainer"],
         CONFIG[schedule],
         dump,
         opts.nproc,
         opts.layout,
-        [*cycle_args(0.0, 2, 1, len(CYCLES[probe]) * opts.pairs), "--experiment.cpu-pinning"],
-        env={PROBE_ENV: "1"} if probe else None,
+        [*cycle_args(r_max, monitor, ramp, len(CYCLES[mode]) * opts.pairs), "--experiment.cpu-pinning"],
+        env={MODE_ENV: mode},
     )
     return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
 
@@ -199,13 +206,27 @@ def phases_job(
 
 
 # -- the run ---------------------------------------------------------------------------------------
+OVERHEAD_KINDS = {"plain": "overhead", "probe": "overhead_probe", "masked": "overhead_masked"}
+
+
+def overhead_mode(opts) -> str:
+    """The overhead jobs' mode (``analysis.CYCLES``) from the flags."""
+    if getattr(opts, "overhead_masked", False):
+        return "masked"
+    return "probe" if getattr(opts, "overhead_probe", False) else "plain"
+
+
+def overhead_kind(opts) -> str:
+    return OVERHEAD_KINDS[overhead_mode(opts)]
+
+
 def plan_jobs(opts) -> list[tuple[str, str, int]]:
     """(kind, schedule, repeat) in run order: repeat i of every cell before repeat i + 1."""
     jobs = []
     for i in range(opts.repeats):
         for s in opts.schedules:
             if not opts.skip_overhead:
-                jobs.append(("overhead_probe" if getattr(opts, "overhead_probe", False) else "overhead", s, i))
+                jobs.append((overhead_kind(opts), s, i))
             if not getattr(opts, "overhead_only", False):
                 jobs.append(("phases", s, i))
         for s in opts.load_change:
@@ -239,7 +260,7 @@ def run(opts) -> list[dict]:
         t0 = time.time()
         print(f"[{n}/{len(todo)}] {kind} {s} #{i} ...", end=" ", flush=True)
         if kind.startswith("overhead"):
-            res = overhead_job(s, dump, opts, probe=kind == "overhead_probe")
+            res = overhead_job(s, dump, opts, mode={v: k for k, v in OVERHEAD_KINDS.items()}[kind])
         else:
             # every job but the A/B's other half runs pinned, as the results so far were measured
             pin = "--experiment.no-cpu-pinning" if kind == "unpinned" else "--experiment.cpu-pinning"
@@ -346,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="overhead jobs cycle attached, detached, no-op hooks, detached (kind overhead_probe)",
     )
+    ap.add_argument(
+        "--overhead-masked",
+        action="store_true",
+        help="overhead jobs at --r-max: attached steps against detached ones that apply the same plan's masks "
+        "(kind overhead_masked)",
+    )
     ap.add_argument("--out", default="docs/results/runtime")
     ap.add_argument("--dumps", default="outputs/bench_runtime")
     ap.add_argument("--dp-shard", type=int, default=1)
@@ -363,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
             _fail(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(opts, name)}")
     if not 0 <= opts.r_max <= 1:
         _fail(f"--r-max: must lie in [0, 1], got {opts.r_max}")
+    if opts.overhead_masked and opts.overhead_probe:
+        _fail("--overhead-masked and --overhead-probe: choose one")
+    if opts.overhead_masked and opts.r_max == 0:
+        _fail("--overhead-masked: needs --r-max above 0 (at ratio 0 no mask is drawn)")
     opts.schedules = _schedules(opts.schedules, "--schedules")
     opts.load_change = _schedules(opts.load_change, "--load-change")
     opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")

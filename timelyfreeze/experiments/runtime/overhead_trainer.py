@@ -16,11 +16,23 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
   misses indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step
   noise of the wall times.
 
-The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_PROBE=1`` in
+The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_MODE=probe`` in
 the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
 detached: a probe step runs the stages' hooked class with
 listeners that do nothing and none of the runtime's per-step work, so its difference from its detached
 neighbours is what the hook mechanism itself costs.
+
+With ``TIMELYFREEZE_OVERHEAD_MODE=masked`` (``bench_runtime.py --overhead-masked``, run at a plan's ratios,
+``r_max > 0``) they cycle attached, *masked*, masked. A masked step is the fair detached step when a plan is in
+force: it freezes what the plan says, without the runtime. Before its clock starts, the freezing hook's own
+``draw`` picks the frozen tensors of every (local stage, microbatch) of the step (the same method, the same plan in
+force, the same draw as an attached step's); during the step a minimal stage-hook listener only switches
+``requires_grad`` on them around each action (the hook's ``ParamSwitch``): no profiler, trace, gather, metrics
+or drift check. Each masked row also has ``draw_s`` (the draw, timed) and ``switch_s`` (the switches, timed),
+each the rank that spent most, and ``ratio`` (the mean applied freeze ratio over the step's (stage,
+microbatch)s, by elements over every rank's stages, as the metrics' ``freeze_ratio``), as attached rows have
+``ratio`` and ``hook_s`` (the freezing hook's calls:
+draw and switches inside the full runtime). One accumulation batch per step (the bench's layouts).
 """
 
 import json
@@ -36,7 +48,7 @@ import torch.distributed as dist  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
 from timelyfreeze import train  # noqa: E402
-from timelyfreeze.experiments.runtime.analysis import CYCLES, PROBE_ENV  # noqa: E402
+from timelyfreeze.experiments.runtime.analysis import CYCLES, MODE_ENV  # noqa: E402
 from timelyfreeze.hooks import stage_hooks  # noqa: E402
 from timelyfreeze.titan.trainer import TimelyFreezeTrainer  # noqa: E402
 
@@ -50,38 +62,87 @@ class _NoListener:
 
 
 class _TimedListener:
-    """A stage-hook listener that adds the time its inner listener takes to ``clock[0]``."""
+    """A stage-hook listener that adds the time its inner listener takes to ``clock[0]`` (and ``also[0]``)."""
 
-    def __init__(self, inner, clock: list[float]):
-        self.inner, self.clock = inner, clock
+    def __init__(self, inner, clock: list[float], also: list[float] | None = None):
+        self.inner, self.clock, self.also = inner, clock, also
+
+    def _timed(self, call, *args) -> None:
+        t = time.perf_counter()
+        call(*args)
+        dt = time.perf_counter() - t
+        self.clock[0] += dt
+        if self.also is not None:
+            self.also[0] += dt
+
+    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        self._timed(self.inner.before_action, stage, kind, microbatch)
+
+    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        self._timed(self.inner.after_action, stage, kind, microbatch)
+
+
+class _MaskListener:
+    """The minimal freezing path of a masked step: ``requires_grad`` off on the step's pre-drawn tensors of
+    (stage, microbatch) around each of its actions, as the freezing hook switches them; the switches timed."""
+
+    def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
+        self.switch, self.masks, self.clock = hook.switch, masks, clock
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         t = time.perf_counter()
-        self.inner.before_action(stage, kind, microbatch)
+        self.switch[stage].set(self.masks.get((stage, microbatch), ()), False)
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         t = time.perf_counter()
-        self.inner.after_action(stage, kind, microbatch)
+        self.switch[stage].set(self.masks.get((stage, microbatch), ()), True)
         self.clock[0] += time.perf_counter() - t
+
+
+def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tuple[float, float]:
+    """(frozen, trainable) elements over an attached step's backward records (``FreezingHook.applied``)."""
+    from planner.schedule.actions import parse_action
+
+    frozen = total = 0.0
+    for name, recs in applied.items():
+        stage_total = hook.ratio_total(parse_action(name).stage)
+        for r, _ in recs:
+            frozen, total = frozen + r * stage_total, total + stage_total
+    return frozen, total
 
 
 class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
-        clock = [0.0]
-        cycle = CYCLES[os.environ.get(PROBE_ENV) == "1"]
+        clock, hook_clock, switch_clock = [0.0], [0.0], [0.0]
+        extra: dict[str, float] = {}
+        cycle = CYCLES[os.environ.get(MODE_ENV) or "plain"]
         kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
+        if kind == "masked":  # drawn before the step's clock starts, timed on its own
+            rt.detach_hooks()
+            t = time.perf_counter()
+            masks = {
+                (stage, mb): rt.hook.draw(self.step, stage, mb)
+                for stage in rt.hook.views
+                for mb in range(rt.method.ctx.num_microbatches)
+            }
+            extra["draw_s"] = time.perf_counter() - t
+            extra["frozen_el"] = sum(rt.hook.ratio_of(st, f) * rt.hook.ratio_total(st) for (st, _), f in masks.items())
+            extra["total_el"] = sum(rt.hook.ratio_total(st) for st, _ in masks)
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):
             rt.attach_hooks()
             for st in self._pp_stages():  # same listeners, same order, each one timed
-                stage_hooks.install(st, [_TimedListener(rt.hook, clock), _TimedListener(rt.profiler, clock)])
+                stage_hooks.install(
+                    st, [_TimedListener(rt.hook, clock, also=hook_clock), _TimedListener(rt.profiler, clock)]
+                )
             t = time.perf_counter()
             rt.begin_step(self.step)
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
             Trainer.train_step(self, data_iterator)
+            extra["frozen_el"], extra["total_el"] = _applied_elements(rt.hook, rt.hook.applied)
             t = time.perf_counter()
             rt.end_step(self.step)
             clock[0] += time.perf_counter() - t
@@ -90,14 +151,24 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             if kind == "probe":
                 for st in self._pp_stages():
                     stage_hooks.install(st, [_NoListener(), _NoListener()])
+            if kind == "masked":
+                for st in self._pp_stages():
+                    stage_hooks.install(st, [_MaskListener(rt.hook, masks, switch_clock)])
             Trainer.train_step(self, data_iterator)
             rt.detach_hooks()
         dt = time.perf_counter() - t0
+        extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0]}
         times = [None] * dist.get_world_size()
-        dist.all_gather_object(times, (dt, clock[0]))
+        dist.all_gather_object(times, (dt, clock[0], extra))
         row = {"step": self.step, "kind": kind, "s": max(t[0] for t in times)}
         if kind in ("cycle", "hooks"):
             row["direct_s"] = max(t[1] for t in times)
+            row["hook_s"] = max(t[2]["hook_s"] for t in times)
+        if kind == "masked":
+            row["draw_s"] = max(t[2]["draw_s"] for t in times)
+            row["switch_s"] = max(t[2]["switch_s"] for t in times)
+        if kind in ("cycle", "hooks", "masked"):
+            row["ratio"] = sum(t[2]["frozen_el"] for t in times) / max(1.0, sum(t[2]["total_el"] for t in times))
         self._bench = getattr(self, "_bench", []) + [row]
         if dist.get_rank() == 0:
             (Path(self.job_config.job.dump_folder) / "bench_overhead.json").write_text(json.dumps(self._bench))

@@ -1,0 +1,119 @@
+"""Issue 39's first-plan figures: the interval, the lossless trace packing, and every README figure recomputed from
+the committed traces of the runs it comes from (``docs/results/runtime/first-plan/``)."""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from timelyfreeze.experiments.runtime import first_plan as fp
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results" / "runtime" / "first-plan"
+TABLE = RESULTS / "first_plan.md"
+
+
+def test_the_median_interval_takes_the_order_statistics_of_the_sign_test():
+    med, lo, hi, cov = fp.median_ci(range(10, 0, -1))  # 1..10 in any order
+    assert (med, lo, hi) == (5.5, 2, 9)  # the 2nd and 9th smallest
+    assert cov == pytest.approx(1 - 2 * 11 / 1024)  # P(Binomial(10, 1/2) <= 1) = 11/1024 on each side
+    assert fp.median_ci(range(5))[1:] == (None, None, None)  # 2 / 32 > 5 %: no 95 % interval from 5 runs
+    assert fp.median_ci(range(6))[1:3] == (0, 5)  # 2 / 64 <= 5 %
+
+
+def test_the_trace_archive_is_lossless_and_byte_for_byte_repeatable(tmp_path):
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    (trace / "meta.json").write_text('{"format": "x"}\n')
+    (trace / "actions_rank0.jsonl").write_bytes(b'{"step": 1}\n' * 50)
+    a = fp.trace_archive(trace)
+    assert a == fp.trace_archive(trace)
+    with tarfile.open(fileobj=io.BytesIO(a), mode="r:gz") as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
+    assert got == {f"trace/{f.name}": f.read_bytes() for f in trace.iterdir()}
+
+
+def test_bad_arguments_are_one_error_line(capsys, tmp_path):
+    assert fp.main(["table", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err
+
+
+@pytest.mark.skipif(not TABLE.exists(), reason="no committed first-plan results")
+def test_the_committed_table_is_what_the_committed_traces_give():
+    """Recomputed from each run's trace, plan and metrics: spans from the trace's timestamps, the first plan's
+    prediction from plan.json, the F factor through the plan's DAG."""
+    assert fp.table(RESULTS / "jobs") == TABLE.read_text()
+
+
+@pytest.mark.skipif(not TABLE.exists(), reason="no committed first-plan results")
+def test_every_readme_figure_linked_to_the_table_is_in_it():
+    table = TABLE.read_text()
+    quoted = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "results" / "runtime" / "README.md"):
+        text = doc.read_text()
+        link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?first-plan/first_plan\.md\)"
+        quoted += re.findall(link, text)
+    assert quoted, "no figure links to first_plan.md"
+    for q in quoted:
+        if q.endswith(".md"):  # a link to the file by its name, not a figure
+            continue
+        for figure in re.split(r" and |; ", q):
+            assert figure.strip() in table, figure
+
+
+def test_the_recomputation_agrees_with_what_the_runtime_wrote():
+    """A committed run's figures from its packed trace against its own summary.json (written at the end of the run
+    from the same records)."""
+    import json
+
+    jobs = sorted((RESULTS / "jobs").glob("phases_1F1B_*")) if (RESULTS / "jobs").is_dir() else []
+    if not jobs:
+        pytest.skip("no committed run to check against")
+    r = fp.run_figures(jobs[0])
+    s = json.loads((jobs[0] / "summary.json").read_text())
+    # the summary's own figures, written by the runtime at the end of the run, agree with the recomputation
+    assert r["share"] == pytest.approx(s["speedup"]["share_span"], rel=1e-6)
+    if s["speedup"].get("f_factor_dag") is not None:
+        assert r["f_factor"] == pytest.approx(s["speedup"]["f_factor_dag"], rel=1e-9)
+    assert r["rescales"] + r["kept"] == len((s.get("monitoring") or {}).get("rescales") or [])
+    assert math.isfinite(r["vs_first"])
+
+
+OVERHEAD = RESULTS / "overhead"
+
+
+@pytest.mark.skipif(not (OVERHEAD / "jobs").is_dir(), reason="no committed overhead results")
+def test_the_overhead_figures_are_what_the_committed_step_times_give():
+    """Each overhead job's figures from its packed ``bench_overhead.json`` equal its result line; the report's
+    lines from those figures are in the committed ``bench_runtime.md``, and every README figure linked to it is
+    in it."""
+    import json
+    from types import SimpleNamespace
+
+    from timelyfreeze.experiments.runtime import report as rr
+    from timelyfreeze.experiments.runtime.analysis import overhead_figures
+
+    lines = [json.loads(line) for line in (OVERHEAD / "results.jsonl").read_text().splitlines()]
+    rows = []
+    for rec in lines:
+        steps = json.loads(
+            (OVERHEAD / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
+        )
+        fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
+        assert fig == {k: rec[k] for k in fig}
+        rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
+    report = (OVERHEAD / "bench_runtime.md").read_text()
+    opts = SimpleNamespace(schedules=sorted({r["schedule"] for r in rows}), r_max=0.6)
+    made = [line for line in rr._overhead_means(rows, opts) if line]
+    assert made and all(line in report for line in made)
+    link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?first-plan/overhead/bench_runtime\.md\)"
+    quoted = [q for q in re.findall(link, (ROOT / "README.md").read_text()) if not q.endswith(".md")]
+    assert quoted, "no README figure links to the overhead results"
+    for q in quoted:
+        assert q in report, q
