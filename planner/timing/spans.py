@@ -33,7 +33,9 @@ import statistics
 from dataclasses import dataclass
 
 from planner.schedule.actions import action_kind
-from planner.schedule.dag import EdgeDelays, longest_path
+from planner.schedule.dag import EdgeDelays, build_dag, longest_path
+from planner.timing.comm import estimate_edge_delays
+from planner.timing.gaps import with_gap_costs
 from planner.trace.clocks import comparable
 from planner.trace.load import Trace
 
@@ -197,9 +199,6 @@ def dag_scale(dag, durations: dict[str, float], factors: dict[int, float], edge_
 def plan_dag(trace: Trace, plan):
     """(the DAG, its edge delays) that ``plan`` (a ``planner.plan.Plan``) was made with: the delays estimated
     again from the trace's monitoring windows, as planning did, plus the gap costs where the plan has them."""
-    from planner.schedule.dag import build_dag
-    from planner.timing.comm import estimate_edge_delays
-    from planner.timing.gaps import with_gap_costs
 
     dag = build_dag(trace.meta)
     edges = estimate_edge_delays(trace, dag)

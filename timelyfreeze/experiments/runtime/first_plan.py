@@ -37,6 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from planner.fileio import replace_atomically
+from planner.plan import load_plan
+from planner.schedule.actions import action_kind
+from planner.timing.spans import (
+    achieved_share,
+    dag_scale,
+    forward_medians,
+    phase_spans,
+    plan_dag,
+    plan_f_factor,
+    step_spans,
+)
+from planner.trace.load import load_trace
+from timelyfreeze.experiments.stats import mean_ci
 
 FILES = ("summary.json", "metrics.jsonl", "plan.json")
 TRACE = "trace.tar.gz"
@@ -87,7 +100,6 @@ def pack(dumps: Path, dest: Path) -> list[str]:
 
 def load_packed_trace(job: Path):
     """The ``planner.trace.load.Trace`` of a packed job."""
-    from planner.trace.load import load_trace
 
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(Path(job) / TRACE, "r:gz") as tar:
@@ -98,8 +110,6 @@ def load_packed_trace(job: Path):
 # -- figures ---------------------------------------------------------------------------------------
 def run_figures(job: Path) -> dict[str, Any] | None:
     """One packed run's figures (module docstring); None without a stable step with a span."""
-    from planner.plan import load_plan
-    from planner.timing.spans import achieved_share, phase_spans, plan_f_factor, step_spans
 
     job = Path(job)
     s = json.loads((job / "summary.json").read_text())
@@ -145,8 +155,6 @@ def step_f_factors(trace, plan) -> dict[int, float]:
     """Per step: each pipeline rank's median over its F records of the step of (ms / the action's median in the
     upper-bound window), laid on ``plan``'s DAG (``planner.timing.spans.dag_scale``): how much slower the plan's
     batch is on that step's machine. Steps where a rank has no F record are left out."""
-    from planner.schedule.actions import action_kind
-    from planner.timing.spans import dag_scale, forward_medians, plan_dag
 
     dag, edges = plan_dag(trace, plan)
     ref = forward_medians(trace, "upper")
@@ -190,7 +198,6 @@ def _fmt(v: float | None, key: str) -> str:
 
 def _stat_cells(vals: list[float], key: str) -> tuple[str, str]:
     """(``median [lo, hi]``, ``mean [lo, hi]``) of one column; numbers of ``PCT`` keys in %."""
-    from timelyfreeze.experiments.stats import mean_ci
 
     med, lo, hi, _ = median_ci(vals)
     m, mlo, mhi, _ = mean_ci(vals)

@@ -47,6 +47,7 @@ cpu_shims.apply_if_needed()
 import torch.distributed as dist  # noqa: E402
 from torchtitan.train import Trainer  # noqa: E402
 
+from planner.schedule.actions import parse_action  # noqa: E402
 from timelyfreeze import train  # noqa: E402
 from timelyfreeze.experiments.runtime.analysis import CYCLES, MODE_ENV  # noqa: E402
 from timelyfreeze.hooks import stage_hooks  # noqa: E402
@@ -102,7 +103,6 @@ class _MaskListener:
 
 def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tuple[float, float]:
     """(frozen, trainable) elements over an attached step's backward records (``FreezingHook.applied``)."""
-    from planner.schedule.actions import parse_action
 
     frozen = total = 0.0
     for name, recs in applied.items():
