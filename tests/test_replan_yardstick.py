@@ -88,6 +88,18 @@ def test_a_b_only_change_of_30_percent_on_one_stage_replans():
     assert scales["1B"] == pytest.approx(1.56) and scales["1F"] == pytest.approx(1.2)
 
 
+def test_a_group_swinging_against_its_rank_from_step_to_step_does_not_replan():
+    # a co-tenant switching on in the middle of a step slows rank 1's later actions (more B than F), and
+    # switching off the other way: each step's corrected 1B is far from 1, never on one side for a whole window
+    rp = replanner(noise={g: 0.01 for g in ONE}, rank_noise={0: 0.2, 1: 0.2})  # rank 1 x1.5 within its swings
+    for k in range(12):
+        rp.observe({**ONE, "1F": 1.5, "1B": 1.5 * (1.3, 1.0, 0.7)[k % 3]})
+        assert not rp.due()
+    for _ in range(3):
+        rp.observe({**ONE, "1F": 1.5, "1B": 1.5 * 1.3})
+    assert rp.due() and rp.assess()["moved"] == {"1B": pytest.approx(1.3)}  # held in every step: a change
+
+
 def test_a_rank_slowed_in_every_step_beyond_its_swings_replans():
     rp = replanner(rank_noise={0: 0.01, 1: 0.01})  # quiet monitoring windows: limit max(3 %, 5 %) = 5 %
     for k in range(2):

@@ -130,7 +130,8 @@ class PlanCoordinator:
                 row["rescale"] = event
                 self.log(
                     f"[freeze] uniform change after step {step}: machine factor x{event['machine_factor']:.2f} "
-                    f"(every group alike): plan kept, predicted batch {event['old_predicted_ms']:.1f} -> "
+                    f"(each rank's groups alike, within its swings): plan kept, predicted batch "
+                    f"{event['old_predicted_ms']:.1f} -> "
                     f"{event['new_predicted_ms']:.1f} ms"
                 )
         if replanner is not None:

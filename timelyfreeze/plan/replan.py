@@ -4,15 +4,18 @@ Each stable step, every rank turns its own action times into per-group scales (`
 measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
 over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
 decision without a further collective. Over the last ``[freeze] replan_patience`` stable steps under the
-plan in force (the per-group median scales ``S_g``), each pipeline rank is its own yardstick, since a core's
+plan in force (``S_g``: each group's median scale over them), each pipeline rank is its own yardstick, since a core's
 slowdown (a co-tenant, throttling) scales every action of the rank on it alike (``planner.timing.drift``):
 
 * a rank's **factor** ``f_r`` is the median of its own ``F``/``I`` groups' scales (freezing never changes
-  those actions, so they measure the rank's core);
-* **within a rank**: a group's **corrected** scale is ``S_g / f_r`` and its **limit** is
-  ``max(replan_noise_k * noise_g, replan_threshold)``, ``noise_g`` the group's noise floor from the
-  monitoring windows against the same yardstick (``planner.timing.monitor.noise_floors``; 0 where unknown,
-  e.g. with a given plan); it has **moved** when the corrected scale departs from 1 by more than its limit;
+  those actions, so they measure the rank's core), per step and over the window (from ``S_g``);
+* **within a rank**: a group's **corrected** scale in a step is its scale over its rank's factor in that
+  step, and its **limit** is ``max(replan_noise_k * noise_g, replan_threshold)``, ``noise_g`` the group's noise
+  floor from the monitoring windows against the same yardstick (``planner.timing.monitor.noise_floors``; 0
+  where unknown, e.g. with a given plan); it has **moved** when the corrected scale departs from 1 by more
+  than its limit on the same side in every step of the window (a co-tenant that switches on or off in the
+  middle of a step moves a group against its rank in that step only, and the other way when it switches
+  back); its size is the median over the window;
 * **between ranks**: a rank's relative speed ``v_r = f_r / median of the other ranks' f_q`` in every step of
   the window (``planner.timing.drift.rank_speeds``); it has **moved** only when every step of the window lies
   beyond ``max(replan_noise_k * rank_noise_r, replan_threshold)`` on the same side of 1, ``rank_noise_r`` the
@@ -29,8 +32,9 @@ slowdown (a co-tenant, throttling) scales every action of the rank on it alike (
   prediction already carries, the prediction is rescaled by ``m`` (``rescale``, logged) and the plan stays.
 
 The per-step ``drift`` (how much the plan in force would stretch the batch under the step's scales) is
-still computed for the metrics. Medians over the window keep one quiet step from restarting the count
-and one noisy step from triggering anything. The state (the plan in force with its node weights, the
+still computed for the metrics. A change must hold in every step of the window, so one noisy step
+triggers nothing and one step back inside the limit holds a re-plan back until the window is beyond it
+again. The state (the plan in force with its node weights, the
 noise floors, the recent scales, the events) is plain data and goes into the checkpoint (``state_dict``).
 """
 
@@ -151,24 +155,22 @@ class Replanner:
     def assess(self) -> dict[str, Any] | None:
         """The window's verdict (None until it holds ``patience`` steps): ``scales`` (per-group medians),
         ``factors`` (per rank: the median of its F/I groups' scales), ``machine`` (the factor the ranks'
-        factors stretch the plan's batch by; 1 without F/I groups), ``moved`` (group -> corrected scale, for the
-        groups beyond their limit) and ``ranks_moved`` (rank -> median relative speed, for the ranks beyond
-        their limit in every step of the window, on the same side)."""
+        factors stretch the plan's batch by; 1 without F/I groups), ``moved`` (group -> median corrected scale,
+        for the groups beyond their limit in every step of the window, on the same side) and ``ranks_moved``
+        (rank -> median relative speed, for the ranks beyond their limit in every step, on the same side)."""
         if self.weights is None or len(self.window) < self.patience:
             return None
         scales = plan_drift.window_scales(w["scales"] for w in self.window)
         factors = plan_drift.rank_factors(scales, self.ranks)
-        corrected = plan_drift.corrected_scales(scales, self.ranks)
-        moved = {g: c for g, c in corrected.items() if abs(c - 1.0) > self.limit(g)}
+        corrected: dict[str, list[float]] = {}
         speeds: dict[int, list[float]] = {}
         for w in self.window:
+            for g, c in plan_drift.corrected_scales(w["scales"], self.ranks).items():
+                corrected.setdefault(g, []).append(c)
             for r, v in plan_drift.rank_speeds(plan_drift.rank_factors(w["scales"], self.ranks)).items():
                 speeds.setdefault(r, []).append(v)
-        ranks_moved = {
-            r: float(statistics.median(v))
-            for r, v in speeds.items()
-            if len(v) == len(self.window) and (min(v) - 1.0 > self.rank_limit(r) or 1.0 - max(v) > self.rank_limit(r))
-        }
+        moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
+        ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
         return {
             "scales": scales,
             "factors": factors,
@@ -176,6 +178,11 @@ class Replanner:
             "moved": moved,
             "ranks_moved": ranks_moved,
         }
+
+    def _held(self, values: list[float], limit: float) -> bool:
+        """A change that persists: in every step of the window (``values``, one per step), beyond ``limit``
+        from 1 on the same side."""
+        return len(values) == len(self.window) and (min(values) - 1.0 > limit or 1.0 - max(values) > limit)
 
     def _machine(self, factors: dict[int, float], scales: dict[str, float]) -> float:
         """The plan's batch stretch when every action runs at its rank's factor (the job's median F/I scale for
