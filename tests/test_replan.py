@@ -78,7 +78,11 @@ def test_replanner_replans_when_a_group_changes_relative_to_the_machine_over_the
     assert not rp.due() and rp.assess() is None  # two steps only
     rp.observe(same)  # 1B: median of 1.0, 1.5, 1.0 -- one slow step does not re-plan
     assert not rp.due()
-    rp.observe({**same, "1B": 1.7})  # 1.5, 1.0, 1.7: median 1.5 -- one quiet step does not restart it
+    rp.observe({**same, "1B": 1.7})  # 1.5, 1.0, 1.7: the quiet step holds it back (beyond in every step)
+    assert not rp.due()
+    rp.observe({**same, "1B": 1.5})  # 1.0, 1.7, 1.5
+    assert not rp.due()
+    rp.observe({**same, "1B": 1.4})  # 1.7, 1.5, 1.4: held in every step, median 1.5
     verdict = rp.assess()
     assert rp.due() and verdict["machine"] == pytest.approx(1.0) and verdict["moved"] == {"1B": pytest.approx(1.5)}
     assert rp.reason().startswith("1B x1.50 (limit 10%) against the machine factor x1.00")

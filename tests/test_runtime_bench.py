@@ -188,6 +188,9 @@ def test_decompose_without_a_trace_is_empty(tmp_path):
         (["--r-max", "2"], "error: --r-max: must lie in [0, 1]"),
         (["--overhead-masked", "--r-max", "0"], "error: --overhead-masked: needs --r-max above 0"),
         (["--overhead-masked", "--overhead-probe"], "error: --overhead-masked and --overhead-probe: choose one"),
+        (["--noise-core", "99"], "error: --noise-core: no core 99 on this machine"),
+        (["--noise-core", "0", "--noise-on", "0"], "error: --noise-on: must be a number of seconds > 0"),
+        (["--noise-off", "-1"], "error: --noise-off: must be a number of seconds > 0"),
     ],
 )
 def test_bad_options_are_one_error_line(capsys, argv, needle):
@@ -219,3 +222,30 @@ def test_replan_ab_pairs_on_and_off_of_the_same_repeat():
     assert "| 92 [90, 95] | 100 [100, 100] | 0.925 [" in quiet
     assert "| 0.841 [" in quiet and "| 0.250 [0.250, 0.250] / 0.500 [0.500, 0.500] |" in quiet
     assert any("| 1F1B | co-tenant from the stable phase | 2 |" in line for line in lines)
+
+
+def test_the_noisy_cotenant_comes_and_goes_on_its_core_and_is_named_in_the_report():
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from timelyfreeze.experiments.runtime.report import _noise_means
+
+    assert rb.noisy_cotenant(SimpleNamespace(noise_core=None)) is None
+    opts = SimpleNamespace(noise_core=0, noise_on=0.05, noise_off=0.05, schedules=["1F1B"])
+    p = rb.noisy_cotenant(opts)
+    try:
+        deadline = time.monotonic() + 30
+        while p.poll() is None and time.monotonic() < deadline:
+            out = subprocess.run(["taskset", "-pc", str(p.pid)], capture_output=True, text=True).stdout
+            if out.strip().endswith(": 0"):
+                break
+            time.sleep(0.05)
+        assert p.poll() is None and out.strip().endswith(": 0")
+    finally:
+        p.kill()
+        p.wait()
+    rows = [{"kind": "phases", "schedule": "1F1B", "replans": n, "share_pct": 90.0 + n} for n in (0, 0, 2)]
+    text = "\n".join(_noise_means(rows, opts))
+    assert "busy loop pinned to core 0, on 0.05 s / off 0.05 s" in text
+    assert "| 1F1B | 3 | 0.67 [" in text and "| 2 | 91 [" in text

@@ -17,9 +17,16 @@ between ``min(min(scale), 1) - 1`` and ``max(max(scale), 1) - 1``: a group slowe
 path moves it less, and so do fixed delays.
 
 **Machine factor** of a set of scales: the median over the groups of the kinds freezing never changes
-(``F``, and ``I`` with split backward) of their scales, or None without such a group. Dividing every
-group's scale by it leaves what changed *relative* to the machine: a uniform slowdown gives 1.0
-everywhere, and a uniform change cannot move the optimal plan (every weight scales alike).
+(``F``, and ``I`` with split backward) of their scales, or None without such a group (reported per step).
+
+**Rank factor**: the same median over one pipeline rank's ``F``/``I`` groups only. A rank runs on its own
+core(s), and a co-tenant or a throttled core scales every action of that rank alike, so the re-planner's
+yardstick is per rank (:func:`rank_factors`), not the job's: with PP=2 the job's median of two ``F`` groups
+is their mean, and one rank's slowdown would pass for a change of its own and the other rank's ``B``/``W``.
+A group's **corrected** scale is its scale over its rank's factor (:func:`corrected_scales`): what changed
+*within* a rank (e.g. its ``B`` against its ``F``). A rank's **relative speed** is its factor over the median
+factor of the other ranks (:func:`rank_speeds`): what changed *between* ranks. A change of every group
+alike moves neither; a change of one rank's every group moves only its relative speed.
 
 **Re-plan weights**: the current node weights with both bounds of every group multiplied by its scale (the
 per-group median over the last steps): what freezing saves in a slowed stage grows with it.
@@ -70,6 +77,36 @@ def machine_factor(scales: Mapping[str, float]) -> float | None:
     """The median scale of the ``F``/``I`` groups (module docstring); None without one."""
     vals = [s for g, s in scales.items() if g.lstrip("0123456789") in MACHINE_KINDS]
     return float(statistics.median(vals)) if vals else None
+
+
+def group_ranks(rank_orders: Mapping[int, Iterable[str]]) -> dict[str, int]:
+    """Group -> the pipeline rank that runs it (``TraceMeta.rank_orders``: rank -> its actions)."""
+    return {group_of(a): int(r) for r, actions in rank_orders.items() for a in actions}
+
+
+def rank_factors(scales: Mapping[str, float], ranks: Mapping[str, int]) -> dict[int, float]:
+    """Per pipeline rank, the median scale of its ``F``/``I`` groups (``ranks``: :func:`group_ranks`); a rank
+    without such a group in ``scales`` has none."""
+    vals: dict[int, list[float]] = {}
+    for g, s in scales.items():
+        if g.lstrip("0123456789") in MACHINE_KINDS and g in ranks:
+            vals.setdefault(ranks[g], []).append(s)
+    return {r: float(statistics.median(v)) for r, v in sorted(vals.items())}
+
+
+def corrected_scales(scales: Mapping[str, float], ranks: Mapping[str, int]) -> dict[str, float]:
+    """Every group's scale over its rank's factor (over the job's machine factor where its rank has none,
+    unchanged without either): what changed within a rank."""
+    factors, job = rank_factors(scales, ranks), machine_factor(scales) or 1.0
+    return {g: s / factors.get(ranks.get(g, -1), job) for g, s in scales.items()}
+
+
+def rank_speeds(factors: Mapping[int, float]) -> dict[int, float]:
+    """Per rank, its factor over the median factor of the other ranks (1: as fast as the others, relative
+    to the plan); empty with fewer than two ranks."""
+    if len(factors) < 2:
+        return {}
+    return {r: f / statistics.median(v for q, v in factors.items() if q != r) for r, f in factors.items()}
 
 
 def max_scales(per_rank: Iterable[Mapping[str, float] | None]) -> dict[str, float]:

@@ -15,20 +15,30 @@ Rules (``docs/formats.md``, "F-anchored monitoring windows"):
   scales every weight alike and cannot change the optimal plan; a lower-bound window that ran slower
   than the upper one inflates every ``w_min`` and shrinks what freezing seems to save.)
 * **Noise floor** of a group ``g`` (stage and kind, over every replica): how much its per-step scale moves
-  against the machine's within the monitoring windows, the statistic the online re-planner
+  against its own rank's speed within the monitoring windows, the statistic the online re-planner
   (``timelyfreeze.plan.replan``) tests. Per (replica, window, step): the group's scale ``s_g`` is the median over
-  its records of ``ms / m`` (``m``: the median of the record's own replica, action and window), the step's
-  machine factor ``f`` the median of the F/I groups' scales (1 without), and the floor is
-  ``1.4826 * median |s_g / f - 1|`` over the steps. A load that slows every group of a step alike does not
-  raise it; one that slows one rank's stages more than the other's does.
+  its records of ``ms / m`` (``m``: the median of the record's own replica, action and window), the factor
+  ``f_r`` of the pipeline rank ``r`` that runs ``g`` the median of that rank's F/I groups' scales (1 without),
+  and the floor is ``1.4826 * median |s_g / f_r - 1|`` over the steps. A load that slows every group of a
+  rank alike (a co-tenant on its core) does not raise it; one that slows a rank's B more than its F does.
+* **Rank noise** of a pipeline rank ``r``: how much its speed moves against the other ranks' within the
+  monitoring windows, the yardstick of a re-plan for a change *between* ranks. Per (replica, window, step):
+  ``v_r = f_r / median of the other ranks' f_q - 1`` (``planner.timing.drift.rank_speeds``); the noise is the
+  root mean square of ``v_r - median(v_r)`` over the steps. Not a median-based estimate on purpose: a
+  co-tenant that comes and goes slows a rank in some steps and not in others (two modes, either of which can
+  hold most steps), and the swing it causes is what the re-planner must not take for a change; the root mean
+  square of a swing of size ``D`` seen in a share ``p`` of the steps is ``D * sqrt(p)`` or more, so even one
+  loaded step in eight gives a limit (``replan_noise_k = 3`` times it) near ``D``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import replace
 
 from planner.schedule.actions import action_kind, parse_action
+from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
 from planner.trace.load import Trace
 
@@ -82,24 +92,44 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
     return Trace(trace.meta, records, trace.source)
 
 
-def noise_floors(trace: Trace) -> dict[str, float]:
-    """Per group (stage and kind), the robust dispersion of its per-step, machine-corrected scale in the
-    monitoring windows (module docstring); 0 where the windows show none (e.g. one step per window)."""
+def _step_scales(trace: Trace) -> tuple[dict[tuple[int, str, int], dict[str, float]], dict[str, int]]:
+    """Per (replica, window, step) of the monitoring windows, every group's scale (the median over its
+    records of ``ms`` over the median of the record's replica, action and window); and group -> rank."""
     med = _medians(trace)
-    per_step: dict[tuple[int, str, int], dict[str, list[float]]] = {}
+    samples: dict[tuple[int, str, int], dict[str, list[float]]] = {}
     for r in trace.records:
         m = med.get((r.replica, r.action, r.phase)) if r.phase in WINDOWS else None
         if m:
-            step = per_step.setdefault((r.replica, r.phase, r.step), {})
+            step = samples.setdefault((r.replica, r.phase, r.step), {})
             step.setdefault(group_key(r.action), []).append(r.ms / m)
+    per_step = {k: {g: float(statistics.median(v)) for g, v in groups.items()} for k, groups in samples.items()}
+    return per_step, group_ranks(trace.meta.rank_orders)
+
+
+def noise_floors(trace: Trace) -> dict[str, float]:
+    """Per group (stage and kind), the robust dispersion of its per-step scale against its rank's factor in the
+    monitoring windows (module docstring); 0 where the windows show none (e.g. one step per window)."""
+    per_step, ranks = _step_scales(trace)
     dev: dict[str, list[float]] = {}
     for groups in per_step.values():
-        scale = {g: statistics.median(v) for g, v in groups.items()}
-        anchors = [s for g, s in scale.items() if g.lstrip("0123456789") in ANCHOR_KINDS]
-        machine = statistics.median(anchors) if anchors else 1.0
-        for g, s in scale.items():
-            dev.setdefault(g, []).append(abs(s / machine - 1.0))
+        for g, c in corrected_scales(groups, ranks).items():
+            dev.setdefault(g, []).append(abs(c - 1.0))
     return {g: MAD_TO_SIGMA * float(statistics.median(v)) for g, v in sorted(dev.items())}
+
+
+def rank_noise(trace: Trace) -> dict[int, float]:
+    """Per pipeline rank, the root mean square of its per-step relative speed about its median in the
+    monitoring windows (module docstring); 0 where the windows show none; empty with one rank."""
+    per_step, ranks = _step_scales(trace)
+    speeds: dict[int, list[float]] = {}
+    for groups in per_step.values():
+        for r, v in rank_speeds(rank_factors(groups, ranks)).items():
+            speeds.setdefault(r, []).append(v - 1.0)
+    out = {}
+    for r, v in sorted(speeds.items()):
+        mid = statistics.median(v)
+        out[r] = math.sqrt(statistics.fmean((x - mid) ** 2 for x in v))
+    return out
 
 
 def monitoring_summary(trace: Trace, anchor: bool) -> dict:
@@ -111,4 +141,5 @@ def monitoring_summary(trace: Trace, anchor: bool) -> dict:
         "factors": {"lower": [round(f, 6) for f in window_factors(trace, "lower")]},
         "anchored": bool(anchor),
         "noise": {g: round(v, 6) for g, v in noise_floors(trace).items()},
+        "rank_noise": {str(r): round(v, 6) for r, v in rank_noise(trace).items()},
     }

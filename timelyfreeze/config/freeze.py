@@ -74,17 +74,21 @@ class FreezeAdvanced:
 
     replan_threshold: float = 0.05
     """The smallest change that re-plans: a re-plan is due when some (stage, kind) group's measured / planned
-    time, the machine's factor (from the F and I actions) taken out, departs from 1 by more than
-    ``max(replan_noise_k * its noise floor, replan_threshold)`` (median over the last ``replan_patience`` stable
-    steps). A change of every group alike keeps the plan and only rescales its prediction."""
+    time, its own pipeline rank's factor (from that rank's F and I actions) taken out, departs from 1 by more
+    than ``max(replan_noise_k * its noise floor, replan_threshold)``, or a rank's factor against the other
+    ranks' beyond ``max(replan_noise_k * its rank noise, replan_threshold)``, on the same side in every one of
+    the last ``replan_patience`` stable steps. A change of every group of a rank alike that stays
+    within its swings keeps the plan and only rescales its prediction."""
 
     replan_patience: int = 3
-    """Stable steps whose median scales decide a re-plan or a rescaled prediction (and scale the re-plan)."""
+    """Stable steps a change must hold in to re-plan; their median scales decide a rescaled prediction and
+    scale the re-plan."""
 
     replan_noise_k: float = 3.0
-    """Noise floors a group's change must exceed to re-plan: a group's floor is the robust dispersion (1.4826
-    MAD) of its per-step scale against the machine factor in the monitoring windows (``planner.timing.monitor``).
-    0: only ``replan_threshold`` counts."""
+    """Noise floors a change must exceed to re-plan: a group's floor is the robust dispersion (1.4826 MAD) of
+    its per-step scale against its rank's factor in the monitoring windows, a rank's the root mean square swing
+    of its factor against the other ranks' there (``planner.timing.monitor``). 0: only ``replan_threshold``
+    counts."""
 
     replan_min_gain: float = 0.01
     """What a due re-plan must buy to take effect: at least this fraction of a batch, or this much less

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable
 
 from planner.errors import PlannerError
-from planner.timing.drift import machine_factor, max_scales
+from planner.timing.drift import machine_factor, max_scales, rank_factors
 from timelyfreeze.config.phases import Phases
 from timelyfreeze.hooks.profiler import ActionRecord
 from timelyfreeze.plan import solve as planning
@@ -122,13 +122,16 @@ class PlanCoordinator:
             machine = machine_factor(job_scales)
             if machine is not None:
                 row["machine_factor"] = machine
+            if factors := rank_factors(job_scales, replanner.ranks):
+                row["rank_factors"] = {str(r): f for r, f in factors.items()}
             if replanner.due():
                 change = self._replan(step, row)
             elif (event := replanner.rescale(step)) is not None:
                 row["rescale"] = event
                 self.log(
                     f"[freeze] uniform change after step {step}: machine factor x{event['machine_factor']:.2f} "
-                    f"(every group alike): plan kept, predicted batch {event['old_predicted_ms']:.1f} -> "
+                    f"(each rank's groups alike, within its swings): plan kept, predicted batch "
+                    f"{event['old_predicted_ms']:.1f} -> "
                     f"{event['new_predicted_ms']:.1f} ms"
                 )
         if replanner is not None:
@@ -169,6 +172,7 @@ class PlanCoordinator:
                 self._expected(plan.batch_time_ms),
                 plan.edge_ms,
                 (plan.monitoring or {}).get("noise"),
+                (plan.monitoring or {}).get("rank_noise"),
             )
 
     def _expected(self, batch_ms: dict[str, float]) -> dict[str, float]:

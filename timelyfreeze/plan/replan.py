@@ -4,24 +4,37 @@ Each stable step, every rank turns its own action times into per-group scales (`
 measured / expected per stage and kind, the median over the group's actions); the runtime gathers them
 over the job, and every rank feeds the same numbers to its ``Replanner``, so every rank takes the same
 decision without a further collective. Over the last ``[freeze.advanced] replan_patience`` stable steps under the
-plan in force (the per-group median scales ``S_g``):
+plan in force (``S_g``: each group's median scale over them), each pipeline rank is its own yardstick, since a core's
+slowdown (a co-tenant, throttling) scales every action of the rank on it alike (``planner.timing.drift``):
 
-* the **machine factor** ``m`` is the median of the ``F``/``I`` groups' scales (``planner.timing.drift.
-  machine_factor``): freezing never changes those actions, so they measure the machine;
-* a group's **corrected** scale is ``S_g / m``; its **limit** is ``max(replan_noise_k * noise_g,
-  replan_threshold)``, ``noise_g`` the group's noise floor from the monitoring windows
-  (``planner.timing.monitor.noise_floors``; 0 where unknown, e.g. with a given plan);
-* a **re-plan** is due when some group's corrected scale departs from 1 by more than its limit: the
-  stages or kinds changed relative to one another, which can move the optimal plan. The runtime solves the
-  LP again on global rank 0 from the current node weights times ``S_g`` (``proposed_weights``), broadcasts
-  the plan, and calls ``install``; the next scales are measured against the new plan;
-* otherwise, when ``m`` departs from the factor the prediction already carries by more than the ``F``/``I``
-  groups' limit (the median of their floors), the change is uniform: the plan stays, its predicted batch
-  time is rescaled by ``m`` (``rescale``, logged). A uniform change cannot move the optimal plan.
+* a rank's **factor** ``f_r`` is the median of its own ``F``/``I`` groups' scales (freezing never changes
+  those actions, so they measure the rank's core), per step and over the window (from ``S_g``);
+* **within a rank**: a group's **corrected** scale in a step is its scale over its rank's factor in that
+  step, and its **limit** is ``max(replan_noise_k * noise_g, replan_threshold)``, ``noise_g`` the group's noise
+  floor from the monitoring windows against the same yardstick (``planner.timing.monitor.noise_floors``; 0
+  where unknown, e.g. with a given plan); it has **moved** when the corrected scale departs from 1 by more
+  than its limit on the same side in every step of the window (a co-tenant that switches on or off in the
+  middle of a step moves a group against its rank in that step only, and the other way when it switches
+  back); its size is the median over the window;
+* **between ranks**: a rank's relative speed ``v_r = f_r / median of the other ranks' f_q`` in every step of
+  the window (``planner.timing.drift.rank_speeds``); it has **moved** only when every step of the window lies
+  beyond ``max(replan_noise_k * rank_noise_r, replan_threshold)`` on the same side of 1, ``rank_noise_r`` the
+  root mean square of the rank's swings in the monitoring windows (``planner.timing.monitor.rank_noise``): a
+  persistently slower rank changes the best plan (its actions weigh more on the critical path), a co-tenant
+  that comes and goes does not stay beyond its own swings for a whole window;
+* a **re-plan** is due when a group or a rank has moved. The runtime solves the LP again on global rank 0
+  from the current node weights times ``S_g`` (``proposed_weights``), broadcasts the plan, and calls
+  ``install`` (or keeps the plan in force where the new one buys less than ``replan_min_gain``,
+  ``PlanCoordinator``); the next scales are measured against the new plan;
+* otherwise, when the ranks' factors stretch the plan's predicted batch (its longest path with every
+  action's duration times its rank's factor, the **machine factor** ``m``; ``m = f`` when every rank runs
+  at ``f``) by more than the ``F``/``I`` groups' limit (the median of their floors) away from the factor the
+  prediction already carries, the prediction is rescaled by ``m`` (``rescale``, logged) and the plan stays.
 
 The per-step ``drift`` (how much the plan in force would stretch the batch under the step's scales) is
-still computed for the metrics. Medians over the window keep one quiet step from restarting the count
-and one noisy step from triggering anything. The state (the plan in force with its node weights, the
+still computed for the metrics. A change must hold in every step of the window, so one noisy step
+triggers nothing and one step back inside the limit holds a re-plan back until the window is beyond it
+again. The state (the plan in force with its node weights, the
 noise floors, the recent scales, the events) is plain data and goes into the checkpoint (``state_dict``).
 """
 
@@ -58,10 +71,14 @@ class Replanner:
         self.noise_k = float(noise_k)
         self.noise: dict[str, float] = {}
         """Per group, the noise floor of the monitoring windows (kept by re-plans)."""
+        self.rank_noise: dict[int, float] = {}
+        """Per pipeline rank, the swing of its relative speed in the monitoring windows (kept by re-plans)."""
         self.machine = 1.0
         """The machine factor the plan in force's prediction carries (1 at install; set by ``rescale``)."""
         self.rescales: list[dict[str, Any]] = []
         self._dag = build_dag(meta)
+        self.ranks = plan_drift.group_ranks(meta.rank_orders)
+        """Group -> the pipeline rank that runs it."""
         self.weights: NodeWeights | None = None
         """Node weights of the plan in force (the monitoring estimates, rescaled by every re-plan)."""
         self.ratios: dict[str, float] = {}
@@ -81,12 +98,16 @@ class Replanner:
         batch_ms: dict[str, float],
         edge_ms: list | None = None,
         noise: dict[str, float] | None = None,
+        rank_noise: dict | None = None,
     ) -> None:
         """A plan takes effect (``weights``: action -> [w_min, w_max] ms; ``edge_ms``: its delays on
-        cross-rank edges as ``[u, v, ms]`` triples, ``planner.timing.comm``; ``noise``: the groups' noise floors,
-        where known: the ones in force stay otherwise); the window restarts."""
+        cross-rank edges as ``[u, v, ms]`` triples, ``planner.timing.comm``; ``noise``: the groups' noise floors
+        and ``rank_noise`` the ranks' (rank, or its string, -> floor), where known: the ones in force stay
+        otherwise); the window restarts."""
         if noise is not None:
             self.noise = {str(g): float(v) for g, v in noise.items()}
+        if rank_noise is not None:
+            self.rank_noise = {int(r): float(v) for r, v in rank_noise.items()}
         self.machine = 1.0
         self.weights = NodeWeights(
             {a: float(w[0]) for a, w in weights.items()}, {a: float(w[1]) for a, w in weights.items()}
@@ -122,6 +143,10 @@ class Replanner:
         """How far a group's corrected scale may depart from 1 without a re-plan."""
         return max(self.noise_k * self.noise.get(group, 0.0), self.threshold)
 
+    def rank_limit(self, rank: int) -> float:
+        """How far a rank's relative speed may depart from 1, in every step of the window, without a re-plan."""
+        return max(self.noise_k * self.rank_noise.get(rank, 0.0), self.threshold)
+
     def machine_limit(self) -> float:
         """How far the machine factor may move without a rescaled prediction (the F/I groups' floors)."""
         floors = [v for g, v in self.noise.items() if g.lstrip("0123456789") in plan_drift.MACHINE_KINDS]
@@ -129,37 +154,75 @@ class Replanner:
 
     def assess(self) -> dict[str, Any] | None:
         """The window's verdict (None until it holds ``patience`` steps): ``scales`` (per-group medians),
-        ``machine`` (their machine factor, 1 without F/I groups), ``moved`` (group -> corrected scale, for
-        the groups beyond their limit)."""
+        ``factors`` (per rank: the median of its F/I groups' scales), ``machine`` (the factor the ranks'
+        factors stretch the plan's batch by; 1 without F/I groups), ``moved`` (group -> median corrected scale,
+        for the groups beyond their limit in every step of the window, on the same side) and ``ranks_moved``
+        (rank -> median relative speed, for the ranks beyond their limit in every step, on the same side)."""
         if self.weights is None or len(self.window) < self.patience:
             return None
         scales = plan_drift.window_scales(w["scales"] for w in self.window)
-        m = plan_drift.machine_factor(scales) or 1.0
-        moved = {g: s / m for g, s in scales.items() if abs(s / m - 1.0) > self.limit(g)}
-        return {"scales": scales, "machine": m, "moved": moved}
+        factors = plan_drift.rank_factors(scales, self.ranks)
+        corrected: dict[str, list[float]] = {}
+        speeds: dict[int, list[float]] = {}
+        for w in self.window:
+            for g, c in plan_drift.corrected_scales(w["scales"], self.ranks).items():
+                corrected.setdefault(g, []).append(c)
+            for r, v in plan_drift.rank_speeds(plan_drift.rank_factors(w["scales"], self.ranks)).items():
+                speeds.setdefault(r, []).append(v)
+        moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
+        ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
+        return {
+            "scales": scales,
+            "factors": factors,
+            "machine": self._machine(factors, scales),
+            "moved": moved,
+            "ranks_moved": ranks_moved,
+        }
+
+    def _held(self, values: list[float], limit: float) -> bool:
+        """A change that persists: in every step of the window (``values``, one per step), beyond ``limit``
+        from 1 on the same side."""
+        return len(values) == len(self.window) and (min(values) - 1.0 > limit or 1.0 - max(values) > limit)
+
+    def _machine(self, factors: dict[int, float], scales: dict[str, float]) -> float:
+        """The plan's batch stretch when every action runs at its rank's factor (the job's median F/I scale for
+        a rank without one; 1 without any): ``m`` of the module docstring."""
+        job = plan_drift.machine_factor(scales) or 1.0
+        if all(f == job for f in factors.values()):
+            return job
+        per_group = {g: factors.get(r, job) for g, r in self.ranks.items()}
+        return 1.0 + plan_drift.drift(self._dag, self.weights, self.ratios, per_group, self.edge_ms, self._base)
 
     def due(self) -> bool:
-        """A re-plan is due: some group changed relative to the machine beyond its limit."""
+        """A re-plan is due: some group changed relative to its rank, or some rank relative to the others,
+        beyond its limit."""
         verdict = self.assess()
-        return verdict is not None and bool(verdict["moved"])
+        return verdict is not None and bool(verdict["moved"] or verdict["ranks_moved"])
 
     def reason(self) -> str:
-        """Why a re-plan is due (the moved groups, largest change first)."""
+        """Why a re-plan is due (the moved groups, largest change first, then the moved ranks)."""
         verdict = self.assess()
         assert verdict is not None
         moved = sorted(verdict["moved"].items(), key=lambda kv: -abs(kv[1] - 1.0))
+        ranks = sorted(verdict["ranks_moved"].items(), key=lambda kv: -abs(kv[1] - 1.0))
         steps = f"{self.patience} stable step{'s' if self.patience > 1 else ''}"
-        return (
-            ", ".join(f"{g} x{c:.2f} (limit {self.limit(g):.0%})" for g, c in moved[:4])
-            + f" against the machine factor x{verdict['machine']:.2f}, median over the last {steps}"
-        )
+        factors = verdict["factors"]
+        parts = [
+            f"{g} x{c:.2f} (limit {self.limit(g):.0%}) against the machine factor "
+            f"x{factors.get(self.ranks.get(g, -1), verdict['machine']):.2f} of rank {self.ranks.get(g, '?')}"
+            for g, c in moved[:4]
+        ] + [
+            f"rank {r} x{v:.2f} against the other ranks (limit {self.rank_limit(r):.0%}, in every step)"
+            for r, v in ranks[:2]
+        ]
+        return ", ".join(parts) + f", median over the last {steps}"
 
     def rescale(self, step: int) -> dict[str, Any] | None:
-        """Where the window shows a uniform change (no re-plan due, the machine factor moved beyond
-        ``machine_limit``): keep the plan, carry the new factor in the prediction, and return the logged
-        event ``{"step", "machine_factor", "old_predicted_ms", "new_predicted_ms"}``; else None."""
+        """Where the window shows no re-plan due and the ranks' factors moved the plan's batch beyond
+        ``machine_limit``: keep the plan, carry the new factor in the prediction, and return the logged event
+        ``{"step", "machine_factor", "old_predicted_ms", "new_predicted_ms"}``; else None."""
         verdict = self.assess()
-        if verdict is None or verdict["moved"] or self.batch_ms is None:
+        if verdict is None or verdict["moved"] or verdict["ranks_moved"] or self.batch_ms is None:
             return None
         m = verdict["machine"]
         if abs(m / self.machine - 1.0) <= self.machine_limit():
@@ -208,6 +271,7 @@ class Replanner:
             "window": [{"drift": w["drift"], "scales": dict(w["scales"])} for w in self.window],
             "events": list(self.events),
             "noise": dict(self.noise),
+            "rank_noise": {str(r): v for r, v in self.rank_noise.items()},
             "machine": self.machine,
             "rescales": list(self.rescales),
         }
@@ -259,13 +323,19 @@ class Replanner:
         noise, machine = state.get("noise", {}), state.get("machine", 1.0)  # (absent in older states)
         if not (isinstance(noise, dict) and all(isinstance(v, (int, float)) and v >= 0 for v in noise.values())):
             raise ValueError("noise must map groups to numbers >= 0")
+        rank_noise = state.get("rank_noise", {})
+        if not (
+            isinstance(rank_noise, dict)
+            and all(str(r).isdigit() and isinstance(v, (int, float)) and v >= 0 for r, v in rank_noise.items())
+        ):
+            raise ValueError("rank_noise must map pipeline ranks to numbers >= 0")
         if not (isinstance(machine, (int, float)) and machine > 0):
             raise ValueError("machine must be a number > 0")
         if not (
             isinstance(state.get("rescales", []), list) and all(isinstance(e, dict) for e in state.get("rescales", []))
         ):
             raise ValueError("rescales must be a list of objects")
-        self.install(weights, ratios, state["batch_ms"], edges, noise)
+        self.install(weights, ratios, state["batch_ms"], edges, noise, rank_noise)
         self.machine = float(machine)
         self.rescales = list(state.get("rescales", []))
         self.window = [

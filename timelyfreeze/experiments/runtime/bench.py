@@ -26,6 +26,10 @@ Job kinds, per schedule and repeat:
   plan in force after the last re-plan: error over the steps after it, and the share
   ``(no_freeze' / stable' - 1) / (no_freeze' / planned' - 1)`` with that plan's own predicted no-freeze and
   planned batch times (the upper bound is not re-measured under the new load).
+* ``--noise-core N`` (with ``--noise-on``/``--noise-off`` seconds, default 2 and 2): every job but the
+  overhead ones runs beside a co-tenant pinned to core N that busy-loops, sleeps, busy-loops, ... from the
+  job's launch to its end (a host whose speed swings; the rank pinned to core N is the one slowed while it
+  runs). Same kinds; each result line says so (``noise``), and the report adds means with 95 % intervals.
 * ``unpinned`` (``--pinning-ab``): a ``phases`` run with ``[experiment] cpu_pinning = false``, next to the
   ``phases`` runs of the same schedule, which (like ``load`` and ``overhead``) run with ``cpu_pinning = true``.
 * ``noreplan`` (``--replan-ab``): a ``phases`` run with ``[freeze] replan = false``, right after the ``phases``
@@ -66,7 +70,7 @@ from timelyfreeze.experiments.runtime.analysis import (
     phase_median,
     share,
 )
-from timelyfreeze.experiments.runtime.report import WARMUP, load_kind, report, write_csv
+from timelyfreeze.experiments.runtime.report import WARMUP, load_kind, noise_text, report, write_csv
 from timelyfreeze.experiments.sweep.runner import fmt_duration
 from timelyfreeze.titan import launch
 from timelyfreeze.titan.launch import CONFIGS, REPO_ROOT
@@ -154,6 +158,7 @@ def phases_job(
 ) -> dict:
     stable = opts.load_stable if load else opts.stable
     hog: list[subprocess.Popen] = []
+    noise = noisy_cotenant(opts)
 
     def on_row(row: dict) -> None:
         if load and not hog and row.get("phase") in ("progressive", "stable") and row["step"] >= ramp_end:
@@ -173,9 +178,12 @@ def phases_job(
         )
     finally:
         alive = bool(hog) and all(p.poll() is None for p in hog)
-        for p in hog:
+        noise_alive = noise is None or noise.poll() is None
+        for p in hog + ([noise] if noise is not None else []):
             p.kill()
             p.wait()
+    if not noise_alive:
+        raise BenchError(f"the noisy co-tenant died during the job ({dump})")
     if load and not alive:
         raise BenchError(f"the co-tenant process {'never started' if not hog else 'died'} ({dump})")
     out = dump / "timelyfreeze"
@@ -198,11 +206,26 @@ def phases_job(
         "replans": len(s.get("replans") or []),
         "load_started": bool(hog),
     }
+    if noise is not None:
+        res["noise"] = noise_text(opts)
     res["share_pct"] = share(res["speedup_measured"], res["speedup_predicted"])
     res.update(decompose(dump))
     if load:
         res.update(after_replan(dump))
     return res
+
+
+def noisy_cotenant(opts) -> subprocess.Popen | None:
+    """With ``--noise-core N``: a co-tenant pinned to core N that busy-loops ``--noise-on`` s, then sleeps
+    ``--noise-off`` s, over and over, from the job's launch to its end (a host whose speed swings); else None."""
+    if getattr(opts, "noise_core", None) is None:
+        return None
+    code = (
+        f"import os, time\nos.sched_setaffinity(0, {{{opts.noise_core}}})\n"
+        f"while True:\n    t = time.monotonic()\n    while time.monotonic() - t < {opts.noise_on}:\n        pass\n"
+        f"    time.sleep({opts.noise_off})\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", code])
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -358,6 +381,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="pin the co-tenant to this core (the rank pinned there slows; default: free to move)",
     )
+    ap.add_argument(
+        "--noise-core",
+        type=int,
+        default=None,
+        help="every job but the overhead ones runs beside a co-tenant pinned to this core that comes and goes",
+    )
+    ap.add_argument("--noise-on", type=float, default=2.0, help="seconds the noisy co-tenant busy-loops")
+    ap.add_argument("--noise-off", type=float, default=2.0, help="seconds the noisy co-tenant then sleeps")
     ap.add_argument("--pinning-ab", default="", help="schedules that also run with cpu_pinning off")
     ap.add_argument("--replan-ab", default="", help="schedules that also run with replan off (and under load)")
     ap.add_argument("--skip-overhead", action="store_true")
@@ -388,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("dp_shard", "dp_replicate", "tp", "repeats", "pairs", "monitor", "ramp", "stable", "load_stable"):
         if getattr(opts, name) < 1:
             _fail(f"--{name.replace('_', '-')}: must be >= 1, got {getattr(opts, name)}")
+    if opts.noise_core is not None and not 0 <= opts.noise_core < (os.cpu_count() or 1):
+        _fail(f"--noise-core: no core {opts.noise_core} on this machine (cores 0..{(os.cpu_count() or 1) - 1})")
+    for name in ("noise_on", "noise_off"):
+        if not 0 < getattr(opts, name) < float("inf"):
+            _fail(f"--{name.replace('_', '-')}: must be a number of seconds > 0, got {getattr(opts, name)}")
     if not 0 <= opts.r_max <= 1:
         _fail(f"--r-max: must lie in [0, 1], got {opts.r_max}")
     if opts.overhead_masked and opts.overhead_probe:

@@ -20,6 +20,11 @@ def load_kind(opts) -> str:
     return "load" if opts.load_core is None else f"load_core{opts.load_core}"
 
 
+def noise_text(opts) -> str:
+    """The noisy co-tenant of ``--noise-core`` in words (result lines, the report)."""
+    return f"busy loop pinned to core {opts.noise_core}, on {opts.noise_on:g} s / off {opts.noise_off:g} s"
+
+
 def agg(vals: list[float], fmt: str) -> str:
     vals = [v for v in vals if v is not None and not math.isnan(v)]
     if not vals:
@@ -60,6 +65,8 @@ def report(rows: list[dict], opts) -> str:
             f"{agg([r['speedup_predicted'] for r in ph], '.3f')}x | {agg([r['share_pct'] for r in ph], '.0f')} % | "
             f"{agg([r['replans'] for r in ph], '.0f')} | {agg([r['avg_freeze_ratio'] for r in ph], '.3f')} |"
         )
+    if getattr(opts, "noise_core", None) is not None:
+        lines += _noise_means(rows, opts)
     lines += _overhead_means(rows, opts)
     if opts.load_change:
         where = "free to move between cores" if opts.load_core is None else f"pinned to core {opts.load_core}"
@@ -105,6 +112,26 @@ def report(rows: list[dict], opts) -> str:
                 )
     lines += _replan_ab(rows, opts)
     return "\n".join(lines)
+
+
+def _noise_means(rows: list[dict], opts) -> list[str]:
+    """Re-plans per run and the achieved share (against the monitoring plan), mean [95 % interval] over the
+    phases runs of each schedule, for a bench with a noisy co-tenant."""
+    lines = [
+        "",
+        f"Every job beside a co-tenant that comes and goes ({noise_text(opts)}); mean [95 % interval] over the runs:",
+        "",
+        "| schedule | n | re-plans per run | runs without a re-plan | achieved share (vs the monitoring plan) |",
+        "|---|---|---|---|---|",
+    ]
+    for s in opts.schedules:
+        ph = [r for r in rows if r["kind"] == "phases" and r["schedule"] == s]
+        rp, sh = mean_ci(r["replans"] for r in ph), mean_ci(r["share_pct"] for r in ph)
+        lines.append(
+            f"| {s} | {len(ph)} | {fmt_ci(rp[0], rp[1], rp[2], 2)} | {sum(1 for r in ph if not r['replans'])} | "
+            f"{fmt_ci(sh[0], sh[1], sh[2], 0)} % |"
+        )
+    return lines
 
 
 def _overhead_means(rows: list[dict], opts) -> list[str]:

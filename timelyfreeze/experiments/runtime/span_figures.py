@@ -10,7 +10,8 @@
 - re-plans, kept re-plans (due but buying less than ``replan_min_gain``), rescales, the lower window's F
   factor and monitoring warnings.
 
-Per schedule, the median [min, max] over runs (``python scripts/span_figures.py FOLDER...``).
+Per schedule, the median [min, max] over runs; with ``--intervals`` also the shares and re-plans as mean
+[95 % interval] (``python scripts/span_figures.py [--intervals] FOLDER...``).
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ def odd_even(rows: list[dict]) -> float | None:
     return statistics.fmean(rel[1]) - statistics.fmean(rel[0]) if rel[0] and rel[1] else None
 
 
-def table(folders: list[Path]) -> str:
+def table(folders: list[Path], intervals: bool = False) -> str:
+    """The median [min, max] table of the runs under ``folders`` (and, with ``intervals``, the shares and
+    re-plans as mean [95 % interval]), then the odd/even line."""
     runs = [r for f in folders for d in sorted(Path(f).glob("**/summary.json")) if (r := run_figures(d.parent))]
     lines = [
         "| schedule | runs | stable span vs plan in force | upper span vs no-freeze | share (F factor out) | share "
@@ -92,6 +95,8 @@ def table(folders: list[Path]) -> str:
             f"{cell('kept', False)} | {cell('rescales', False)} |"
         )
 
+    if intervals:
+        lines += interval_lines(runs)
     m, lo, hi, n = mean_ci(r["odd_even"] for r in runs)
     if n > 1:
         lines += [
@@ -102,10 +107,30 @@ def table(folders: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def interval_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """Per schedule, the shares and re-plans per run as mean [95 % interval] (``--intervals``)."""
+    lines: list[str] = []
+    lines += [
+        "",
+        "Mean [95 % interval] over the runs:",
+        "",
+        "| schedule | runs | share (F factor out) | share (raw) | re-plans per run | runs without a re-plan |",
+        "|---|---|---|---|---|---|",
+    ]
+    for schedule in sorted({r["schedule"] for r in runs}):
+        rs = [r for r in runs if r["schedule"] == schedule]
+        cells = [fmt_ci(*mean_ci(r[k] for r in rs)[:3], 2) or "n/a" for k in ("share_f", "share", "replans")]
+        lines.append(f"| {schedule} | {len(rs)} | {' | '.join(cells)} | {sum(1 for r in rs if not r['replans'])} |")
+
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
-    folders = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
+    args = sys.argv[1:] if argv is None else list(argv)
+    intervals = "--intervals" in args
+    folders = [Path(a) for a in args if a != "--intervals"]
     if not folders or not all(f.is_dir() for f in folders):
         print("error: give one or more folders holding runs' summary.json and metrics.jsonl", file=sys.stderr)
         return 2
-    print(table(folders), end="")
+    print(table(folders, intervals), end="")
     return 0
