@@ -29,9 +29,9 @@ def _with_setting(tmp_path: Path, config: str, key: str, value: str, table: str 
     return path
 
 
-def _main_error(monkeypatch, capsys, config: Path, *flags: str) -> str:
-    """Run ``timelyfreeze.train.main`` with these arguments; assert exit status 2, no traceback and exactly one
-    ``error:`` line on stderr, and return that line."""
+def _main_error(monkeypatch, capsys, config: Path, *flags: str, rank: int = 0) -> str:
+    """Run ``timelyfreeze.train.main`` as ``rank`` with these arguments; assert exit status 2, no traceback and
+    exactly one ``error:`` line on stderr, and return that line."""
     import faulthandler
 
     from torchtitan.config import ConfigManager
@@ -39,8 +39,8 @@ def _main_error(monkeypatch, capsys, config: Path, *flags: str) -> str:
     from timelyfreeze.train import main
 
     monkeypatch.setattr(faulthandler, "enable", lambda **kwargs: None)  # needs a real stderr file; pytest has its own
-    monkeypatch.setenv("WORLD_SIZE", "2")  # the layout torchrun would give (PP=2); rank 0 prints the error
-    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # the layout torchrun would give (PP=2)
+    monkeypatch.setenv("RANK", str(rank))
     argv = ["--job.config_file", str(config), "--metrics.no-enable-tensorboard", *flags]
     # TorchTitan's ``parse_args(args=sys.argv[1:])`` binds sys.argv once, when it is imported: hand it ours
     monkeypatch.setattr(ConfigManager.parse_args, "__defaults__", (argv,))
@@ -121,3 +121,21 @@ def test_the_command_line_itself(tmp_path):
     assert [line for line in proc.stderr.splitlines() if line.startswith("error:")] == [
         "error: [freeze] monitor_steps = 2.5: must be an integer"
     ]
+
+
+def test_another_rank_waits_for_rank_0_before_it_reports(monkeypatch, capsys):
+    """Rank 0 prints a bad setting's line at once. Another rank waits first (torchrun stops it once rank 0 has
+    exited; exiting at once could get rank 0 stopped before it printed) and prints its own line, naming its rank,
+    only if nothing stopped it: then the failure was its own."""
+    from timelyfreeze import train
+
+    waits: list[float] = []
+    monkeypatch.setattr(train.time, "sleep", waits.append)
+    config = CONFIGS / "llama3_debug_1f1b_cpu.toml"
+    line = _main_error(monkeypatch, capsys, config, "--freeze.r_max", "1.5", rank=1)
+    assert waits == [train.OTHER_RANK_GRACE_S]
+    assert line == "error: [freeze] r_max = 1.5: must lie in [0, 1] (rank 1)"
+    waits.clear()
+    line = _main_error(monkeypatch, capsys, config, "--freeze.r_max", "1.5", rank=0)
+    assert waits == []
+    assert line == "error: [freeze] r_max = 1.5: must lie in [0, 1]"

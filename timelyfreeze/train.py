@@ -9,6 +9,8 @@ import faulthandler
 import gc
 import os
 import sys
+import time
+from typing import NoReturn
 
 from timelyfreeze.titan import cpu_shims
 
@@ -28,15 +30,35 @@ def main(trainer_cls: type | None = None) -> None:
     try:
         titan_main(trainer_cls or TimelyFreezeTrainer)
     except (FreezeConfigError, FreezeStateError) as e:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        _release_process_groups()
-        sys.exit(2)
+        _report_and_exit(e, int(os.environ.get("RANK", "0")))
     # The trainer's reference cycles (closures, stage <-> schedule) still hold the pipeline's process group;
     # left to the interpreter's shutdown, gloo's threads are destroyed mid-finalization, which aborted about
     # one finished run in twenty. Collect them now, while everything is alive: destroy_process_group() has
     # run, so the groups go and their threads are joined here (see timelyfreeze.titan.torch_fixes).
     gc.collect()
+
+
+# How long a rank other than 0 waits, after a bad setting, for rank 0 to report it and torchrun to stop the job.
+OTHER_RANK_GRACE_S = 30.0
+
+
+def _report_and_exit(error: Exception, rank: int) -> NoReturn:
+    """End the run on a bad setting with one ``error:`` line and exit code 2.
+
+    Every rank checks the same settings, so every rank fails, and the job should print the line once. Rank 0
+    prints it at once. Any other rank releases its process groups and waits ``OTHER_RANK_GRACE_S`` first: had
+    it exited at once, torchrun's agent could stop rank 0 before rank 0 printed (the line was lost in about one
+    CI run in many). Normally rank 0 has failed and torchrun has stopped this rank by then; if not, the failure
+    is this rank's own (e.g. its stage's saved state) and it prints the line itself, naming its rank. A job of
+    several nodes may print one such line per rank of a node whose agent outlives rank 0's."""
+    if rank == 0:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        _release_process_groups()
+    else:
+        _release_process_groups()
+        time.sleep(OTHER_RANK_GRACE_S)
+        print(f"error: {error} (rank {rank})", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def _release_process_groups() -> None:
