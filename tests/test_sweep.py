@@ -581,7 +581,7 @@ def test_plots_with_planner(fabricated):
     planner = FakePlanner()
     rep = build_report(fabricated, planner=planner, print_fn=lambda s: None)
     d = fabricated / "report"
-    for name in ("pareto.png", "throughput_vs_rmax.png", "tta.png"):
+    for name in ("pareto.png", "throughput_vs_rmax.png", "tta.png", "tta_curves.png"):
         _nontrivial_png(d / name)
     assert (d / "timeline_1F1B.png").is_file()
     # one planner sweep per TimelyFreeze job with a trace, over 0..1 plus the grid's r_max values
@@ -859,3 +859,63 @@ def test_a_whole_seed_from_another_checkpoint_is_kept_a_partial_one_reruns(base_
     assert sorted(res.ok) == sorted(j.job_id for j in jobs if j.seed == 1)
     assert any("started from another pre-trained checkpoint" in line for line in lines)
     assert any("all its 1F1B jobs started from checkpoint old" in line for line in lines)
+
+
+def _tta_row(job_id, method, curve, step_ms, seed=0, knob=None):
+    return {
+        "job_id": job_id,
+        "schedule": "1F1B",
+        "method": method,
+        "knob_name": None if knob is None else "r_max",
+        "knob_value": knob,
+        "seed": seed,
+        "steps": int(curve[-1][0]),
+        "status": "ok",
+        "_val_curve": curve,
+        "_step_ms": step_ms,
+    }
+
+
+def test_tta_a_censored_run_at_its_bound_and_a_target_the_reference_does_not_keep():
+    """A freezing run that never reaches the target gets ``tta_ratio_bound`` (its wall-clock to its last step
+    over the no-freezing run's, a lower bound) and no ``tta_ratio``; a no-freezing curve that rose after the
+    target step does not keep that target: a note, not a crash."""
+    nf = _tta_row("nf", "none", [[1, 6.0], [10, 5.0], [20, 5.2]], {s: 100.0 for s in range(1, 21)})
+    slow = _tta_row("tf", "timelyfreeze", [[1, 6.0], [10, 5.5], [30, 5.3]], {s: 80.0 for s in range(1, 31)}, knob=0.6)
+    rows = {t["job_id"]: t for t in tta_rows([nf, slow])}
+    t = rows["tf"]
+    assert t["tta_ratio"] is None and t["note"] == "not reached within 30 steps"
+    # the target, nf's final 5.2, is held from step 1 + 0.8 / 1.0 * 9 = 8.2: 30 steps of 80 ms over 8.2 of 100 ms
+    assert t["steps_nf"] == pytest.approx(8.2) and t["tta_ratio_bound"] == pytest.approx(30 * 0.08 / 0.82)
+    assert rows["nf"]["tta_ratio"] == rows["nf"]["tta_ratio_bound"] == 1.0
+    t = {t["job_id"]: t for t in tta_rows([nf, slow], tta_step=10)}["tf"]  # nf's loss at 10 is 5.0; it ends at 5.2
+    assert t["steps_nf"] is None and t["tta_ratio"] is None and t["tta_ratio_bound"] is None
+    assert t["note"].startswith("the no-freezing run does not keep its own loss at step 10 (5.0000)")
+
+
+def test_tta_curves_average_seeds_on_a_common_time_grid_without_extrapolating(tmp_path):
+    from timelyfreeze.experiments.sweep.plots import plot_tta_curves, tta_curve_bands
+    from timelyfreeze.experiments.sweep.tta import tta_targets
+
+    ms = {s: 1000.0 for s in range(1, 32)}  # one second a step: a validation at step s is at s seconds
+    rows = [
+        _tta_row("nf0", "none", [[1, 6.0], [11, 5.0], [21, 4.0]], ms, seed=0),
+        _tta_row("nf1", "none", [[1, 6.0], [11, 5.0], [21, 4.0]], ms, seed=1),
+        _tta_row("tf0", "timelyfreeze", [[1, 6.0], [11, 5.6], [21, 5.2]], ms, seed=0, knob=0.6),
+        _tta_row("tf1", "timelyfreeze", [[1, 6.2], [11, 5.8], [21, 5.4], [31, 5.0]], ms, seed=1, knob=0.6),
+    ]
+    bands = tta_curve_bands(rows, grid_s=5.0)
+    assert list(bands["1F1B"]) == ["none", "timelyfreeze r_max=0.6"]  # the reference first
+    nf, tf = bands["1F1B"]["none"], bands["1F1B"]["timelyfreeze r_max=0.6"]
+    assert nf["t"] == [0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]  # up to the schedule's longest run
+    assert nf["n"] == [0, 2, 2, 2, 2, 0, 0] and nf["mean"][0] is None  # before the first point: no value
+    assert nf["mean"][1] == pytest.approx(5.6) and nf["lo"][1] == nf["hi"][1] == pytest.approx(5.6)
+    assert tf["mean"][3] == pytest.approx((5.44 + 5.64) / 2)  # t = 15: 0.4 of the way from 11 s to 21 s
+    assert tf["lo"][3] < tf["mean"][3] < tf["hi"][3]
+    assert tf["n"][5:] == [1, 1] and tf["lo"][5] is None  # past seed 0's end: seed 1 alone, no band
+    assert tf["mean"][6] == pytest.approx(5.04)  # seed 1: 0.9 of the way from 5.4 (21 s) to 5.0 (31 s)
+    targets = tta_targets(rows, tta_step=11)
+    assert targets == {"1F1B": [("no freezing, final (step 21)", 4.0), ("no freezing, step 11", 5.0)]}
+    assert plot_tta_curves(bands, targets, tmp_path / "curves.png")
+    _nontrivial_png(tmp_path / "curves.png")
+    assert not plot_tta_curves({}, {}, tmp_path / "none.png")

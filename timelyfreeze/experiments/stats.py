@@ -8,7 +8,8 @@ none with one seed). Verdicts are stated only where the interval excludes the no
 - accuracy: ``dval`` (validation loss minus the no-freezing run's, same seed and step) vs 0 ("worse" /
   "better" / "no difference resolved");
 - time to accuracy: ``tta_ratio`` vs 1 ("sooner" / "later" / ...), over the seeds that reached the target;
-  ``reached`` says how many did.
+  ``reached`` says how many did; ``tta_ratio_bound`` counts every seed, a censored one at its bound (a lower
+  bound of the cell's mean, no verdict).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from scipy.stats import t as student_t
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.results import knob_sort_key, num
 
-QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio")
+QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio", "tta_ratio_bound")
 CELL_COLUMNS = (
     ["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
     + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]

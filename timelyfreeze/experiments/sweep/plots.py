@@ -1,5 +1,6 @@
 """The report's matplotlib figures: loss vs throughput with the Pareto front, measured vs predicted
-throughput over r_max, time to accuracy, and one timeline per schedule.
+throughput over r_max, time to accuracy (ratios per cell, and validation loss over training wall-clock), and
+one timeline per schedule.
 
 Every ``plot_*`` returns whether it drew anything; a figure with no data is skipped, not an error.
 """
@@ -15,10 +16,12 @@ import numpy as np
 
 from planner.errors import PlannerError
 from timelyfreeze.config.freeze import METHODS, PLANNED_METHODS
+from timelyfreeze.experiments.stats import mean_ci
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.pareto import pareto_front
 from timelyfreeze.experiments.sweep.predictions import Planner
-from timelyfreeze.experiments.sweep.results import config_label, fmt_knob
+from timelyfreeze.experiments.sweep.results import cell_knob, config_label, fmt_knob
+from timelyfreeze.experiments.sweep.tta import wall_to_step
 
 PLAIN_TIMELYFREEZE = "timelyfreeze"
 """The planned method whose run a schedule's timeline prefers (then any other planned method)."""
@@ -328,6 +331,93 @@ def plot_tta(cells: list[dict[str, Any]], out_png: Path) -> bool:
         ax.set_title(f"{schedule}: reaching the no-freezing validation loss (label: mean, seeds reached)", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper center", ncol=2)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return True
+
+
+TTA_CURVE_GRID_S = 5.0
+"""Spacing in seconds of the common time grid on which the seeds' validation curves are averaged."""
+
+_ARM_COLOURS = ("#444444", "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b")
+
+
+def wall_curve(row: dict[str, Any]) -> list[tuple[float, float]]:
+    """A run's validation curve against training wall-clock: (seconds of step time up to the validation's step,
+    validation loss); points whose step times are missing are left out."""
+    out = []
+    for step, loss in row.get("_val_curve") or []:
+        t = wall_to_step(row.get("_step_ms") or {}, step)
+        if t is not None:
+            out.append((t, float(loss)))
+    return out
+
+
+def tta_curve_bands(rows: list[dict[str, Any]], grid_s: float = TTA_CURVE_GRID_S) -> dict[str, dict[str, dict]]:
+    """Per schedule and arm (``config_label`` of the cell): on a common grid every ``grid_s`` seconds up to the
+    end of the schedule's longest run, the mean over seeds of each seed's validation curve, linearly interpolated
+    at that time, and the 95 % Student-t interval over the seeds whose run covers that time (no interval below
+    two). A seed's curve counts from its first to its last validation, never extrapolated.
+    ``{schedule: {arm: {"t", "mean", "lo", "hi", "n"}}}`` (lists of equal length; None where undefined)."""
+    runs: dict[str, dict[str, list[list[tuple[float, float]]]]] = {}
+    order: dict[str, tuple] = {}
+    for r in rows:
+        if r.get("status") != "ok":
+            continue
+        curve = wall_curve(r)
+        if len(curve) < 2:
+            continue
+        arm = config_label(r["method"], r.get("knob_name"), cell_knob(r))
+        runs.setdefault(r["schedule"], {}).setdefault(arm, []).append(curve)
+        order[arm] = (r["method"] != NO_FREEZING, str(r["method"]), str(cell_knob(r)))
+    out: dict[str, dict[str, dict]] = {}
+    for schedule, arms in sorted(runs.items()):
+        end = max(c[-1][0] for curves in arms.values() for c in curves)
+        grid = [grid_s * i for i in range(int(end // grid_s) + 1)]
+        out[schedule] = {}
+        for arm in sorted(arms, key=lambda a: order[a]):
+            band: dict[str, list] = {"t": grid, "mean": [], "lo": [], "hi": [], "n": []}
+            for t in grid:
+                vals = [
+                    float(np.interp(t, [p[0] for p in c], [p[1] for p in c]))
+                    for c in arms[arm]
+                    if c[0][0] <= t <= c[-1][0]
+                ]
+                m, lo, hi, n = mean_ci(vals)
+                for k, v in (("mean", m), ("lo", lo), ("hi", hi), ("n", n)):
+                    band[k].append(v)
+            out[schedule][arm] = band
+    return out
+
+
+def plot_tta_curves(
+    bands: dict[str, dict[str, dict]], targets: dict[str, list[tuple[str, float]]], out_png: Path
+) -> bool:
+    """Per schedule, one panel: validation loss against training wall-clock, each arm's mean over seeds with
+    its 95 % band (``tta_curve_bands``), and a horizontal line at each target (``targets[schedule]``: label,
+    loss)."""
+    if not any(bands.values()):
+        return False
+    plt, fig, axes = _panels(len(bands))
+    for ax, (schedule, arms) in zip(axes, bands.items()):
+        for i, (arm, b) in enumerate(arms.items()):
+            colour = _ARM_COLOURS[i % len(_ARM_COLOURS)]
+            pts = [(t, m) for t, m in zip(b["t"], b["mean"]) if m is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1.4, label=arm)
+            span = [(t, lo, hi) for t, lo, hi in zip(b["t"], b["lo"], b["hi"]) if lo is not None]
+            if span:
+                ax.fill_between(
+                    [p[0] for p in span], [p[1] for p in span], [p[2] for p in span], color=colour, alpha=0.2, lw=0
+                )
+        for j, (label, loss) in enumerate(targets.get(schedule, [])):
+            ax.axhline(loss, color="black", lw=0.8, ls=("--", ":", "-.")[j % 3], label=f"{label} ({loss:.4f})")
+        ax.set_xlabel("training wall-clock (s; step times, validation excluded)")
+        ax.set_ylabel("validation loss")
+        ax.set_title(f"{schedule}: mean over seeds, 95 % band", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
     plt.close(fig)

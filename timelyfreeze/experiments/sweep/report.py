@@ -25,10 +25,18 @@ from typing import Any, Sequence
 from timelyfreeze.experiments.stats import CELL_COLUMNS, QUANTITIES, TREND_COLUMNS, cell_stats, fmt_ci, knob_trends
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.pareto import CONFIG_COLUMNS, aggregate_configs, loss_key
-from timelyfreeze.experiments.sweep.plots import plot_pareto, plot_rmax, plot_tta, rmax_data, timelines
+from timelyfreeze.experiments.sweep.plots import (
+    plot_pareto,
+    plot_rmax,
+    plot_tta,
+    plot_tta_curves,
+    rmax_data,
+    timelines,
+    tta_curve_bands,
+)
 from timelyfreeze.experiments.sweep.predictions import Planner
 from timelyfreeze.experiments.sweep.results import RESULT_COLUMNS, config_label, load_rows
-from timelyfreeze.experiments.sweep.tta import TTA_COLUMNS, tta_rows
+from timelyfreeze.experiments.sweep.tta import TTA_COLUMNS, tta_rows, tta_targets
 
 
 def _cell(col: str, v: Any) -> str:
@@ -73,6 +81,7 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
         "reached",
         "steps ratio",
         "TTA ratio",
+        "TTA ratio, censored at bound",
         "throughput",
         "accuracy",
         "time to accuracy",
@@ -94,6 +103,7 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
                 "reached": f"{c['reached']}/{c['seeds']}",
                 "steps ratio": q["steps_ratio"],
                 "TTA ratio": q["tta_ratio"],
+                "TTA ratio, censored at bound": q["tta_ratio_bound"] if c["reached"] < c["seeds"] else "",
                 "throughput": c["throughput"] or "",
                 "accuracy": c["accuracy"] or "",
                 "time to accuracy": c["time_to_accuracy"] or "",
@@ -102,7 +112,7 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
     return md_table(out, cols)
 
 
-def _plots(rows, cells, planner, rep: Path, warnings: list[str]) -> list[tuple[str, str]]:
+def _plots(rows, cells, planner, rep: Path, warnings: list[str], tta_step: float | None) -> list[tuple[str, str]]:
     """Draw the report's plots and CSV of the planner sweep; (title, file name) of each plot drawn."""
     plots = []
     if plot_pareto(cells, rep / "pareto.png"):
@@ -122,6 +132,8 @@ def _plots(rows, cells, planner, rep: Path, warnings: list[str]) -> list[tuple[s
         )
     if plot_tta(cells, rep / "tta.png"):
         plots.append(("Time to accuracy", "tta.png"))
+    if plot_tta_curves(tta_curve_bands(rows), tta_targets(rows, tta_step), rep / "tta_curves.png"):
+        plots.append(("Validation loss over training wall-clock (mean over seeds, 95 % band)", "tta_curves.png"))
     for png, job_id in timelines(rows, planner, rep, warnings):
         plots.append((f"Timeline of {job_id}", png.name))
     return plots
@@ -211,7 +223,7 @@ def build_report(
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
     write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
     write_csv(rep / "trends.csv", trends, TREND_COLUMNS)
-    plots = _plots(rows, cells, planner, rep, warnings)
+    plots = _plots(rows, cells, planner, rep, warnings, tta_step)
     counts = defaultdict(int)
     for r in rows:
         counts[r["status"]] += 1
