@@ -1,13 +1,19 @@
-"""The placement grid: random jobs matched to TimelyFreeze jobs (grid expansion, command, results rows)."""
+"""The placement grid: random jobs matched to TimelyFreeze jobs (grid expansion, command, results rows), and
+bracketed ones (``bracket = true``: the TimelyFreeze job runs again right after; the block reruns whole)."""
+
+import sys
+from pathlib import Path
 
 import pytest
 
 from timelyfreeze.config.freeze import Freeze, knob_of
+from timelyfreeze.experiments.sweep.cli import main as sweep_main
 from timelyfreeze.experiments.sweep.command import build_command, matched_dump
-from timelyfreeze.experiments.sweep.grid import GridError, expand_grid, load_grid_file
-from timelyfreeze.experiments.sweep.results import cell_knob, knob_sort_key
+from timelyfreeze.experiments.sweep.grid import GridError, Job, expand_grid, load_grid_file
+from timelyfreeze.experiments.sweep.results import _parse_job_id, cell_knob, knob_sort_key
 
 CONFIG = "torchtitan_configs/llama3_debug_finetune_cpu.toml"
+FAKE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_job.py'}"
 
 
 def _grid(**methods):
@@ -51,6 +57,76 @@ def test_bad_matched_entries(spec, msg):
 def test_only_random_can_be_matched():
     with pytest.raises(GridError, match="cannot be matched"):
         expand_grid(_grid(timelyfreeze=[0.6], apf={"matched": "timelyfreeze"}))
+
+
+def test_a_bracketed_job_is_followed_by_its_targets_repeat():
+    jobs = expand_grid(_grid(timelyfreeze=[0.6, 0.8], random={"matched": "timelyfreeze", "bracket": True}))
+    assert [j.job_id for j in jobs[:7]] == [
+        "1F1B__none__seed=0",
+        "1F1B__timelyfreeze__r_max=0.6__seed=0",
+        "1F1B__random__ratio=matched-timelyfreeze-r_max0.6__seed=0",
+        "1F1B__timelyfreeze__r_max=0.6__seed=0__repeat=1",
+        "1F1B__timelyfreeze__r_max=0.8__seed=0",
+        "1F1B__random__ratio=matched-timelyfreeze-r_max0.8__seed=0",
+        "1F1B__timelyfreeze__r_max=0.8__seed=0__repeat=1",
+    ]
+    assert (
+        build_command(jobs[3], CONFIG, dump_folder="/o/jobs/b/dump")[8:]
+        == build_command(jobs[1], CONFIG, dump_folder="/o/jobs/b/dump")[8:]
+    )  # the repeat runs with its target's arguments
+
+
+def test_a_repeat_changes_only_the_repeated_jobs_id_and_spec():
+    a = Job("1F1B", "timelyfreeze", 0.8, 3)
+    assert "repeat" not in a.spec()  # finished jobs of the earlier grids stay resumable
+    b = Job("1F1B", "timelyfreeze", 0.8, 3, repeat=1)
+    assert b.job_id == "1F1B__timelyfreeze__r_max=0.8__seed=3__repeat=1" and b.spec() == {**a.spec(), "repeat": 1}
+    assert _parse_job_id(b.job_id) == {
+        "schedule": "1F1B",
+        "method": "timelyfreeze",
+        "knob": {"name": "r_max", "value": 0.8},
+        "seed": 3,
+        "repeat": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "spec, msg",
+    [
+        ({"matched": "timelyfreeze", "bracket": "yes"}, "must be true or false"),
+        ({"values": [0.5], "bracket": True}, "bracket needs matched"),
+    ],
+)
+def test_bad_bracket_entries(spec, msg):
+    with pytest.raises(GridError, match=msg):
+        expand_grid({"schedules": ["1F1B"], "methods": {"timelyfreeze": [0.6], "random": spec}})
+
+
+def test_a_block_runs_again_whole(tmp_path, monkeypatch, capsys):
+    base = tmp_path / "base.toml"
+    base.write_text("[training]\nsteps = 20\n[parallelism]\npipeline_parallel_degree = 2\n")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f'config = "{base}"\nschedules = ["1F1B"]\nseeds = [0, 1]\n'
+        '[methods]\ntimelyfreeze = [0.5]\nrandom = {matched = "timelyfreeze", bracket = true}\n'
+    )
+    out, calls = tmp_path / "o", tmp_path / "calls.txt"
+
+    def run(fail: str = "") -> list[str]:
+        calls.unlink(missing_ok=True)
+        monkeypatch.setenv("FAKE_JOB_FAIL", fail)
+        sweep_main(["run", "--grid", str(grid), "--out", str(out), "--launcher", FAKE, "--no-report"])
+        return calls.read_text().split() if calls.exists() else []
+
+    monkeypatch.setenv("FAKE_JOB_CALLS", str(calls))
+    ids = [j.job_id for j in expand_grid(load_grid_file(grid))]
+    assert run("random") == ids  # both R jobs fail; every A and B is ok
+    capsys.readouterr()
+    assert run() == ids  # each block runs again whole, in its order, though its A and B were done
+    assert capsys.readouterr().out.count("runs again with its block") == 4
+    assert run() == []  # every block done: nothing runs
+    (out / "jobs" / ids[5] / "job.json").unlink()  # seed 1's B incomplete: its whole block, and only it, runs
+    assert run() == ids[3:]
 
 
 def test_matched_command_reads_the_sibling_dump(tmp_path):

@@ -53,6 +53,28 @@ def mean_ci(values: Iterable[float | None]) -> tuple[float | None, float | None,
     return m, m - half, m + half, n
 
 
+def half_width(sd: float, n: int) -> float:
+    """The half-width of the 95 % Student-t interval of a mean of ``n >= 2`` values whose SD is ``sd``."""
+    return t_quantile(n - 1) * sd / math.sqrt(n)
+
+
+def n_for_half_width(sd: float, target: float, n_max: int = 10_000) -> int | None:
+    """The fewest values (>= 2) whose 95 % interval of the mean is at most ``target`` wide on each side, at SD
+    ``sd``; None beyond ``n_max``."""
+    return next((n for n in range(2, n_max + 1) if half_width(sd, n) <= target), None)
+
+
+def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float | None, int]:
+    """(SD pooled within groups, its degrees of freedom): each group's spread about its own mean (groups of one
+    value add nothing); None without any degree of freedom."""
+    ss, dof = 0.0, 0
+    for g in groups:
+        if len(g) > 1:
+            ss += statistics.variance(g) * (len(g) - 1)
+            dof += len(g) - 1
+    return (math.sqrt(ss / dof) if dof else None), dof
+
+
 def verdict(lo: float | None, hi: float | None, null: float, above: str, below: str) -> str | None:
     """``above`` when the interval lies above ``null``, ``below`` when under it, else no difference; None
     without an interval."""

@@ -14,7 +14,8 @@ Grid file::
     timelyfreeze_apf = {values = [0.8], overrides = {"freeze.apf.threshold" = 0.05}}
     apf = [0.05]
     random = {matched = "timelyfreeze"}         # one random job per timelyfreeze job of the same (seed, schedule),
-                                                # freezing the per-stage shares that run realised (knob "matched")
+                                                # freezing the per-stage shares that run realised (knob "matched");
+                                                # with bracket = true the timelyfreeze job runs again right after it
     [schedule_overrides.Interleaved1F1B]        # extra overrides for jobs of one schedule
     "parallelism.pipeline_parallel_layers_per_stage" = 1
 
@@ -58,6 +59,9 @@ class Job:
     matched_to: str | None = None
     """The job id whose realised per-stage freeze shares this job freezes (``random = {matched = ...}``): it
     runs right after that job and reads its dump folder (``--freeze.random.matched``)."""
+    repeat: int = 0
+    """0 for a job's first run; 1 for its second run with the same settings, right after the job matched to it
+    (``random = {matched = ..., bracket = true}``), so that the matched job is bracketed in time by the two."""
 
     @property
     def knob_name(self) -> str | None:
@@ -73,6 +77,8 @@ class Job:
         elif self.knob_name is not None:
             parts.append(f"{self.knob_name}={fmt_value(self.knob_value)}")
         parts.append(f"seed={self.seed}")
+        if self.repeat:
+            parts.append(f"repeat={self.repeat}")
         return "__".join(parts)
 
     def spec(self) -> dict[str, Any]:
@@ -87,6 +93,7 @@ class Job:
             }
             | ({"extend_to_target": self.extend} if self.extend is not None else {})
             | ({"matched_to": self.matched_to} if self.matched_to is not None else {})
+            | ({"repeat": self.repeat} if self.repeat else {})
         )
 
 
@@ -150,9 +157,13 @@ def _method_entries(methods: Any) -> list[tuple[str, list[Any] | None, dict[str,
             raise GridError(f"unknown method {name!r}; known: {', '.join(KNOBS)}")
         overrides: dict[str, Any] = {}
         if isinstance(spec, dict):
-            unknown = set(spec) - {"values", "overrides", "matched"}
+            unknown = set(spec) - {"values", "overrides", "matched", "bracket"}
             if unknown:
-                raise GridError(f"method {name!r}: unknown keys {sorted(unknown)} (values, overrides, matched)")
+                raise GridError(
+                    f"method {name!r}: unknown keys {sorted(unknown)} (values, overrides, matched, bracket)"
+                )
+            if "bracket" in spec and "matched" not in spec:
+                raise GridError(f"method {name!r}: bracket needs matched")
             overrides = dict(spec.get("overrides", {}))
             if "matched" in spec:
                 out.append((name, [_matched_target(name, spec)], overrides))
@@ -179,9 +190,11 @@ def _method_entries(methods: Any) -> list[tuple[str, list[Any] | None, dict[str,
 
 @dataclasses.dataclass(frozen=True)
 class _Matched:
-    """A grid entry's ``matched = "<method>"``: one job per job of that method (same seed and schedule)."""
+    """A grid entry's ``matched = "<method>"``: one job per job of that method (same seed and schedule);
+    ``bracket``: that job runs again right after it (``Job.repeat``)."""
 
     method: str
+    bracket: bool = False
 
 
 def _matched_target(name: str, spec: dict[str, Any]) -> _Matched:
@@ -194,7 +207,10 @@ def _matched_target(name: str, spec: dict[str, Any]) -> _Matched:
         raise GridError(
             f"method {name!r}: matched = {target!r} must name a planned method ({', '.join(sorted(PLANNED_METHODS))})"
         )
-    return _Matched(target)
+    bracket = spec.get("bracket", False)
+    if not isinstance(bracket, bool):
+        raise GridError(f"method {name!r}: bracket = {bracket!r} must be true or false")
+    return _Matched(target, bracket)
 
 
 def _as_list(x: Any, what: str) -> list[Any]:
@@ -210,7 +226,8 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
     """One job per (seed, schedule, method, knob value), in that nesting order (interleaved: every cell's
     seed ``i`` before any seed ``i + 1``, so the machine's slow periods spread over all cells and an
     interrupted sweep has every cell at the same depth); ``none`` has no knob and runs first in its
-    (seed, schedule)."""
+    (seed, schedule). A matched job runs right after the job it is matched to; a bracketed one is followed by
+    that job's repeat (``Job.repeat``): ``[target, matched, target again]``, a block (``bracket_blocks``)."""
     schedules = [str(s) for s in _as_list(grid.get("schedules"), "schedules")]
     seeds = _as_list(grid.get("seeds", [0]), "seeds")
     if any(isinstance(s, bool) or not isinstance(s, int) for s in seeds):
@@ -264,10 +281,24 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
                     if isinstance(value, _Matched):
                         for target in [j for j in cell if j.method == value.method]:
                             job = Job(schedule, method, "matched", seed, overrides, ext, target.job_id)
-                            cell.insert(cell.index(target) + 1, job)
+                            at = cell.index(target) + 1
+                            cell[at:at] = [job, dataclasses.replace(target, repeat=1)] if value.bracket else [job]
             jobs.extend(cell)
     ids = [j.job_id for j in jobs]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise GridError(f"the grid repeats jobs: {', '.join(dup)}")
     return jobs
+
+
+def bracket_blocks(jobs: list[Job]) -> dict[str, list[str]]:
+    """{job_id: the ids of its block} for every job of a bracketed block: ``[target, the job(s) matched to it,
+    the target's repeat]``, in run order. Such a block only means something when its jobs run back to back
+    (``runner.resume_plan`` runs it again whole when any of its jobs has to run)."""
+    blocks: dict[str, list[str]] = {}
+    for job in jobs:
+        if job.repeat:
+            first = dataclasses.replace(job, repeat=0).job_id
+            ids = [first, *(j.job_id for j in jobs if j.matched_to == first), job.job_id]
+            blocks.update(dict.fromkeys(ids, ids))
+    return blocks

@@ -85,6 +85,8 @@ def _parse_job_id(job_id: str) -> dict[str, Any]:
         k, _, v = p.partition("=")
         if k == "seed":
             info["seed"] = int(v) if v.lstrip("-").isdigit() else v
+        elif k == "repeat":  # a bracketed block's second run of its first job
+            info["repeat"] = int(v) if v.isdigit() else v
         elif v:
             try:
                 info["knob"] = {"name": k, "value": float(v)}
@@ -206,6 +208,8 @@ def load_job(job_dir: Path) -> dict[str, Any]:
     row["_step_ms"] = {m["step"]: float(m["step_ms"]) for m in metrics if num(m.get("step_ms")) is not None}
     row["_dir"] = job_dir
     row["_start"] = (job.get("spec") or {}).get("start_sha256")  # the pre-trained checkpoint it started from
+    row["_repeat"] = spec.get("repeat") or 0  # 1: a bracketed block's second run of its first job
+    row["_started"], row["_ended"] = job.get("start_time"), job.get("end_time")  # ISO times (job.json)
     row["_trace"] = tf / "trace" if (tf / "trace" / "meta.json").is_file() else None
     row["_plan"] = tf / "plan.json" if (tf / "plan.json").is_file() else None
     row["_timeline"] = tf / "timeline.png" if (tf / "timeline.png").is_file() else None

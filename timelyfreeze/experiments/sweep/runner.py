@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from timelyfreeze.experiments.sweep.grid import Job
+from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks
 from timelyfreeze.titan import launch
 from timelyfreeze.titan.launch import REPO_ROOT
 
@@ -252,7 +252,8 @@ def run_one(
 def resume_plan(
     jobs: list[Job], out: Path, base_config_sha: str | None, start_sha: str | None, retry_failed: bool = True
 ) -> list[tuple[Job, dict[str, Any], bool, str]]:
-    """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does."""
+    """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does. A job
+    of a bracketed block (``grid.bracket_blocks``) that is done runs again when another job of its block runs."""
     kept = (
         {}
         if start_sha is None
@@ -273,7 +274,13 @@ def resume_plan(
             if rec and rec.get("spec") == spec and rec.get("status") in ("failed", "timeout"):
                 skip, why = True, f"previous run {rec['status']} (--no-retry-failed)"
         plan.append((job, spec, skip, why))
-    return plan
+    # a bracketed block ([target, matched, target again]) runs whole or not at all: its jobs must run back to back
+    blocks = bracket_blocks(jobs)
+    rerun = {i for job, _, skip, _ in plan if not skip for i in blocks.get(job.job_id, ())}
+    return [
+        (job, spec, False, "runs again with its block") if skip and job.job_id in rerun else (job, spec, skip, why)
+        for job, spec, skip, why in plan
+    ]
 
 
 def run_sweep(

@@ -1,0 +1,244 @@
+"""The bracketed placement study (docs/results/placement-bracketed/README.md): the grid expands to the protocol's
+90 jobs in its order (and the dry run prints it), the planned precision from the committed pairs, and the report on
+synthetic job folders (committed TimelyFreeze jobs copied, their batch and forward times rewritten): no training.
+The sweep's side (bracket = true, a block runs again whole) is tested in test_placement.py."""
+
+import csv
+import json
+import math
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from planner.timing.spans import f_factor
+from planner.trace.load import load_trace
+from timelyfreeze.experiments.stats import half_width, n_for_half_width, pooled_sd
+from timelyfreeze.experiments.studies.placement_bracketed import (
+    BEYOND,
+    UNDECIDED,
+    WITHIN,
+    answer,
+    design,
+    main,
+    size_verdict,
+)
+from timelyfreeze.experiments.sweep.cli import main as sweep_main
+from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks, expand_grid, load_grid_file
+
+REPO = Path(__file__).resolve().parent.parent
+GRID = REPO / "scripts" / "placement_bracketed_grid.toml"
+COMMITTED_PAIRS = REPO / "docs" / "results" / "placement" / "report" / "placement_pairs.csv"
+
+
+def _protocol_order() -> list[str]:
+    """The README's order: seeds 0-14 outermost; per seed 1F1B's block, then ZBV's; a block is A, R, B."""
+    ids = []
+    for seed in range(15):
+        for s in ("1F1B", "ZBVZeroBubble"):
+            a = f"{s}__timelyfreeze__r_max=0.8__seed={seed}"
+            ids += [a, f"{s}__random__ratio=matched-timelyfreeze-r_max0.8__seed={seed}", f"{a}__repeat=1"]
+    return ids
+
+
+# ------------------------------------------------------------------------------------------ grid
+def test_the_bracketed_grid_expands_to_the_protocols_90_jobs_in_order():
+    grid = load_grid_file(GRID)
+    assert Path(grid["config"]).name == "llama3_debug_finetune_cpu.toml" and Path(grid["config"]).is_file()
+    jobs = expand_grid(grid)
+    assert [j.job_id for j in jobs] == _protocol_order()
+    for a, r, b in zip(jobs[::3], jobs[1::3], jobs[2::3]):
+        assert (a.method, a.knob_value, a.repeat, a.matched_to) == ("timelyfreeze", 0.8, 0, None)
+        assert (r.method, r.knob_value, r.matched_to, r.seed) == ("random", "matched", a.job_id, a.seed)
+        assert b == Job(a.schedule, a.method, a.knob_value, a.seed, a.overrides, a.extend, None, repeat=1)
+        assert dict(a.overrides) == {"metrics.enable_tensorboard": False} and a.extend is None
+    blocks = bracket_blocks(jobs)
+    assert len(blocks) == 90 and blocks[jobs[4].job_id] == [j.job_id for j in jobs[3:6]]
+
+
+def test_the_dry_run_prints_the_exact_order(tmp_path, capsys):
+    out = tmp_path / "pb"
+    assert sweep_main(["run", "--grid", str(GRID), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert text.rstrip().endswith("90 jobs") and not out.exists()
+    listed = [line.split("] ", 1)[1].split("  (")[0] for line in text.splitlines() if line.startswith("[")]
+    assert listed == _protocol_order()
+    commands = [line for line in text.splitlines() if line.startswith("    ")]
+    a_dump = out / "jobs" / "1F1B__timelyfreeze__r_max=0.8__seed=0" / "dump"
+    assert f"--freeze.random.matched {a_dump}" in commands[1]  # R reads A's dump
+    assert "--freeze.r_max 0.8" in commands[2] and "--freeze.seed 0" in commands[2]  # B: A's settings, own dump
+    assert "repeat=1/dump" in commands[2]
+
+
+# ------------------------------------------------------------------------------------------ design
+def test_design_from_the_committed_pairs_gives_the_protocols_numbers():
+    with open(COMMITTED_PAIRS, newline="") as f:
+        rows = {(r["schedule"], r["quantity"]): r for r in design(list(csv.DictReader(f)), blocks=15)}
+    one, zbv = rows[("1F1B", "d_speedup")], rows[("ZBVZeroBubble", "d_speedup")]
+    assert (one["pairs"], one["dof"]) == (8, 6)
+    assert round(one["sd_pair"], 3) == 0.041 and round(one["sd_block"], 3) == 0.035
+    assert round(one["half_width"], 3) == 0.020 and one["blocks_needed"] == 15
+    assert round(zbv["sd_pair"], 3) == 0.068 and round(zbv["half_width"], 3) == 0.033 and zbv["blocks_needed"] == 36
+    assert rows[("1F1B", "d_speedup_f")]["blocks_needed"] == 34
+    assert rows[("ZBVZeroBubble", "d_speedup_f")]["blocks_needed"] == 37
+
+
+def test_precision_helpers_hand_checked():
+    assert half_width(1.0, 2) == pytest.approx(12.7062 / math.sqrt(2), rel=1e-4)
+    assert n_for_half_width(1.0, half_width(1.0, 10)) == 10 and n_for_half_width(1.0, 1e-6, n_max=50) is None
+    sd, dof = pooled_sd([[1.0, 3.0], [10.0, 14.0], [7.0]])
+    assert dof == 2 and sd == pytest.approx(math.sqrt((2.0 + 8.0) / 2))
+    assert pooled_sd([[1.0]]) == (None, 0)
+
+
+def test_size_verdicts_and_answers():
+    assert size_verdict(-0.01, 0.019) == WITHIN and size_verdict(0.021, 0.05) == BEYOND
+    assert size_verdict(0.001, 0.03) == UNDECIDED and size_verdict(None, None) is None
+    c = {"d_bracket_lo": -0.04, "d_bracket_hi": 0.02, "speed": "no difference resolved", "size": UNDECIDED}
+    assert answer(c).endswith("(half-width 0.030): the difference lies between -0.040 and +0.020")
+    c = {"d_bracket_lo": 0.005, "d_bracket_hi": 0.035, "speed": "TimelyFreeze faster", "size": UNDECIDED}
+    assert answer(c) == "TimelyFreeze faster, by at least 0.005 (the interval reaches past 0.02)"
+    c = {"d_bracket_lo": 0.001, "d_bracket_hi": 0.015, "speed": "TimelyFreeze faster", "size": WITHIN}
+    assert "smaller than 0.02 either way" in answer(c)
+
+
+# ------------------------------------------------------------------------------------------ report
+SRC = REPO / "docs" / "results" / "comparison" / "jobs"
+UNFROZEN_MS = 1000.0
+
+
+def _metrics(speedup: float) -> str:
+    """A 36-step metrics.jsonl with the fine-tuning phases whose in-run speed-up is ``speedup``."""
+    phases = ["warmup"] * 6 + ["upper"] * 3 + ["lower"] * 3 + ["progressive"] * 4 + ["stable"] * 20
+    lines = []
+    for step, phase in enumerate(phases, 1):
+        ms = UNFROZEN_MS / speedup if phase == "stable" else UNFROZEN_MS
+        lines.append(
+            json.dumps({"step": step, "phase": phase, "batch_ms": ms, "step_ms": ms, "tokens_per_s": 1e6 / ms})
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _set_f_factor(trace_dir: Path, f: float) -> None:
+    """Scale the stable phase's forward times so that the trace's F factor (stable over upper) becomes ``f``."""
+    k = f / f_factor(load_trace(trace_dir))
+    for path in trace_dir.glob("actions_rank*.jsonl"):
+        recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for rec in recs:
+            if rec["phase"] == "stable" and "F" in rec["action"]:
+                rec["ms"] *= k
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def _job(out, src, job_id, spec, speedup, f, val_loss, start_s, status="ok", method=None):
+    """One synthetic job folder: a committed TimelyFreeze job with its speed-up, F factor, validation loss,
+    status and start time (seconds after 10:00) rewritten; it ran 60 s."""
+    d = out / "jobs" / job_id
+    shutil.copytree(src, d)
+    tf = d / "dump" / "timelyfreeze"
+    (tf / "metrics.jsonl").write_text(_metrics(speedup))
+    _set_f_factor(tf / "trace", f)
+    summary = json.loads((tf / "summary.json").read_text())
+    summary.update(val_loss=val_loss, method=method or summary["method"], seed=spec["seed"])
+    if method == "random":
+        summary["knob"] = {"name": "ratio", "value": "matched"}
+    (tf / "summary.json").write_text(json.dumps(summary))
+
+    def at(s):
+        return f"2030-01-01T{10 + s // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}+00:00"
+
+    rec = {"job_id": job_id, "spec": spec, "status": status, "start_time": at(start_s), "end_time": at(start_s + 60)}
+    (d / "job.json").write_text(json.dumps(rec))
+
+
+def _block(out, schedule, seed, speedups, fs, losses, start_s, gap_s=0, r_status="ok"):
+    """A synthetic block A, R, B of ``schedule`` and ``seed`` starting at ``start_s``: (A, R, B)'s speed-ups,
+    F factors and validation losses; ``gap_s`` idle seconds between its jobs."""
+    src = SRC / f"{schedule}__timelyfreeze__r_max=0.8__seed=0"
+    a = Job(schedule, "timelyfreeze", 0.8, seed)
+    r = Job(schedule, "random", "matched", seed, matched_to=a.job_id)
+    b = Job(schedule, "timelyfreeze", 0.8, seed, repeat=1)
+    for k, (job, status) in enumerate(((a, "ok"), (r, r_status), (b, "ok"))):
+        method = "random" if job is r else None
+        t = start_s + k * (60 + gap_s)
+        _job(out, src, job.job_id, job.spec(), speedups[k], fs[k], losses[k], t, status, method)
+
+
+def _read(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
+    out = tmp_path / "pb"
+    one = [  # 1F1B: (A, R, B) speed-ups and F factors
+        ((1.30, 1.25, 1.28), (1.00, 1.00, 1.00)),
+        ((1.26, 1.24, 1.30), (0.95, 1.02, 0.99)),
+        ((1.22, 1.21, 1.24), (1.01, 0.98, 1.00)),
+    ]
+    zbv = [((1.20, 1.22, 1.21), (1.00, 1.00, 1.00)), ((1.25, 1.20, 1.19), (1.00, 0.90, 1.00))]
+    start = 0
+    for seed in range(3):  # the two schedules' blocks alternate in time, as the grid runs them
+        _block(out, "1F1B", seed, *one[seed], (3.50, 3.49, 3.51), start)
+        start += 180
+        if seed < 2:
+            _block(out, "ZBVZeroBubble", seed, *zbv[seed], (3.60, 3.60, 3.61), start)
+            start += 180
+    _block(out, "1F1B", 7, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start, r_status="failed")  # left out
+    _block(out, "1F1B", 8, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 200, gap_s=300)  # not back to back
+    assert main([str(out)]) == 0  # the script's entry point picks the bracketed report
+    md = Path(capsys.readouterr().out.strip())
+    assert md == out / "report" / "bracketed.md"
+    rep = out / "report"
+
+    blocks = _read(rep / "bracketed_blocks.csv")
+    assert [(b["schedule"], b["seed"], b["position"]) for b in blocks] == [
+        ("1F1B", "0", "1"),
+        ("ZBVZeroBubble", "0", "2"),
+        ("1F1B", "1", "3"),
+        ("ZBVZeroBubble", "1", "4"),
+        ("1F1B", "2", "5"),
+    ]
+    b1 = blocks[2]  # 1F1B seed 1: A 1.26, R 1.24, B 1.30; F 0.95, 1.02, 0.99
+    assert float(b1["d_first"]) == pytest.approx(0.02) and float(b1["d_second"]) == pytest.approx(0.06)
+    assert float(b1["d_bracket"]) == pytest.approx(0.04) and float(b1["d_ab"]) == pytest.approx(-0.04)
+    assert float(b1["f_a"]) == pytest.approx(0.95) and float(b1["f_r"]) == pytest.approx(1.02)
+    assert float(b1["d_bracket_f"]) == pytest.approx((1.26 * 0.95 + 1.30 * 0.99) / 2 - 1.24 * 1.02)
+    assert float(b1["f_bracket"]) == pytest.approx(0.97 - 1.02) and b1["close_f"] == "True"
+    assert float(b1["d_val_loss_bracket"]) == pytest.approx(0.015) and float(b1["share_gap"]) == 0.0
+    assert b1["back_to_back"] == "True" and float(b1["idle_s"]) == 0.0
+    assert blocks[3]["close_f"] == "False"  # ZBV seed 1: (1 + 1) / 2 - 0.9 = 0.1
+
+    pairs = _read(rep / "bracketed_pairs.csv")
+    assert len(pairs) == 10 and [p["order"] for p in pairs[:2]] == ["TF first", "random first"]
+    assert pairs[5]["timelyfreeze_job"].endswith("seed=1__repeat=1") and pairs[5]["position"] == "3"
+
+    cells = {c["schedule"]: c for c in _read(rep / "bracketed_cells.csv")}
+    assert [cells[s]["blocks"] for s in ("1F1B", "ZBVZeroBubble", "all")] == ["3", "2", "5"]
+    brackets = [0.04, 0.04, 0.02]  # 1F1B: (1.30 + 1.28) / 2 - 1.25, ...
+    m = statistics.fmean(brackets)
+    h = half_width(statistics.stdev(brackets), 3)
+    c = cells["1F1B"]
+    assert float(c["d_bracket_mean"]) == pytest.approx(m)
+    assert float(c["d_bracket_lo"]) == pytest.approx(m - h) and float(c["d_bracket_hi"]) == pytest.approx(m + h)
+    assert c["speed"] == "TimelyFreeze faster" and c["size"] == UNDECIDED
+    assert c["blocks_close_f"] == "3" and cells["ZBVZeroBubble"]["blocks_close_f"] == "1"
+    assert cells["ZBVZeroBubble"]["d_bracket_close_f_lo"] == ""  # one block: no interval
+
+    text = md.read_text()
+    assert "5 complete blocks" in text and "**1F1B** (3 blocks)" in text and "**both schedules** (5 blocks)" in text
+    assert "1F1B__timelyfreeze__r_max=0.8__seed=7: R failed" in text
+    assert "1F1B__timelyfreeze__r_max=0.8__seed=8: its jobs did not run back to back" in text
+    assert (rep / "bracketed.png").is_file()
+
+
+def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(tmp_path, capsys):
+    out = tmp_path / "p"
+    a = Job("1F1B", "timelyfreeze", 0.8, 0)
+    r = Job("1F1B", "random", "matched", 0, matched_to=a.job_id)
+    src = SRC / "1F1B__timelyfreeze__r_max=0.8__seed=0"
+    _job(out, src, a.job_id, a.spec(), 1.3, 1.0, 3.5, 0)
+    _job(out, src, r.job_id, r.spec(), 1.2, 1.0, 3.5, 60, method="random")
+    assert main([str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "report" / "placement.md")
