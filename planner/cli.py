@@ -1,4 +1,4 @@
-"""``python -m planner``: plan, sweep, gantt, orders, simulate and import-log subcommands.
+"""``python -m planner``: plan, sweep, gantt, orders, simulate, import-log and pack subcommands.
 
 ``plan`` and ``sweep`` plan with the runtime's defaults (``planner.defaults``): cross-rank delays, the gap
 model, anchored monitoring windows, the jitter factors and the lower-bound cliff rule; ``--no-...`` flags turn
@@ -31,6 +31,7 @@ from planner.timing.comm import estimate_edge_delays, summary_line
 from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS, estimate_weights
 from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
 from planner.timing.spans import StepTimeline
+from planner.trace.archive import pack_trace, traces_in
 from planner.trace.authors_log import import_log
 from planner.trace.load import load_trace
 from planner.trace.simulate import synthetic_trace, write_trace
@@ -103,6 +104,7 @@ def _gap_arg(text: str) -> float:
     return v
 
 
+_TRACE_HELP = "a trace folder, its trace.tar.gz, or the folder's path after it was packed"
 _SOLVER_HELP = (
     f"LP solver: {', '.join(SOLVERS)} (default auto: the whole LP below 20,000 actions, else the region "
     "method; all give the same optimum when --gap is 0)"
@@ -154,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
 
     q = sub.add_parser("plan", help="solve the freeze LP for one r_max (or one per stage) and write PLAN.json")
-    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
     q.add_argument(
         "--r-max",
         type=_r_max_arg,
@@ -171,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_default_switches(q, plan=True)
 
     q = sub.add_parser("sweep", help="predicted batch time for several r_max values")
-    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
     q.add_argument("--r-max", type=_unit_float_list, required=True, metavar="R1,R2,...")
     q.add_argument("--csv", metavar="PATH")
     q.add_argument("--png", metavar="PATH")
@@ -182,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_default_switches(q, plan=False)
 
     q = sub.add_parser("gantt", help="per-rank timeline PNG of the measured (and planned) batch")
-    q.add_argument("trace", metavar="TRACE_DIR")
+    q.add_argument("trace", metavar="TRACE", help=_TRACE_HELP)
     q.add_argument("--plan", metavar="PLAN.json")
     q.add_argument("--out", required=True, metavar="timeline.png")
 
@@ -223,6 +225,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         metavar="STEP",
         help="first step of the stable reference window (default: twice the lower window's last step)",
+    )
+
+    q = sub.add_parser(
+        "pack", help="pack trace folders into trace.tar.gz beside them, losslessly, and remove the folders"
+    )
+    q.add_argument(
+        "folders",
+        nargs="+",
+        metavar="FOLDER",
+        help="a trace folder, or a job or results folder: every trace/ folder below it",
     )
     return p
 
@@ -385,6 +397,18 @@ def _cmd_import_log(args: argparse.Namespace) -> None:
         )
 
 
+def _cmd_pack(args: argparse.Namespace) -> None:
+
+    traces: dict = {}  # every bad argument is found before anything is packed
+    for folder in args.folders:
+        found = traces_in(folder)
+        if not found:
+            raise PlannerError(f"{folder}: no trace folder (trace/ with meta.json) or trace.tar.gz below it")
+        traces.update(dict.fromkeys(found))
+    for t in traces:
+        pack_trace(t, say=print)
+
+
 _COMMANDS = {
     "plan": _cmd_plan,
     "sweep": _cmd_sweep,
@@ -392,6 +416,7 @@ _COMMANDS = {
     "orders": _cmd_orders,
     "simulate": _cmd_simulate,
     "import-log": _cmd_import_log,
+    "pack": _cmd_pack,
 }
 
 

@@ -1,4 +1,5 @@
-"""File I/O with one-line errors: atomic writes (temp file, fsync, ``os.replace``) and JSON reads."""
+"""File I/O with one-line errors: atomic writes (temp file, fsync, ``os.replace``), fsync of a folder, and
+JSON reads."""
 
 from __future__ import annotations
 
@@ -27,6 +28,20 @@ def replace_atomically(path: str | os.PathLike[str], write: Callable[[str], None
         except OSError:
             pass
         raise PlannerError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def sync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync the folder ``path``, so that the renames and removals inside it so far survive a crash. An
+    ``OSError`` becomes a one-line :class:`PlannerError` naming ``path``."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise PlannerError(f"{path}: cannot sync the folder: {e.strerror or e}") from None
 
 
 def write_json_atomically(path: str | os.PathLike[str], obj: Any, one_line: str | None = None) -> None:
@@ -62,7 +77,17 @@ def read_json(path: str | os.PathLike[str], missing: str) -> Any:
         raise PlannerError(f"{path}: {missing}") from None
     except OSError as e:
         raise PlannerError(f"{path}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise PlannerError(f"{path}: not UTF-8 text: {e.reason}") from None
+    return parse_json(text, path)
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """Parse JSON text (bytes: UTF-8) that came from ``where``; bad JSON or bytes that are not UTF-8 are a
+    one-line PlannerError naming ``where`` (and the line)."""
     try:
-        return json.loads(text)
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except UnicodeDecodeError as e:
+        raise PlannerError(f"{where}: not UTF-8 text: {e.reason}") from None
     except json.JSONDecodeError as e:
-        raise PlannerError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from None
+        raise PlannerError(f"{where}:{e.lineno}: invalid JSON: {e.msg}") from None

@@ -181,7 +181,7 @@ def schedules_table(a: argparse.Namespace) -> None:
             print(f"error: --timings: {e}", file=sys.stderr)
             sys.exit(2)
     elif a.timings not in ("real-like", "uniform"):
-        print(f"error: --timings: expected real-like, uniform or replay:TRACE_DIR, got {a.timings!r}", file=sys.stderr)
+        print(f"error: --timings: expected real-like, uniform or replay:TRACE, got {a.timings!r}", file=sys.stderr)
         sys.exit(2)
     unknown = [x for x in names if x not in SCHEDULE_NAMES]
     if unknown:
@@ -314,8 +314,8 @@ def main() -> None:
     ap.add_argument(
         "--timings",
         default="real-like",
-        help="real-like (default), uniform, or replay:TRACE_DIR (a measured trace's timings resampled "
-        "onto each size; its schedule only)",
+        help="real-like (default), uniform, or replay:TRACE (a measured trace's timings, from its folder or its "
+        "trace.tar.gz, resampled onto each size; its schedule only)",
     )
     ap.add_argument("--gap", type=float, default=None, help="certified gap accepted (default: the planner's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per size (default 600)")

@@ -6,7 +6,8 @@ Environment knobs for the tests:
 - ``FAKE_JOB_NO_SUMMARY``: comma-separated methods that exit 0 without writing summary.json;
 - ``FAKE_JOB_SLEEP``: seconds to sleep before finishing;
 - ``FAKE_JOB_PLAN_FAILED``: comma-separated methods that exit 0 with a summary reporting a failed plan;
-- ``FAKE_JOB_CALLS``: a file to which every call appends its job folder name.
+- ``FAKE_JOB_CALLS``: a file to which every call appends its job folder name;
+- ``FAKE_JOB_TRACE``: comma-separated methods that also write a small trace folder (``timelyfreeze/trace``).
 """
 
 import json
@@ -97,6 +98,11 @@ def main(argv):
             else []
         ),
     }
+    if method in os.environ.get("FAKE_JOB_TRACE", "").split(","):
+        (tf / "trace").mkdir(exist_ok=True)
+        (tf / "trace" / "meta.json").write_text(json.dumps({"format": "timelyfreeze-trace/1", "schedule": schedule}))
+        rows = [{"step": s, "action": "0F0", "ms": 1.0, "phase": "train", "freeze_ratio": 0.0} for s in range(steps)]
+        (tf / "trace" / "actions_rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tf / "summary.json").write_text(json.dumps(summary))
     return 0
 

@@ -3,10 +3,8 @@ the committed traces of the runs it comes from (``docs/results/runtime/first-pla
 
 from __future__ import annotations
 
-import io
 import math
 import re
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -26,16 +24,23 @@ def test_the_median_interval_takes_the_order_statistics_of_the_sign_test():
     assert fp.median_ci(range(6))[1:3] == (0, 5)  # 2 / 64 <= 5 %
 
 
-def test_the_trace_archive_is_lossless_and_byte_for_byte_repeatable(tmp_path):
-    trace = tmp_path / "trace"
-    trace.mkdir()
-    (trace / "meta.json").write_text('{"format": "x"}\n')
-    (trace / "actions_rank0.jsonl").write_bytes(b'{"step": 1}\n' * 50)
-    a = fp.trace_archive(trace)
-    assert a == fp.trace_archive(trace)
-    with tarfile.open(fileobj=io.BytesIO(a), mode="r:gz") as tar:
-        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}
-    assert got == {f"trace/{f.name}": f.read_bytes() for f in trace.iterdir()}
+def test_pack_copies_a_finished_run_with_its_trace_archived_losslessly(tmp_path):
+    """``pack`` writes the trace as ``planner.trace.archive`` does (tests/test_trace_archive.py), from a trace folder
+    or from a dump whose trace was packed already; the dump stays as it was."""
+    from planner.trace.archive import pack_trace, read_archive
+
+    for k in range(2):
+        tf = tmp_path / "dumps" / f"run{k}" / "timelyfreeze"
+        (tf / "trace").mkdir(parents=True)
+        (tf / "summary.json").write_text("{}\n")
+        (tf / "trace" / "meta.json").write_text('{"format": "x"}\n')
+        (tf / "trace" / "actions_rank0.jsonl").write_bytes(b'{"step": 1}\n' * 50)
+    files = {f.name: f.read_bytes() for f in (tf / "trace").iterdir()}
+    pack_trace(tf / "trace")
+    assert fp.pack(tmp_path / "dumps", tmp_path / "jobs") == ["run0", "run1"]
+    a, b = (tmp_path / "jobs" / f"run{k}" / fp.TRACE for k in range(2))
+    assert read_archive(a) == read_archive(b) == files and a.read_bytes() == b.read_bytes()
+    assert (tmp_path / "dumps" / "run0" / "timelyfreeze" / "trace" / "meta.json").is_file()
 
 
 def test_bad_arguments_are_one_error_line(capsys, tmp_path):

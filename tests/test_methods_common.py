@@ -280,3 +280,21 @@ def test_random_matched_reads_the_runs_stable_per_stage_shares():
     ctx = make_ctx(make_stages(2), num_stages=2, phases=Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9))
     m = RandomFixed(make_cfg(random=RandomConfig(matched=str(run))), ctx)
     assert m.shares == expected
+
+
+def test_random_matched_reads_a_packed_trace(tmp_path):
+    """The matched run's trace packed into trace.tar.gz (``python -m planner pack``) gives the same shares."""
+    import shutil
+    from pathlib import Path
+
+    from planner.trace.archive import pack_trace
+
+    src = Path(__file__).resolve().parents[1] / "docs/results/comparison/jobs/1F1B__timelyfreeze__r_max=0.8__seed=0"
+    ctx = make_ctx(make_stages(2), num_stages=2, phases=Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9))
+    expected = RandomFixed(make_cfg(random=RandomConfig(matched=str(src / "dump"))), ctx).shares
+    out = tmp_path / "dump" / "timelyfreeze"
+    shutil.copytree(src / "dump" / "timelyfreeze" / "trace", out / "trace")
+    pack_trace(out / "trace")
+    for matched in (tmp_path / "dump", out):
+        RandomConfig(matched=str(matched)).validate()
+        assert RandomFixed(make_cfg(random=RandomConfig(matched=str(matched))), ctx).shares == expected

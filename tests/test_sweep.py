@@ -254,6 +254,59 @@ def test_sweep_failure_resume_and_retry(base_toml, tmp_path, monkeypatch, capsys
     assert len(_calls(calls)) == 3
 
 
+def test_an_ok_jobs_trace_is_packed_before_job_json_says_ok(base_toml, tmp_path, monkeypatch, capsys):
+    """The trace folder becomes trace.tar.gz (planner.trace.archive); a packed job is done on resume; a job that
+    failed keeps its folder; a re-run removes the archive an earlier run packed."""
+    from planner.trace.archive import read_archive
+    from timelyfreeze.experiments.sweep.results import load_job
+
+    out, calls = tmp_path / "o", tmp_path / "calls.txt"
+    monkeypatch.setenv("FAKE_JOB_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_JOB_TRACE", "none,timelyfreeze,apf")
+    monkeypatch.setenv("FAKE_JOB_FAIL", "apf")
+    assert _run(base_toml, out) == 1
+    jobs = out / "jobs"
+    tf = jobs / "1F1B__timelyfreeze__r_max=0.5__seed=0" / "dump" / "timelyfreeze"
+    assert not (tf / "trace").exists()
+    assert set(read_archive(tf / "trace.tar.gz")) == {"meta.json", "actions_rank0.jsonl"}
+    rec = json.loads((tf.parents[1] / "job.json").read_text())
+    assert rec["status"] == "ok" and "pack_error" not in rec
+    assert (jobs / "1F1B__none__seed=0" / "dump" / "timelyfreeze" / "trace.tar.gz").is_file()
+    assert not (jobs / "1F1B__apf__threshold=0.1__seed=0" / "dump" / "timelyfreeze" / "trace").exists()  # exit 1
+    calls.unlink()
+    monkeypatch.delenv("FAKE_JOB_FAIL")
+    capsys.readouterr()
+    assert _run(base_toml, out) == 0
+    assert _calls(calls) == ["1F1B__apf__threshold=0.1__seed=0"]  # the packed jobs are done
+    assert capsys.readouterr().out.count("skipped (done)") == 2
+    assert load_job(tf.parents[1])["_trace"] == tf / "trace.tar.gz"  # what the report's planner calls read
+
+    # a stale job runs again: the archive of its earlier run goes before the new run starts
+    calls.unlink()
+    monkeypatch.setenv("FAKE_JOB_TRACE", "")
+    assert _run(base_toml, out, "--set", "training.steps=10") == 0
+    assert len(_calls(calls)) == 3 and not (tf / "trace.tar.gz").exists() and not (tf / "trace").exists()
+
+
+def test_a_pack_failure_leaves_the_folder_and_the_job_ok(base_toml, tmp_path, monkeypatch, capsys):
+    from timelyfreeze.experiments.sweep import runner
+
+    def fail(folder):
+        raise PlannerError(f"{folder}: cannot write: No space left on device")
+
+    monkeypatch.setattr(runner, "pack_trace", fail)
+    monkeypatch.setenv("FAKE_JOB_TRACE", "timelyfreeze")
+    out = tmp_path / "o"
+    assert _run(base_toml, out) == 0
+    job = out / "jobs" / "1F1B__timelyfreeze__r_max=0.5__seed=0"
+    rec = json.loads((job / "job.json").read_text())
+    assert rec["status"] == "ok" and rec["pack_error"].endswith("trace: cannot write: No space left on device")
+    assert (job / "dump" / "timelyfreeze" / "trace" / "meta.json").is_file()
+    text = capsys.readouterr().out
+    assert f"1F1B__timelyfreeze__r_max=0.5__seed=0 ... trace left unpacked: {rec['pack_error']}" in text
+    assert "sweep: 3 ok, 0 failed" in text
+
+
 def test_no_retry_failed_and_missing_summary(base_toml, tmp_path, monkeypatch, capsys):
     out, calls = tmp_path / "o", tmp_path / "calls.txt"
     monkeypatch.setenv("FAKE_JOB_CALLS", str(calls))

@@ -75,6 +75,10 @@ def test_two_job_sweep_end_to_end(tmp_path):
     lrs = {m["step"]: m["lr"] for m in metrics if "lr" in m}
     if last_step > 14:  # past the schedule's 14 steps the LR holds the schedule's end value (min_lr)
         assert lrs[15] < lrs[14] and all(lrs[s] == lrs[15] for s in lrs if s > 15)
+    # the trace was packed before job.json said ok; the report's planner sweep and timeline read the archive
+    assert (tf_dir / "dump" / "timelyfreeze" / "trace.tar.gz").is_file()
+    assert not (tf_dir / "dump" / "timelyfreeze" / "trace").exists()
+    assert "pack_error" not in json.loads((tf_dir / "job.json").read_text())
     tta = {r["job_id"]: r for r in csv.DictReader(open(out / "report" / "tta.csv"))}
     assert float(tta[tf_dir.name]["target_loss"]) == target
     for png in ("pareto.png", "throughput_vs_rmax.png"):

@@ -2,10 +2,11 @@
 
 A trace is a directory holding ``meta.json`` and one ``actions_rank<r>.jsonl`` per pipeline rank, plus
 one ``actions_rank<r>_replica<d>.jsonl`` per rank for each further data-parallel pipeline replica ``d >= 1``
-(see ``docs/formats.md``).  Every problem is reported as a one-line :class:`PlannerError`
-that names the file (and ``:<line>`` for JSONL) and what is wrong.  Unknown extra fields are kept
-(meta) or ignored (records) for forward compatibility.  The metadata and its checks live in
-:mod:`planner.trace.meta` (``TraceMeta``, ``validate_meta``, imported here for the loaders).
+(see ``docs/formats.md``), or the same files packed in a ``trace.tar.gz`` (:mod:`planner.trace.archive`).
+Every problem is reported as a one-line :class:`PlannerError` that names the file (and ``:<line>`` for
+JSONL) and what is wrong.  Unknown extra fields are kept (meta) or ignored (records) for forward
+compatibility.  The metadata and its checks live in :mod:`planner.trace.meta` (``TraceMeta``,
+``validate_meta``, imported here for the loaders).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import json.scanner
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import PlannerError
-from planner.fileio import read_json
+from planner.fileio import parse_json
 from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
+from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records
-from planner.trace.meta import TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
+from planner.trace.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 
 __all__ = [
     "META_FILE",
@@ -39,7 +42,6 @@ __all__ = [
     "validate_meta",
 ]
 
-META_FILE = "meta.json"
 _RECORD_FIELDS = ("step", "action", "ms", "phase", "freeze_ratio")
 _OPTIONAL_RECORD_FIELDS = ("start_ms",)  # checked when present
 
@@ -145,12 +147,23 @@ def trace_from_records(
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace directory (``meta.json`` + one records file per rank and replica)."""
+    """Read and validate a trace: a directory (``meta.json`` + one records file per rank and replica), its archive
+    (``trace.tar.gz``), or a directory's path after it was packed (``<path>.tar.gz`` beside it,
+    :func:`planner.trace.archive.find_trace`). In an archive, problems are named ``<archive>/<file>``."""
     root = os.fspath(path)
+    found = find_trace(root)
+    if is_archive_path(root) or (found is not None and is_archive_path(found)):
+        root = os.fspath(found or root)
+        read = read_archive(root).get  # a missing or bad archive: its one-line error
+    elif os.path.isdir(root):
+        read = _read_file_in(root)
+    else:
+        raise PlannerError(f"{root}: trace directory does not exist (nor an archive {os.path.basename(root)}.tar.gz)")
     meta_path = os.path.join(root, META_FILE)
-    if not os.path.isdir(root):
-        raise PlannerError(f"{root}: trace directory does not exist")
-    m = validate_meta(read_json(meta_path, "missing (a trace directory needs meta.json)"), meta_path)
+    raw = read(META_FILE)
+    if raw is None:
+        raise PlannerError(f"{meta_path}: missing (a trace directory needs meta.json)")
+    m = validate_meta(parse_json(raw, meta_path), meta_path)
     if m.replicas == 1:
         need = f"pp_degree={m.pp_degree} needs one file per rank"
     else:
@@ -161,17 +174,13 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         for r in range(m.pp_degree):
             fname = os.path.join(root, rank_file_name(r, d))
             acts = set(m.rank_orders[r])
+            raw = read(rank_file_name(r, d))
+            if raw is None:
+                raise PlannerError(f"{fname}: missing ({need})")
             try:
-                f = open(fname, encoding="utf-8")
-            except FileNotFoundError:
-                raise PlannerError(f"{fname}: missing ({need})") from None
-            except OSError as e:
-                raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
-            with f:
-                try:
-                    lines = f.read().splitlines()
-                except UnicodeDecodeError as e:
-                    raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
+                lines = raw.decode("utf-8").splitlines()
+            except UnicodeDecodeError as e:
+                raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
             fast = _fast_records(lines, r, acts, d)
             if fast is not None:
                 records.extend(fast)
@@ -186,6 +195,22 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                     raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
                 records.append(_validate_record(obj, where, r, acts, d))
     return Trace(m, align_records(m, records), root)
+
+
+def _read_file_in(root: str) -> Callable[[str], bytes | None]:
+    """A reader of the files of the trace directory ``root``: a file's bytes, None when it does not exist."""
+
+    def read(name: str) -> bytes | None:
+        fname = os.path.join(root, name)
+        try:
+            with open(fname, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise PlannerError(f"{fname}: cannot read: {e.strerror}") from None
+
+    return read
 
 
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())

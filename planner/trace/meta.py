@@ -13,6 +13,7 @@ from planner.errors import PlannerError
 from planner.schedule.actions import parse_action
 
 TRACE_FORMAT = "timelyfreeze-trace/1"
+META_FILE = "meta.json"
 
 _META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
 _OPTIONAL_META_FIELDS = ("replicas", "hosts", "clock_sync")  # checked when present

@@ -13,9 +13,11 @@ Two modes:
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.trace.archive import TRACE_NAME, find_trace
 from planner.trace.load import load_trace, phase_stage_ratios
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.fields import check_section, fail
@@ -52,14 +54,20 @@ class RandomConfig:
         if self.matched and self.ratio_per_stage:
             fail(section, "matched", self.matched, "give either matched or ratio_per_stage, not both")
         if self.matched and matched_trace_dir(self.matched) is None:
-            fail(section, "matched", self.matched, "no TimelyFreeze trace there (expected <folder>/timelyfreeze/trace)")
+            fail(
+                section,
+                "matched",
+                self.matched,
+                "no TimelyFreeze trace there (expected <folder>/timelyfreeze/trace or trace.tar.gz)",
+            )
 
 
-def matched_trace_dir(folder: str) -> str | None:
-    """The trace folder of a run's dump folder or of its ``timelyfreeze/`` output folder, if it exists."""
-    for path in (os.path.join(folder, "timelyfreeze", "trace"), os.path.join(folder, "trace")):
-        if os.path.isfile(os.path.join(path, "meta.json")):
-            return path
+def matched_trace_dir(folder: str) -> Path | None:
+    """The trace of a run's dump folder or of its ``timelyfreeze/`` output folder, if it has one: the trace folder
+    or, once packed, its ``trace.tar.gz`` (``planner.trace.archive.find_trace``)."""
+    for path in (os.path.join(folder, "timelyfreeze", TRACE_NAME), os.path.join(folder, TRACE_NAME)):
+        if (found := find_trace(path)) is not None:
+            return found
     return None
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from planner.trace.archive import TRACE_NAME
+
 OUT_SUBDIR = "timelyfreeze"
 
 
@@ -71,7 +73,9 @@ class RunPaths:
 
     @property
     def trace(self) -> Path:
-        return self.out / "trace"
+        """The trace folder (packed later, by the sweep runner or ``python -m planner pack``, into ``trace.tar.gz``
+        beside it)."""
+        return self.out / TRACE_NAME
 
     @property
     def plan(self) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from planner.schedule.dag import build_dag, longest_path
 from planner.timing.comm import estimate_edge_delays
 from planner.timing.spans import achieved_share, forward_medians
+from planner.trace.archive import TRACE_NAME, find_trace
 from planner.trace.load import load_trace
 
 MODE_ENV = "TIMELYFREEZE_OVERHEAD_MODE"
@@ -75,9 +76,9 @@ def decompose(dump: Path) -> dict:
     :func:`upper_f_ms`); {} without a trace."""
 
     out = Path(dump) / "timelyfreeze"
-    if not (out / "trace" / "meta.json").exists():
+    if find_trace(out / TRACE_NAME) is None:
         return {}
-    trace = load_trace(out / "trace")
+    trace = load_trace(out / TRACE_NAME)
     edges = estimate_edge_delays(trace)
     dag = build_dag(trace.meta)
     rows = {

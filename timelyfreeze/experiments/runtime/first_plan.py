@@ -20,19 +20,15 @@ is the re-anchored prediction. Per run, from its packed job folder (:func:`pack`
 
 Per schedule: the median with its 95 % distribution-free interval (:func:`median_ci`) and the mean with its
 Student-t interval. ``python scripts/first_plan_figures.py pack DUMPS JOBS`` packs finished bench jobs losslessly
-(``trace.tar.gz`` holds the whole trace folder); ``... table JOBS`` prints the tables.
+(``trace.tar.gz`` holds the whole trace folder, ``planner.trace.archive``); ``... table JOBS`` prints the tables.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import math
 import statistics
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +44,12 @@ from planner.timing.spans import (
     plan_f_factor,
     step_spans,
 )
+from planner.trace.archive import SUFFIX, TRACE_NAME, find_trace, is_archive_path, write_archive
 from planner.trace.load import load_trace
 from timelyfreeze.experiments.stats import mean_ci
 
 FILES = ("summary.json", "metrics.jsonl", "plan.json")
-TRACE = "trace.tar.gz"
+TRACE = TRACE_NAME + SUFFIX
 PCT = ("vs_first", "vs_first_f", "vs_first_fk", "vs_in_force", "upper_vs_no_freeze")
 RATIO = ("share", "share_f", "f_factor")
 COUNTS = ("rescales", "kept", "replans", "anchored_steps")
@@ -63,25 +60,14 @@ def _write_bytes(path: Path, data: bytes) -> None:
     replace_atomically(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
-def trace_archive(folder: Path) -> bytes:
-    """The trace folder as a gzip'd tar, byte for byte the same for the same files (no times, owners)."""
-    buf = io.BytesIO()
-    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
-        for f in sorted(Path(folder).iterdir()):
-            data = f.read_bytes()
-            info = tarfile.TarInfo(f"trace/{f.name}")
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def pack(dumps: Path, dest: Path) -> list[str]:
     """Every finished job under ``dumps`` (``<job>/timelyfreeze/summary.json``) into ``dest/<job>/``: ``FILES``,
     ``replans/``, ``TRACE`` and an overhead job's step times (``bench_overhead.json``); the names packed."""
     done = []
     for d in sorted(Path(dumps).iterdir()):
         src = d / "timelyfreeze"
-        if not (src / "summary.json").exists() or not (src / "trace" / "meta.json").exists():
+        trace = find_trace(src / TRACE_NAME)
+        if not (src / "summary.json").exists() or trace is None:
             continue
         out = Path(dest) / d.name
         out.mkdir(parents=True, exist_ok=True)
@@ -91,20 +77,14 @@ def pack(dumps: Path, dest: Path) -> list[str]:
         for f in sorted((src / "replans").glob("*.json")) if (src / "replans").is_dir() else []:
             (out / "replans").mkdir(exist_ok=True)
             _write_bytes(out / "replans" / f.name, f.read_bytes())
-        _write_bytes(out / TRACE, trace_archive(src / "trace"))
+        if is_archive_path(trace):  # packed in its dump folder already
+            _write_bytes(out / TRACE, trace.read_bytes())
+        else:
+            write_archive(trace, out / TRACE)
         if (d / "bench_overhead.json").exists():
             _write_bytes(out / "bench_overhead.json", (d / "bench_overhead.json").read_bytes())
         done.append(d.name)
     return done
-
-
-def load_packed_trace(job: Path):
-    """The ``planner.trace.load.Trace`` of a packed job."""
-
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(Path(job) / TRACE, "r:gz") as tar:
-            tar.extractall(tmp, filter="data")
-        return load_trace(Path(tmp) / "trace")
 
 
 # -- figures ---------------------------------------------------------------------------------------
@@ -115,7 +95,7 @@ def run_figures(job: Path) -> dict[str, Any] | None:
     s = json.loads((job / "summary.json").read_text())
     rows = [json.loads(line) for line in (job / "metrics.jsonl").read_text().splitlines() if line.strip()]
     plan = load_plan(job / "plan.json")
-    trace = load_packed_trace(job)
+    trace = load_trace(job / TRACE)
     jitter = plan.extra.get("jitter") or {}
     first = {k: plan.batch_time_ms[k] * jitter.get(k, 1.0) for k in ("no_freeze", "planned")}
     spans = step_spans(trace)

@@ -26,6 +26,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from planner.schedule.actions import action_kind
+from planner.trace.archive import TRACE_NAME
+from planner.trace.load import load_trace
 from timelyfreeze.experiments.runtime.bench import BenchError, torchrun
 from timelyfreeze.experiments.runtime.report import agg, write_csv
 from timelyfreeze.titan.launch import REPO_ROOT
@@ -43,14 +46,9 @@ STABLE_FROM = 18
 
 
 def _f_median(dump: Path, steps: range) -> float:
-    """Median F-action time over ``steps``, all ranks."""
-    vals = []
-    for path in (dump / "timelyfreeze" / "trace").glob("actions_rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            if r["step"] in steps and "F" in r["action"] and "B" not in r["action"]:
-                vals.append(r["ms"])
-    return statistics.median(vals)
+    """Median F-action time over ``steps``, all ranks (the trace folder, or its trace.tar.gz once packed)."""
+    trace = load_trace(dump / "timelyfreeze" / TRACE_NAME)
+    return statistics.median(r.ms for r in trace.records if r.step in steps and action_kind(r.action) == "F")
 
 
 def job(cell: str, repeat: int, dump: Path) -> dict:

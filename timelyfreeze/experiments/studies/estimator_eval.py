@@ -31,6 +31,7 @@ from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from planner.schedule.dag import build_dag, longest_path
 from planner.timing.estimate import ESTIMATORS, estimate_weights
 from planner.timing.spans import f_factor
+from planner.trace.archive import TRACE_NAME, find_trace
 from planner.trace.load import NodeWeights, Trace, load_trace
 from timelyfreeze.experiments.stats import mean_ci
 from timelyfreeze.experiments.sweep.report import write_csv
@@ -78,19 +79,21 @@ def evaluate_trace(trace: Trace) -> dict[str, Any] | None:
 
 
 def evaluate_runs(folders: list[Path]) -> list[dict[str, Any]]:
-    """One row per ``<job>/dump/timelyfreeze/trace`` under the folders that has a plan and a stable phase."""
+    """One row per ``<job>/dump/timelyfreeze/trace`` (or its ``trace.tar.gz``) under the folders that has a plan and
+    a stable phase."""
     rows = []
     for folder in folders:
-        for trace_dir in sorted(Path(folder).glob("jobs/*/dump/timelyfreeze/trace")):
-            if not (trace_dir.parent / "plan.json").is_file():
+        for out in sorted(Path(folder).glob("jobs/*/dump/timelyfreeze")):
+            trace_path = find_trace(out / TRACE_NAME)
+            if trace_path is None or not (out / "plan.json").is_file():
                 continue
             try:
-                trace = load_trace(trace_dir)
+                trace = load_trace(trace_path)
             except PlannerError:
                 continue
             row = evaluate_trace(trace)
             if row is not None:
-                run = trace_dir.parents[2].name
+                run = out.parents[1].name
                 rows.append({"run": f"{Path(folder).name}/{run}", "schedule": trace.meta.schedule, **row})
     return rows
 

@@ -31,6 +31,7 @@ from planner.timing.comm import estimate_edge_delays
 from planner.timing.estimate import ESTIMATORS
 from planner.timing.gaps import fit_gap_model, merge_delays
 from planner.timing.spans import step_spans
+from planner.trace.archive import TRACE_NAME, find_trace
 from planner.trace.load import load_trace
 
 __all__ = ["evaluate_job", "job_dirs", "summarize_rows", "write_outputs"]
@@ -63,8 +64,8 @@ COLUMNS = (
 
 
 def job_dirs(root: Path, pattern: str = "*timelyfreeze*") -> list[Path]:
-    """The job folders under ``root`` matching ``pattern`` that hold a trace."""
-    return sorted(p for p in Path(root).glob(pattern) if (p / "dump/timelyfreeze/trace/meta.json").exists())
+    """The job folders under ``root`` matching ``pattern`` that hold a trace (a folder or its trace.tar.gz)."""
+    return sorted(p for p in Path(root).glob(pattern) if find_trace(p / "dump/timelyfreeze" / TRACE_NAME))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -76,7 +77,7 @@ def evaluate_job(job: Path) -> dict:
     out = job / "dump/timelyfreeze"
     summary = json.loads((out / "summary.json").read_text())
     metrics = [m for m in _read_jsonl(out / "metrics.jsonl") if "phase" in m]
-    trace = load_trace(out / "trace")
+    trace = load_trace(out / TRACE_NAME)
     dag = build_dag(trace.meta)
     cross = estimate_edge_delays(trace, dag)
     # the estimator the run planned with (plans written before the field existed used median)

@@ -17,6 +17,7 @@ from planner.analysis.gap_analysis import decompose_trace, gap_table
 from planner.schedule.dag import build_dag
 from planner.timing.comm import estimate_edge_delays
 from planner.timing.gaps import fit_gap_model, merge_delays
+from planner.trace.archive import TRACE_NAME
 from planner.trace.load import load_trace
 from timelyfreeze.experiments.studies.gap_eval import evaluate_job, job_dirs, write_outputs
 
@@ -32,7 +33,7 @@ def analyse_jobs(jobs: list[Path]) -> tuple[list[dict], list[dict]]:
     and the pooled gap classes (:func:`planner.analysis.gap_analysis.gap_table`, phases pooled by :data:`GROUP`)."""
     splits, samples = [], []
     for job in jobs:
-        trace = load_trace(job / "dump/timelyfreeze/trace")
+        trace = load_trace(job / "dump/timelyfreeze" / TRACE_NAME)  # the folder, or its trace.tar.gz once packed
         dag = build_dag(trace.meta)
         cross = estimate_edge_delays(trace, dag)
         new = merge_delays(cross, fit_gap_model(trace, dag=dag, cross=cross).edge_delays(dag))

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import torch
 
+from planner.errors import PlannerError
 from planner.fileio import write_json_atomically
+from planner.trace.archive import TRACE_NAME, find_trace
+from planner.trace.load import load_trace
 
 ROOT = Path(__file__).resolve().parents[3]
 SHARED = ROOT / "scripts" / "gpu_shared_cycle.py"
@@ -54,13 +57,16 @@ def _cycle(name: str, config: str, out: Path, *extra: str) -> dict:
     res = _run(name, [sys.executable, str(SHARED), "--config", config, *CYCLE,
                       "--job.dump_folder", str(dump), *extra], out)  # fmt: skip
     summary = dump / "timelyfreeze" / "summary.json"
-    trace = dump / "timelyfreeze" / "trace" / "actions_rank0.jsonl"
+    trace = find_trace(dump / "timelyfreeze" / TRACE_NAME)  # the folder, or its trace.tar.gz once packed
     if summary.exists():
         s = json.loads(summary.read_text())
         res["summary"] = {k: s.get(k) for k in ("predicted_batch_ms", "span_ms", "speedup", "failures") if k in s}
-    if trace.exists():
-        lines = [json.loads(x) for x in trace.read_text().splitlines() if x.strip()]
-        res["start_ms_present"] = bool(lines) and all("start_ms" in x for x in lines)
+    if trace is not None:
+        try:
+            recs = [r for r in load_trace(trace).records if r.rank == 0 and r.replica == 0]
+            res["start_ms_present"] = bool(recs) and all(r.start_ms is not None for r in recs)
+        except PlannerError as e:
+            res["trace_error"] = str(e)
     plan = dump / "timelyfreeze" / "plan.json"
     if plan.exists():
         p = json.loads(plan.read_text())

@@ -1,7 +1,7 @@
 """A sweep folder's job outputs -> one results row per job (``RESULT_COLUMNS`` plus private keys).
 
 Reads ``<out>/jobs/<job_id>/job.json`` and ``<out>/jobs/<job_id>/dump/timelyfreeze/{summary.json,
-metrics.jsonl,trace/,plan.json,timeline.png}`` (docs/run-outputs.md). Jobs without a summary.json
+metrics.jsonl,trace/ or trace.tar.gz,plan.json,timeline.png}`` (docs/run-outputs.md). Jobs without a summary.json
 (failed, interrupted) get what their metrics.jsonl holds.
 """
 
@@ -12,6 +12,8 @@ import math
 import statistics
 from pathlib import Path
 from typing import Any
+
+from planner.trace.archive import TRACE_NAME, find_trace
 
 RESULT_COLUMNS = [
     "job_id",
@@ -210,7 +212,7 @@ def load_job(job_dir: Path) -> dict[str, Any]:
     row["_start"] = (job.get("spec") or {}).get("start_sha256")  # the pre-trained checkpoint it started from
     row["_repeat"] = spec.get("repeat") or 0  # 1: a bracketed block's second run of its first job
     row["_started"], row["_ended"] = job.get("start_time"), job.get("end_time")  # ISO times (job.json)
-    row["_trace"] = tf / "trace" if (tf / "trace" / "meta.json").is_file() else None
+    row["_trace"] = find_trace(tf / TRACE_NAME)  # the folder, or its trace.tar.gz once packed
     row["_plan"] = tf / "plan.json" if (tf / "plan.json").is_file() else None
     row["_timeline"] = tf / "timeline.png" if (tf / "timeline.png").is_file() else None
     return row

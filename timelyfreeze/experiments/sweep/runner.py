@@ -4,6 +4,9 @@
 Re-running the same sweep skips jobs whose ``job.json`` says ``ok`` for the same spec and whose
 ``summary.json`` exists; everything else runs (again). A job is ``ok`` only when it exited 0, wrote
 ``summary.json`` and that summary lists no ``failures`` (a run that survived e.g. a failed plan).
+
+An ok job's trace folder is packed into ``trace.tar.gz`` beside it (``planner.trace.archive.pack_trace``) before
+its ``job.json`` says ok; a packing failure leaves the folder and is recorded as ``pack_error`` (the job stays ok).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from planner.errors import PlannerError
+from planner.trace.archive import TRACE_NAME, archive_path, pack_trace
 from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks
 from timelyfreeze.titan import launch
 from timelyfreeze.titan.launch import REPO_ROOT
@@ -193,6 +198,18 @@ def _summary_failures(path: Path) -> list[str]:
     return [str(f) for f in failures]
 
 
+def pack_job_trace(out: Path, rec: dict[str, Any]) -> None:
+    """Pack the trace folder of an ok job's output folder ``out`` (``<dump>/timelyfreeze``), if it wrote one; a
+    failure is recorded in ``rec`` as ``pack_error`` and the folder stays."""
+    folder = out / TRACE_NAME
+    if not folder.is_dir():
+        return
+    try:
+        pack_trace(folder)
+    except (PlannerError, OSError) as e:
+        rec["pack_error"] = " ".join(str(e).split())
+
+
 def run_one(
     job: Job,
     job_dir: Path,
@@ -208,6 +225,9 @@ def run_one(
     summary = summary_path(job_dir)
     if summary.exists():
         summary.unlink()  # a summary left by an earlier run must not pass for this one's
+    archive = archive_path(summary.parent / TRACE_NAME)
+    if archive.exists():
+        archive.unlink()  # nor a trace an earlier run packed (a reader takes it where no trace folder is)
     rec: dict[str, Any] = {
         "job_id": job.job_id,
         "spec": spec,
@@ -241,6 +261,8 @@ def run_one(
         rec.update(status="failed", reason="the run reported: " + "; ".join(failures))
     elif status == "timeout":
         rec["reason"] = f"timed out after {timeout_s:g} s"
+    if rec["status"] == "ok":
+        pack_job_trace(summary.parent, rec)
     if rec["status"] != "ok":
         rec["log_tail"] = log_tail(log)
     write_json(job_dir / "job.json", rec)
@@ -327,6 +349,8 @@ def run_sweep(
             if rec["status"] == "ok":
                 res.ok.append(job.job_id)
                 print_fn(f"{tag} ... ok {rec['duration_s']:.1f} s{eta}")
+                if rec.get("pack_error"):
+                    print_fn(f"{tag} ... trace left unpacked: {rec['pack_error']}")
             else:
                 res.failed.append(job.job_id)
                 what = {"failed": f"FAILED (exit {rec['exit_code']}", "timeout": "TIMEOUT ("}[rec["status"]]
