@@ -283,18 +283,20 @@ def test_random_matched_reads_the_runs_stable_per_stage_shares():
 
 
 def test_random_matched_reads_a_packed_trace(tmp_path):
-    """The matched run's trace packed into trace.tar.gz (``python -m planner pack``) gives the same shares."""
-    import shutil
+    """The matched run's trace packed into trace.tar.gz (``python -m planner pack``) gives the same shares as
+    its folder (the committed trace, packed, unpacked into a folder of its own here)."""
     from pathlib import Path
 
-    from planner.trace.archive import pack_trace
+    from planner.trace.archive import pack_trace, unpack_trace
 
     src = Path(__file__).resolve().parents[1] / "docs/results/comparison/jobs/1F1B__timelyfreeze__r_max=0.8__seed=0"
     ctx = make_ctx(make_stages(2), num_stages=2, phases=Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=9))
-    expected = RandomFixed(make_cfg(random=RandomConfig(matched=str(src / "dump"))), ctx).shares
     out = tmp_path / "dump" / "timelyfreeze"
-    shutil.copytree(src / "dump" / "timelyfreeze" / "trace", out / "trace")
+    unpack_trace(src / "dump" / "timelyfreeze" / "trace.tar.gz", out / "trace")
+    expected = RandomFixed(make_cfg(random=RandomConfig(matched=str(tmp_path / "dump"))), ctx).shares
+    assert RandomFixed(make_cfg(random=RandomConfig(matched=str(src / "dump"))), ctx).shares == expected
     pack_trace(out / "trace")
+    assert not (out / "trace").exists()
     for matched in (tmp_path / "dump", out):
         RandomConfig(matched=str(matched)).validate()
         assert RandomFixed(make_cfg(random=RandomConfig(matched=str(matched))), ctx).shares == expected

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from planner.timing.spans import f_factor
+from planner.trace.archive import unpack_trace
 from planner.trace.load import load_trace
 from timelyfreeze.experiments.stats import half_width, n_for_half_width, pooled_sd
 from timelyfreeze.experiments.studies.placement_bracketed import (
@@ -137,6 +138,8 @@ def _job(out, src, job_id, spec, speedup, f, val_loss, start_s, status="ok", met
     d = out / "jobs" / job_id
     shutil.copytree(src, d)
     tf = d / "dump" / "timelyfreeze"
+    unpack_trace(tf / "trace.tar.gz", tf / "trace")  # the committed trace is packed; this test edits its files
+    (tf / "trace.tar.gz").unlink()
     (tf / "metrics.jsonl").write_text(_metrics(speedup))
     _set_f_factor(tf / "trace", f)
     summary = json.loads((tf / "summary.json").read_text())

@@ -4,8 +4,10 @@ and the measured timeline panels, on a committed run's trace (its records carry 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from planner.timing.spans import (
     step_spans,
     step_timeline,
 )
+from planner.trace.archive import unpack_trace
 from planner.trace.load import Trace, load_trace
 from planner.trace.simulate import synthetic_trace, write_trace
 from timelyfreeze.outputs import timeline
@@ -35,13 +38,19 @@ JOB = (
 )
 
 
+@functools.cache
+def trace_dir() -> Path:
+    """The committed job's trace (packed in the repository) as a folder of its own, for tests that read its files."""
+    return unpack_trace(JOB / "trace.tar.gz", Path(tempfile.mkdtemp(prefix="spans-trace-")) / "trace")
+
+
 @pytest.fixture(scope="module")
 def trace():
-    return load_trace(JOB / "trace")
+    return load_trace(JOB / "trace.tar.gz")
 
 
 def raw_records() -> list[dict]:
-    return [json.loads(line) for f in sorted((JOB / "trace").glob("actions_rank*.jsonl")) for line in f.open()]
+    return [json.loads(line) for f in sorted(trace_dir().glob("actions_rank*.jsonl")) for line in f.open()]
 
 
 def test_the_committed_trace_has_timestamps(trace) -> None:
@@ -172,9 +181,12 @@ def test_measured_panel_ends_at_the_representative_steps_span(trace, tmp_path) -
 
 
 def test_gantt_cli_draws_measured_panels_from_timestamps(tmp_path, capsys) -> None:
-    assert main(["gantt", str(JOB / "trace"), "--plan", str(JOB / "plan.json"), "--out", str(tmp_path / "g.png")]) == 0
+    assert (
+        main(["gantt", str(JOB / "trace.tar.gz"), "--plan", str(JOB / "plan.json"), "--out", str(tmp_path / "g.png")])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
-    trace = load_trace(JOB / "trace")
+    trace = load_trace(JOB / "trace.tar.gz")
     spans = step_spans(trace)
     stable = [line for line in out if line.startswith("measured, stable phase")]
     assert len(stable) == 1 and NO_TIMESTAMPS not in stable[0]
@@ -194,9 +206,9 @@ def test_gantt_cli_without_timestamps_keeps_the_medians_and_says_so(tmp_path, ca
 def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monkeypatch) -> None:
     drawn = []
     monkeypatch.setattr(timeline, "plot_timeline", lambda meta, panels, out, ratios: drawn.append(panels))
-    medians = timeline.merge([timeline.phase_medians(f) for f in sorted((JOB / "trace").glob("actions_rank*.jsonl"))])
+    medians = timeline.merge([timeline.phase_medians(f) for f in sorted(trace_dir().glob("actions_rank*.jsonl"))])
     meta = trace.meta.to_json()
-    args = (meta, medians, JOB / "plan.json", JOB / "trace", tmp_path / "t.png", print)
+    args = (meta, medians, JOB / "plan.json", trace_dir(), tmp_path / "t.png", print)
     assert timeline.draw(*args, trace) and timeline.draw(*args)
     with_trace, without = drawn
     assert [t.startswith("measured") for t, _ in with_trace] == [True, False, True]
@@ -207,7 +219,7 @@ def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monk
 def test_the_reports_timeline_is_the_gantt_commands(tmp_path) -> None:
     from timelyfreeze.experiments.sweep.predictions import Planner
 
-    Planner().gantt(JOB / "trace", JOB / "plan.json", tmp_path / "r.png")
+    Planner().gantt(JOB / "trace.tar.gz", JOB / "plan.json", tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -146,6 +146,20 @@ def read_archive(path: str | os.PathLike[str]) -> dict[str, bytes]:
     return files
 
 
+def unpack_trace(path: str | os.PathLike[str], folder: str | os.PathLike[str]) -> Path:
+    """Write the files of the trace archive ``path`` into the folder ``folder`` (made if missing; files of the
+    same names replaced), e.g. to read or edit a packed trace with other tools; ``folder``."""
+    out = Path(folder)
+    files = read_archive(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (out / name).write_bytes(data)
+    except OSError as e:
+        raise PlannerError(f"{e.filename or out}: cannot write: {e.strerror or e}") from None
+    return out
+
+
 def size_text(n: int) -> str:
     """A size in bytes as people read it: ``812 B``, ``40.3 KiB``, ``1.25 MiB``."""
     if n < 1024:
