@@ -281,11 +281,17 @@ def test_an_ok_jobs_trace_is_packed_before_job_json_says_ok(base_toml, tmp_path,
     assert capsys.readouterr().out.count("skipped (done)") == 2
     assert load_job(tf.parents[1])["_trace"] == tf / "trace.tar.gz"  # what the report's planner calls read
 
-    # a stale job runs again: the archive of its earlier run goes before the new run starts
+    # a stale job runs again: its earlier run's output goes before the new run starts, the packed trace and the
+    # final checkpoint (from which TorchTitan would resume and train no step) included
     calls.unlink()
     monkeypatch.setenv("FAKE_JOB_TRACE", "")
+    stale = tf.parent / "checkpoint" / "step-30"
+    stale.mkdir(parents=True)
+    (tf / "replans").mkdir()
+    (tf / "replans" / "plan_step25.json").write_text("{}")
     assert _run(base_toml, out, "--set", "training.steps=10") == 0
     assert len(_calls(calls)) == 3 and not (tf / "trace.tar.gz").exists() and not (tf / "trace").exists()
+    assert not stale.parent.exists() and not (tf / "replans").exists() and (tf / "summary.json").is_file()
 
 
 def test_a_pack_failure_leaves_the_folder_and_the_job_ok(base_toml, tmp_path, monkeypatch, capsys):
@@ -941,9 +947,32 @@ def test_tta_a_censored_run_at_its_bound_and_a_target_the_reference_does_not_kee
     # the target, nf's final 5.2, is held from step 1 + 0.8 / 1.0 * 9 = 8.2: 30 steps of 80 ms over 8.2 of 100 ms
     assert t["steps_nf"] == pytest.approx(8.2) and t["tta_ratio_bound"] == pytest.approx(30 * 0.08 / 0.82)
     assert rows["nf"]["tta_ratio"] == rows["nf"]["tta_ratio_bound"] == 1.0
-    t = {t["job_id"]: t for t in tta_rows([nf, slow], tta_step=10)}["tf"]  # nf's loss at 10 is 5.0; it ends at 5.2
+    fast = _tta_row("tf2", "timelyfreeze", [[1, 6.0], [10, 5.1], [20, 5.1]], {s: 50.0 for s in range(1, 21)}, knob=0.6)
+    t = {t["job_id"]: t for t in tta_rows([nf, fast])}["tf2"]  # at or below 5.2 from 1 + 0.8 / 0.9 * 9 = 9 on
+    assert t["tta_ratio"] == pytest.approx(0.45 / 0.82) and t["wall_s_diff"] == pytest.approx(0.45 - 0.82)
+    notarget = {t["job_id"]: t for t in tta_rows([nf, slow], tta_step=10)}  # nf's loss at 10 is 5.0; it ends at 5.2
+    t = notarget["tf"]
     assert t["steps_nf"] is None and t["tta_ratio"] is None and t["tta_ratio_bound"] is None
     assert t["note"].startswith("the no-freezing run does not keep its own loss at step 10 (5.0000)")
+    from timelyfreeze.experiments.stats import cell_stats
+
+    cells = {c["method"]: c for c in cell_stats(list(rows.values()) + [notarget["tf"] | {"seed": 1}])}
+    c = cells["timelyfreeze"]  # one censored seed, one without a target: nothing measured there
+    assert (c["seeds"], c["targets"], c["reached"]) == (2, 1, 0)
+    assert c["tta_ratio_bound_mean"] == pytest.approx(30 * 0.08 / 0.82) and c["tta_ratio_mean"] is None
+
+
+def test_flattening_of_the_no_freezing_curve():
+    from timelyfreeze.experiments.sweep.tta import flattening
+
+    flat = _tta_row("nf", "none", [[1, 6.0], [20, 5.2], [30, 5.02], [40, 5.0]], {})
+    steep = _tta_row("nf", "none", [[1, 6.0], [20, 5.5], [40, 5.0]], {}) | {"schedule": "ZBV"}
+    tf = _tta_row("tf", "timelyfreeze", [[1, 6.0], [40, 6.0]], {}, knob=0.6)
+    a, b = flattening([flat, steep, tf])
+    assert (a["schedule"], a["first_step"], a["quarter_step"], a["last_step"]) == ("1F1B", 1, 30.0, 40)
+    assert a["fall_total"] == pytest.approx(1.0) and a["fall_last_quarter"] == pytest.approx(0.02)
+    assert a["share"] == pytest.approx(0.02) and a["flattened"] is True
+    assert b["fall_last_quarter"] == pytest.approx(0.25) and b["flattened"] is False  # 5.25 at step 30
 
 
 def test_tta_curves_average_seeds_on_a_common_time_grid_without_extrapolating(tmp_path):
@@ -966,6 +995,7 @@ def test_tta_curves_average_seeds_on_a_common_time_grid_without_extrapolating(tm
     assert tf["mean"][3] == pytest.approx((5.44 + 5.64) / 2)  # t = 15: 0.4 of the way from 11 s to 21 s
     assert tf["lo"][3] < tf["mean"][3] < tf["hi"][3]
     assert tf["n"][5:] == [1, 1] and tf["lo"][5] is None  # past seed 0's end: seed 1 alone, no band
+    assert tf["seeds"] == nf["seeds"] == 2
     assert tf["mean"][6] == pytest.approx(5.04)  # seed 1: 0.9 of the way from 5.4 (21 s) to 5.0 (31 s)
     targets = tta_targets(rows, tta_step=11)
     assert targets == {"1F1B": [("no freezing, final (step 21)", 4.0), ("no freezing, step 11", 5.0)]}

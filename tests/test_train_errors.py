@@ -130,7 +130,7 @@ def test_another_rank_waits_for_rank_0_before_it_reports(monkeypatch, capsys):
     from timelyfreeze import train
 
     waits: list[float] = []
-    monkeypatch.setattr(train.time, "sleep", waits.append)
+    monkeypatch.setattr(train, "_wait", waits.append)
     config = CONFIGS / "llama3_debug_1f1b_cpu.toml"
     line = _main_error(monkeypatch, capsys, config, "--freeze.r_max", "1.5", rank=1)
     assert waits == [train.OTHER_RANK_GRACE_S]

@@ -42,22 +42,27 @@ def main(trainer_cls: type | None = None) -> None:
 OTHER_RANK_GRACE_S = 30.0
 
 
+def _wait(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 def _report_and_exit(error: Exception, rank: int) -> NoReturn:
     """End the run on a bad setting with one ``error:`` line and exit code 2.
 
-    Every rank checks the same settings, so every rank fails, and the job should print the line once. Rank 0
-    prints it at once. Any other rank releases its process groups and waits ``OTHER_RANK_GRACE_S`` first: had
-    it exited at once, torchrun's agent could stop rank 0 before rank 0 printed (the line was lost in about one
-    CI run in many). Normally rank 0 has failed and torchrun has stopped this rank by then; if not, the failure
-    is this rank's own (e.g. its stage's saved state) and it prints the line itself, naming its rank. A job of
-    several nodes may print one such line per rank of a node whose agent outlives rank 0's."""
+    Every rank checks the same settings, so normally every rank fails and the job should print the line once.
+    Rank 0 prints it at once. Any other rank waits ``OTHER_RANK_GRACE_S`` first, its process groups still up: had
+    it exited at once, torchrun's agent could stop rank 0 before rank 0 printed (the line was lost in CI). By
+    then rank 0 has normally failed too and torchrun has stopped this rank. If not, this rank prints the line
+    itself, naming its rank: the failure may be its own (e.g. its stage's memory), or rank 0 runs under another
+    agent (another node, another launcher), where each rank other than 0 that failed prints its own line.
+    Only then does it release its process groups, so that rank 0, possibly waiting in a collective, is not
+    torn down with a traceback before this rank's line is out."""
     if rank == 0:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        _release_process_groups()
     else:
-        _release_process_groups()
-        time.sleep(OTHER_RANK_GRACE_S)
+        _wait(OTHER_RANK_GRACE_S)
         print(f"error: {error} (rank {rank})", file=sys.stderr, flush=True)
+    _release_process_groups()
     sys.exit(2)
 
 

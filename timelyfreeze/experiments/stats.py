@@ -8,8 +8,9 @@ none with one seed). Verdicts are stated only where the interval excludes the no
 - accuracy: ``dval`` (validation loss minus the no-freezing run's, same seed and step) vs 0 ("worse" /
   "better" / "no difference resolved");
 - time to accuracy: ``tta_ratio`` vs 1 ("sooner" / "later" / ...), over the seeds that reached the target;
-  ``reached`` says how many did; ``tta_ratio_bound`` counts every seed, a censored one at its bound (a lower
-  bound of the cell's mean, no verdict).
+  ``reached`` says how many did, of the ``targets`` seeds whose no-freezing run keeps its target (where it
+  does not, nothing is measured); ``tta_ratio_bound`` counts every seed with a target, a censored one at its
+  bound (a lower bound of the cell's mean: its interval means nothing, and no verdict is drawn from it).
 """
 
 from __future__ import annotations
@@ -25,9 +26,18 @@ from scipy.stats import t as student_t
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.results import knob_sort_key, num
 
-QUANTITIES = ("kappa", "speedup_in_run", "predicted_speedup", "dval", "steps_ratio", "tta_ratio", "tta_ratio_bound")
+QUANTITIES = (
+    "kappa",
+    "speedup_in_run",
+    "predicted_speedup",
+    "dval",
+    "steps_ratio",
+    "tta_ratio",
+    "tta_ratio_bound",
+    "wall_s_diff",
+)
 CELL_COLUMNS = (
-    ["schedule", "method", "knob_name", "knob_value", "seeds", "reached"]
+    ["schedule", "method", "knob_name", "knob_value", "seeds", "targets", "reached"]
     + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
     + ["throughput", "accuracy", "time_to_accuracy"]
 )
@@ -100,6 +110,7 @@ def cell_stats(paired: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "knob_name": kname,
             "knob_value": kval,
             "seeds": len(ts),
+            "targets": sum(t.get("steps_nf") is not None for t in ts),
             "reached": sum(t["steps_method"] is not None for t in ts),
         }
         for q in QUANTITIES:

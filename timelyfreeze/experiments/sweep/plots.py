@@ -359,7 +359,9 @@ def tta_curve_bands(rows: list[dict[str, Any]], grid_s: float = TTA_CURVE_GRID_S
     end of the schedule's longest run, the mean over seeds of each seed's validation curve, linearly interpolated
     at that time, and the 95 % Student-t interval over the seeds whose run covers that time (no interval below
     two). A seed's curve counts from its first to its last validation, never extrapolated.
-    ``{schedule: {arm: {"t", "mean", "lo", "hi", "n"}}}`` (lists of equal length; None where undefined)."""
+    ``{schedule: {arm: {"t", "mean", "lo", "hi", "n", "seeds"}}}`` (lists of equal length, None where undefined;
+    ``seeds``: the arm's number of runs). Where ``n`` is below ``seeds`` the mean is over the runs still going:
+    once the runs that reached the target have stopped, only the slower ones remain."""
     runs: dict[str, dict[str, list[list[tuple[float, float]]]]] = {}
     order: dict[str, tuple] = {}
     for r in rows:
@@ -377,7 +379,7 @@ def tta_curve_bands(rows: list[dict[str, Any]], grid_s: float = TTA_CURVE_GRID_S
         grid = [grid_s * i for i in range(int(end // grid_s) + 1)]
         out[schedule] = {}
         for arm in sorted(arms, key=lambda a: order[a]):
-            band: dict[str, list] = {"t": grid, "mean": [], "lo": [], "hi": [], "n": []}
+            band: dict[str, Any] = {"t": grid, "mean": [], "lo": [], "hi": [], "n": [], "seeds": len(arms[arm])}
             for t in grid:
                 vals = [
                     float(np.interp(t, [p[0] for p in c], [p[1] for p in c]))
@@ -395,17 +397,20 @@ def plot_tta_curves(
     bands: dict[str, dict[str, dict]], targets: dict[str, list[tuple[str, float]]], out_png: Path
 ) -> bool:
     """Per schedule, one panel: validation loss against training wall-clock, each arm's mean over seeds with
-    its 95 % band (``tta_curve_bands``), and a horizontal line at each target (``targets[schedule]``: label,
-    loss)."""
+    its 95 % band (``tta_curve_bands``; dashed where some of its runs have ended), and a horizontal line at each
+    target (``targets[schedule]``: label, loss)."""
     if not any(bands.values()):
         return False
     plt, fig, axes = _panels(len(bands))
     for ax, (schedule, arms) in zip(axes, bands.items()):
         for i, (arm, b) in enumerate(arms.items()):
             colour = _ARM_COLOURS[i % len(_ARM_COLOURS)]
-            pts = [(t, m) for t, m in zip(b["t"], b["mean"]) if m is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1.4, label=arm)
+
+            def line(keep):
+                return [m if m is not None and keep(n) else np.nan for m, n in zip(b["mean"], b["n"])]
+
+            ax.plot(b["t"], line(lambda n: n == b["seeds"]), color=colour, lw=1.4, label=f"{arm} ({b['seeds']} runs)")
+            ax.plot(b["t"], line(lambda n: 0 < n < b["seeds"]), color=colour, lw=1.0, ls="--")
             span = [(t, lo, hi) for t, lo, hi in zip(b["t"], b["lo"], b["hi"]) if lo is not None]
             if span:
                 ax.fill_between(
@@ -415,7 +420,7 @@ def plot_tta_curves(
             ax.axhline(loss, color="black", lw=0.8, ls=("--", ":", "-.")[j % 3], label=f"{label} ({loss:.4f})")
         ax.set_xlabel("training wall-clock (s; step times, validation excluded)")
         ax.set_ylabel("validation loss")
-        ax.set_title(f"{schedule}: mean over seeds, 95 % band", fontsize=9)
+        ax.set_title(f"{schedule}: mean over seeds, 95 % band; dashed: over the runs still going", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

@@ -33,10 +33,18 @@ from timelyfreeze.experiments.sweep.plots import (
     rmax_data,
     timelines,
     tta_curve_bands,
+    wall_curve,
 )
 from timelyfreeze.experiments.sweep.predictions import Planner
 from timelyfreeze.experiments.sweep.results import RESULT_COLUMNS, config_label, load_rows
-from timelyfreeze.experiments.sweep.tta import TTA_COLUMNS, tta_rows, tta_targets
+from timelyfreeze.experiments.sweep.tta import (
+    FLATTENED_SHARE,
+    FLATTENING_COLUMNS,
+    TTA_COLUMNS,
+    flattening,
+    tta_rows,
+    tta_targets,
+)
 
 
 def _cell(col: str, v: Any) -> str:
@@ -82,6 +90,7 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
         "steps ratio",
         "TTA ratio",
         "TTA ratio, censored at bound",
+        "wall-clock difference (s)",
         "throughput",
         "accuracy",
         "time to accuracy",
@@ -100,10 +109,13 @@ def md_cells(cells: list[dict[str, Any]]) -> str:
                 "in-run speedup": q["speedup_in_run"],
                 "predicted": q["predicted_speedup"],
                 "dval": q["dval"],
-                "reached": f"{c['reached']}/{c['seeds']}",
+                "reached": f"{c['reached']}/{c['targets']}",
                 "steps ratio": q["steps_ratio"],
                 "TTA ratio": q["tta_ratio"],
-                "TTA ratio, censored at bound": q["tta_ratio_bound"] if c["reached"] < c["seeds"] else "",
+                "TTA ratio, censored at bound": (
+                    fmt_ci(c["tta_ratio_bound_mean"], None, None) if c["reached"] < c["targets"] else ""
+                ),
+                "wall-clock difference (s)": fmt_ci(c["wall_s_diff_mean"], c["wall_s_diff_lo"], c["wall_s_diff_hi"], 1),
                 "throughput": c["throughput"] or "",
                 "accuracy": c["accuracy"] or "",
                 "time to accuracy": c["time_to_accuracy"] or "",
@@ -140,7 +152,7 @@ def _plots(rows, cells, planner, rep: Path, warnings: list[str], tta_step: float
 
 
 def _markdown(
-    out: Path, rows, counts, cells, trends, tta, configs, labels: tuple[str, str], plots, warnings
+    out: Path, rows, counts, cells, trends, tta, flat, configs, labels: tuple[str, str], plots, warnings
 ) -> list[str]:
     """The lines of ``report.md``."""
     loss_label, thr_label = labels
@@ -169,6 +181,13 @@ def _markdown(
             [{**t, "slope": fmt_ci(t["slope"], t["slope_lo"], t["slope_hi"], 4)} for t in trends],
             ["schedule", "method", "quantity", "runs", "slope", "verdict"],
         ),
+        "",
+        "## Flattening of the no-freezing curve",
+        "",
+        "Its fall over the last quarter of its steps against its fall over the whole run; flattened below "
+        f"{FLATTENED_SHARE:.0%} ([flattening.csv](flattening.csv)).",
+        "",
+        md_table(flat, FLATTENING_COLUMNS),
         "",
         "## Paired runs (time to accuracy)",
         "",
@@ -221,13 +240,19 @@ def build_report(
     write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
+    flat = flattening(rows)
+    write_csv(rep / "flattening.csv", flat, FLATTENING_COLUMNS)
+    for r in rows:
+        dropped = len(r.get("_val_curve") or []) - len(wall_curve(r))
+        if r["status"] == "ok" and dropped:
+            warnings.append(f"{r['job_id']}: {dropped} validation point(s) without step times, left out of tta_curves")
     write_csv(rep / "cells.csv", cells, CELL_COLUMNS)
     write_csv(rep / "trends.csv", trends, TREND_COLUMNS)
     plots = _plots(rows, cells, planner, rep, warnings, tta_step)
     counts = defaultdict(int)
     for r in rows:
         counts[r["status"]] += 1
-    md = _markdown(out, rows, counts, cells, trends, tta, configs, (loss_label, thr_label), plots, warnings)
+    md = _markdown(out, rows, counts, cells, trends, tta, flat, configs, (loss_label, thr_label), plots, warnings)
     (rep / "report.md").write_text("\n".join(md))
     for w in warnings:
         print_fn(f"report: warning: {w}")

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import PlannerError
-from planner.trace.archive import TRACE_NAME, archive_path, pack_trace
+from planner.trace.archive import TRACE_NAME, pack_trace
 from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks
 from timelyfreeze.titan import launch
 from timelyfreeze.titan.launch import REPO_ROOT
@@ -223,11 +224,10 @@ def run_one(
     job_dir.mkdir(parents=True, exist_ok=True)
     log = job_dir / "log.txt"
     summary = summary_path(job_dir)
-    if summary.exists():
-        summary.unlink()  # a summary left by an earlier run must not pass for this one's
-    archive = archive_path(summary.parent / TRACE_NAME)
-    if archive.exists():
-        archive.unlink()  # nor a trace an earlier run packed (a reader takes it where no trace folder is)
+    # An earlier run's output must not pass for this one's: its summary, packed trace and plans would, and its
+    # final checkpoint would make TorchTitan resume from it and train no step at all. The dump folder is the
+    # job's own output, so it goes whole.
+    shutil.rmtree(job_dir / "dump", ignore_errors=True)
     rec: dict[str, Any] = {
         "job_id": job.job_id,
         "spec": spec,
@@ -262,7 +262,10 @@ def run_one(
     elif status == "timeout":
         rec["reason"] = f"timed out after {timeout_s:g} s"
     if rec["status"] == "ok":
-        pack_job_trace(summary.parent, rec)
+        try:
+            pack_job_trace(summary.parent, rec)
+        except KeyboardInterrupt:  # the run is done and ok; its trace stays a folder (packing is kill-safe)
+            rec["pack_error"], interrupted = "interrupted while packing", True
     if rec["status"] != "ok":
         rec["log_tail"] = log_tail(log)
     write_json(job_dir / "job.json", rec)

@@ -19,6 +19,8 @@ time to accuracy. Both must have started from the same pre-trained checkpoint (t
   (< 1: the run reaches the no-freezing accuracy sooner in wall-clock time).
 - ``tta_ratio_bound``: the same, with a run that never reached the target (censored) at its bound, its
   wall-clock to its last step over the no-freezing run's: a lower bound of the ratio it would have had.
+- ``wall_s_diff``: the paired difference of the two wall-clocks to the target, in seconds (< 0: sooner).
+- ``flattening``: whether the no-freezing curve had flattened (its last quarter's fall against its whole fall).
 - A no-freezing run whose curve ends above its own loss at ``target_step`` (it rose after that step) does not
   keep that target, so nothing is measured against it; the row says so.
 """
@@ -53,6 +55,7 @@ TTA_COLUMNS = [
     "wall_s_method",
     "tta_ratio",
     "tta_ratio_bound",
+    "wall_s_diff",
     "note",
 ]
 
@@ -177,4 +180,50 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
             t["note"] = "step times missing from metrics.jsonl"
             continue
         t["tta_ratio"] = t["tta_ratio_bound"] = t["wall_s_method"] / t["wall_s_nf"]
+        t["wall_s_diff"] = t["wall_s_method"] - t["wall_s_nf"]
     return out
+
+
+FLATTENING_COLUMNS = [
+    "schedule",
+    "job_id",
+    "first_step",
+    "quarter_step",
+    "last_step",
+    "fall_total",
+    "fall_last_quarter",
+    "share",
+    "flattened",
+]
+FLATTENED_SHARE = 0.10
+"""A no-freezing curve has flattened when its last quarter fell by less than this share of its whole fall."""
+
+
+def flattening(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per schedule, the flattening check of its (first ok) no-freezing run's validation curve: the fall from
+    its first validation to its last (``fall_total``), the fall over the last quarter of its steps
+    (``fall_last_quarter``, from the loss interpolated at 75 % of its last step), their ratio, and whether that
+    is below ``FLATTENED_SHARE``."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        curve = r.get("_val_curve") or []
+        if r["method"] != NO_FREEZING or r["status"] != "ok" or len(curve) < 2 or r["schedule"] in out:
+            continue
+        first, last = curve[0], curve[-1]
+        quarter = 0.75 * last[0]
+        at = interp_at(curve, quarter)
+        total = first[1] - last[1]
+        tail = None if at is None else at - last[1]
+        share = tail / total if tail is not None and total > 0 else None
+        out[r["schedule"]] = {
+            "schedule": r["schedule"],
+            "job_id": r["job_id"],
+            "first_step": first[0],
+            "quarter_step": quarter,
+            "last_step": last[0],
+            "fall_total": total,
+            "fall_last_quarter": tail,
+            "share": share,
+            "flattened": None if share is None else share < FLATTENED_SHARE,
+        }
+    return [out[k] for k in sorted(out)]
