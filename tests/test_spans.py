@@ -4,10 +4,8 @@ and the measured timeline panels, on a committed run's trace (its records carry 
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,10 +36,10 @@ JOB = (
 )
 
 
-@functools.cache
-def trace_dir() -> Path:
+@pytest.fixture(scope="module")
+def trace_dir(tmp_path_factory) -> Path:
     """The committed job's trace (packed in the repository) as a folder of its own, for tests that read its files."""
-    return unpack_trace(JOB / "trace.tar.gz", Path(tempfile.mkdtemp(prefix="spans-trace-")) / "trace")
+    return unpack_trace(JOB / "trace.tar.gz", tmp_path_factory.mktemp("spans") / "trace")
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +47,17 @@ def trace():
     return load_trace(JOB / "trace.tar.gz")
 
 
-def raw_records() -> list[dict]:
-    return [json.loads(line) for f in sorted(trace_dir().glob("actions_rank*.jsonl")) for line in f.open()]
+def raw_records(folder: Path) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.glob("actions_rank*.jsonl")) for line in f.open()]
 
 
 def test_the_committed_trace_has_timestamps(trace) -> None:
     assert all(r.start_ms is not None for r in trace.records) and len(set(trace.meta.hosts)) == 1
 
 
-def test_step_span_is_first_start_to_last_end_over_every_rank(trace) -> None:
+def test_step_span_is_first_start_to_last_end_over_every_rank(trace, trace_dir) -> None:
     by_step: dict[int, list[dict]] = {}
-    for r in raw_records():
+    for r in raw_records(trace_dir):
         by_step.setdefault(r["step"], []).append(r)
     want = {k: max(r["start_ms"] + r["ms"] for r in v) - min(r["start_ms"] for r in v) for k, v in by_step.items()}
     got = step_spans(trace)
@@ -89,8 +87,11 @@ def test_representative_step_is_the_median_span_step(trace) -> None:
     assert len(tl.boxes) == len(trace.meta.all_actions()) and representative_step(trace, "nosuchphase") is None
 
 
-def test_f_factor_is_the_ratio_of_median_forward_times(trace) -> None:
-    f = {p: [r["ms"] for r in raw_records() if r["phase"] == p and r["action"][1] == "F"] for p in ("upper", "stable")}
+def test_f_factor_is_the_ratio_of_median_forward_times(trace, trace_dir) -> None:
+    f = {
+        p: [r["ms"] for r in raw_records(trace_dir) if r["phase"] == p and r["action"][1] == "F"]
+        for p in ("upper", "stable")
+    }
     assert f_factor(trace) == pytest.approx(statistics.median(f["stable"]) / statistics.median(f["upper"]))
     assert f_factor(trace, "nosuchphase") is None
 
@@ -203,12 +204,12 @@ def test_gantt_cli_without_timestamps_keeps_the_medians_and_says_so(tmp_path, ca
     assert out.count(NO_TIMESTAMPS) == 2 and "measured span" not in out
 
 
-def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, tmp_path, monkeypatch) -> None:
+def test_timeline_draws_from_timestamps_or_says_it_did_not(trace, trace_dir, tmp_path, monkeypatch) -> None:
     drawn = []
     monkeypatch.setattr(timeline, "plot_timeline", lambda meta, panels, out, ratios: drawn.append(panels))
-    medians = timeline.merge([timeline.phase_medians(f) for f in sorted(trace_dir().glob("actions_rank*.jsonl"))])
+    medians = timeline.merge([timeline.phase_medians(f) for f in sorted(trace_dir.glob("actions_rank*.jsonl"))])
     meta = trace.meta.to_json()
-    args = (meta, medians, JOB / "plan.json", trace_dir(), tmp_path / "t.png", print)
+    args = (meta, medians, JOB / "plan.json", trace_dir, tmp_path / "t.png", print)
     assert timeline.draw(*args, trace) and timeline.draw(*args)
     with_trace, without = drawn
     assert [t.startswith("measured") for t, _ in with_trace] == [True, False, True]
