@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as _dt
 import math
 import sys
 from pathlib import Path
@@ -51,6 +50,7 @@ from timelyfreeze.experiments.studies.placement import (
     save_figure,
     write_report_md,
 )
+from timelyfreeze.experiments.sweep.grid import back_to_back
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import load_rows, num
 
@@ -58,8 +58,6 @@ MARGIN = 0.02
 """The precision the study is sized for: a 95 % interval of +-0.02 of in-run speed-up (issue 40, item 2)."""
 CLOSE_F = 0.05
 """Sensitivity check: the blocks whose bracketed F difference ``(f_A + f_B) / 2 - f_R`` is at most this."""
-MAX_IDLE_S = 60.0
-"""A block's jobs ran back to back when each started within this many seconds of the previous one's end."""
 REPEAT_TAG = "__repeat="
 
 PAIR_COLUMNS = ["position", "order", *PLACEMENT_PAIR_COLUMNS]
@@ -120,23 +118,6 @@ def is_bracketed(rows: list[dict[str, Any]]) -> bool:
     return any(r.get("_repeat") for r in rows)
 
 
-def _time(text: Any) -> _dt.datetime | None:
-    try:
-        return _dt.datetime.fromisoformat(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _timing(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any]) -> tuple[bool | None, float | None]:
-    """(ran A, R, B in that order, each within ``MAX_IDLE_S`` of the previous one's end; the idle seconds
-    between them), from the jobs' start and end times; (None, None) where a time is missing."""
-    times = [(_time(j.get("_started")), _time(j.get("_ended"))) for j in (a, r, b)]
-    if any(t is None for pair in times for t in pair):
-        return None, None
-    gaps = [(times[k + 1][0] - times[k][1]).total_seconds() for k in range(2)]
-    return all(0 <= g <= MAX_IDLE_S for g in gaps), sum(gaps)
-
-
 def _mean2(x: Any, y: Any) -> float | None:
     return None if num(x) is None or num(y) is None else (x + y) / 2
 
@@ -147,7 +128,7 @@ def _sub(x: Any, y: Any) -> float | None:
 
 def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict, second: dict) -> dict[str, Any]:
     """One block's row (``BLOCK_COLUMNS`` but ``position``) from its three jobs and its two pairs' rows."""
-    back_to_back, idle = _timing(a, r, b)
+    in_order, idle = back_to_back([(j.get("_started"), j.get("_ended")) for j in (a, r, b)])
     f_bracket = _sub(_mean2(first["f_tf"], second["f_tf"]), first["f_random"])
     gaps = [g for g in (first["share_gap"], second["share_gap"]) if g is not None]
     return {
@@ -155,7 +136,7 @@ def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict,
         "r_max": a["knob_value"],
         "seed": a["seed"],
         "started": a.get("_started"),
-        "back_to_back": back_to_back,
+        "back_to_back": in_order,
         "idle_s": idle,
         "tf_job": a["job_id"],
         "random_job": r["job_id"],
@@ -184,7 +165,8 @@ def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict,
 def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict], list[str]]:
     """(blocks, pairs, left out) of a sweep folder's rows: one ``BLOCK_COLUMNS`` row per block whose three jobs
     finished ok, in time order (``position`` 1, 2, ... over every schedule); its two ``PAIR_COLUMNS`` rows; and
-    one line per block that is left out of the statistics (a job not ok or missing, or not back to back)."""
+    one line per block that is left out of the statistics (a job not ok or missing, or not back to back:
+    ``grid.back_to_back``)."""
     by_id = {r["job_id"]: r for r in rows}
     traces: dict[str, Any] = {}
     blocks, pairs, left_out = [], [], []
