@@ -155,14 +155,15 @@ def _job(out, src, job_id, spec, speedup, f, val_loss, start_s, status="ok", met
     (d / "job.json").write_text(json.dumps(rec))
 
 
-def _block(out, schedule, seed, speedups, fs, losses, start_s, gap_s=0, r_status="ok"):
+def _block(out, schedule, seed, speedups, fs, losses, start_s, gap_s=0, r_status="ok", jobs=3):
     """A synthetic block A, R, B of ``schedule`` and ``seed`` starting at ``start_s``: (A, R, B)'s speed-ups,
-    F factors and validation losses; ``gap_s`` idle seconds between its jobs."""
+    F factors and validation losses; ``gap_s`` idle seconds between its jobs; only its first ``jobs`` jobs (an
+    interrupted block)."""
     src = SRC / f"{schedule}__timelyfreeze__r_max=0.8__seed=0"
     a = Job(schedule, "timelyfreeze", 0.8, seed)
     r = Job(schedule, "random", "matched", seed, matched_to=a.job_id)
     b = Job(schedule, "timelyfreeze", 0.8, seed, repeat=1)
-    for k, (job, status) in enumerate(((a, "ok"), (r, r_status), (b, "ok"))):
+    for k, (job, status) in enumerate(((a, "ok"), (r, r_status), (b, "ok"))[:jobs]):
         method = "random" if job is r else None
         t = start_s + k * (60 + gap_s)
         _job(out, src, job.job_id, job.spec(), speedups[k], fs[k], losses[k], t, status, method)
@@ -190,6 +191,8 @@ def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
             start += 180
     _block(out, "1F1B", 7, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start, r_status="failed")  # left out
     _block(out, "1F1B", 8, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 200, gap_s=300)  # not back to back
+    _block(out, "ZBVZeroBubble", 8, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 900, jobs=2)  # B never started
+    _block(out, "ZBVZeroBubble", 9, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 1200, jobs=1)  # only A ran
     assert main([str(out)]) == 0  # the script's entry point picks the bracketed report
     md = Path(capsys.readouterr().out.strip())
     assert md == out / "report" / "bracketed.md"
@@ -233,6 +236,8 @@ def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
     assert "5 complete blocks" in text and "**1F1B** (3 blocks)" in text and "**both schedules** (5 blocks)" in text
     assert "1F1B__timelyfreeze__r_max=0.8__seed=7: R failed" in text
     assert "1F1B__timelyfreeze__r_max=0.8__seed=8: its jobs did not run back to back" in text
+    assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=8: B missing;" in text
+    assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=9: R missing, B missing." in text
     assert (rep / "bracketed.png").is_file()
 
 

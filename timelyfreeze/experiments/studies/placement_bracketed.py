@@ -162,6 +162,19 @@ def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict,
     }
 
 
+def block_starts(rows: list[dict[str, Any]]) -> list[str]:
+    """The A job id of every block a bracketed sweep folder's rows show, sorted: the first run of each repeat,
+    the target of each matched job, and every first run of a method that has repeats (a block interrupted after
+    its A has only that), so that a block with any of its jobs missing is still found."""
+    repeated = {r["method"] for r in rows if r.get("_repeat")}
+    starts = {r["job_id"].rpartition(REPEAT_TAG)[0] for r in rows if r.get("_repeat")}
+    starts |= {r["matched_to"] for r in rows if r.get("matched_to")}
+    starts |= {
+        r["job_id"] for r in rows if r["method"] in repeated and not r.get("_repeat") and not r.get("matched_to")
+    }
+    return sorted(starts)
+
+
 def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict], list[str]]:
     """(blocks, pairs, left out) of a sweep folder's rows: one ``BLOCK_COLUMNS`` row per block whose three jobs
     finished ok, in time order (``position`` 1, 2, ... over every schedule); its two ``PAIR_COLUMNS`` rows; and
@@ -170,9 +183,8 @@ def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]
     by_id = {r["job_id"]: r for r in rows}
     traces: dict[str, Any] = {}
     blocks, pairs, left_out = [], [], []
-    for b in (r for r in rows if r.get("_repeat")):
-        a_id = b["job_id"].rpartition(REPEAT_TAG)[0]
-        a = by_id.get(a_id)
+    for a_id in block_starts(rows):
+        a, b = by_id.get(a_id), by_id.get(f"{a_id}{REPEAT_TAG}1")
         r = next((x for x in rows if x.get("matched_to") == a_id), None)
         jobs = {"A": a, "R": r, "B": b}
         bad = [
@@ -183,7 +195,7 @@ def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]
         if bad:
             left_out.append(f"{a_id}: {', '.join(bad)}")
             continue
-        assert a is not None and r is not None  # for the type checker: bad lists them otherwise
+        assert a is not None and r is not None and b is not None  # for the type checker: bad lists them otherwise
         first, second = pair_row(a, r, traces), pair_row(b, r, traces)
         block = _block(a, r, b, first, second)
         if block["back_to_back"] is not True:
