@@ -21,6 +21,7 @@ from timelyfreeze.experiments.studies.placement_bracketed import (
     UNDECIDED,
     WITHIN,
     answer,
+    block_row,
     design,
     main,
     size_verdict,
@@ -239,6 +240,20 @@ def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
     assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=8: B missing;" in text
     assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=9: R missing, B missing." in text
     assert (rep / "bracketed.png").is_file()
+
+
+def test_a_blocks_pair_quantities_are_the_mean_of_its_two_pairs():
+    def job(job_id, speedup):
+        return {"job_id": job_id, "schedule": "1F1B", "knob_value": 0.8, "seed": 0, "speedup_in_run": speedup}
+
+    def pair(d, share_gap, loss, predicted):
+        keys = ("d_speedup", "d_speedup_f", "share_gap", "d_val_loss", "predicted_d_speedup")
+        return {"f_tf": 1.0, "f_random": 1.0, **dict(zip(keys, (d, d, share_gap, loss, predicted)))}
+
+    x = block_row(job("a", 1.3), job("r", 1.2), job("b", 1.2), pair(0.1, 0.01, 0.02, 0.04), pair(0.0, 0.03, 0.0, 0.02))
+    assert x["share_gap"] == pytest.approx(0.02) and x["d_val_loss_bracket"] == pytest.approx(0.01)
+    assert x["predicted_d_bracket"] == pytest.approx(0.03) and x["d_bracket"] == pytest.approx(0.05)
+    assert x["back_to_back"] is None  # no times
 
 
 def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(tmp_path, capsys):

@@ -126,11 +126,10 @@ def _sub(x: Any, y: Any) -> float | None:
     return None if num(x) is None or num(y) is None else x - y
 
 
-def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict, second: dict) -> dict[str, Any]:
+def block_row(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict, second: dict) -> dict[str, Any]:
     """One block's row (``BLOCK_COLUMNS`` but ``position``) from its three jobs and its two pairs' rows."""
     in_order, idle = back_to_back([(j.get("_started"), j.get("_ended")) for j in (a, r, b)])
     f_bracket = _sub(_mean2(first["f_tf"], second["f_tf"]), first["f_random"])
-    gaps = [g for g in (first["share_gap"], second["share_gap"]) if g is not None]
     return {
         "schedule": a["schedule"],
         "r_max": a["knob_value"],
@@ -156,7 +155,7 @@ def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict,
         "f_bracket": f_bracket,
         "d_ab": _sub(a["speedup_in_run"], b["speedup_in_run"]),
         "d_val_loss_bracket": _mean2(first["d_val_loss"], second["d_val_loss"]),
-        "share_gap": max(gaps) if gaps else None,
+        "share_gap": _mean2(first["share_gap"], second["share_gap"]),
         "predicted_d_bracket": _mean2(first["predicted_d_speedup"], second["predicted_d_speedup"]),
         "close_f": None if f_bracket is None else abs(f_bracket) <= CLOSE_F,
     }
@@ -197,7 +196,7 @@ def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]
             continue
         assert a is not None and r is not None and b is not None  # for the type checker: bad lists them otherwise
         first, second = pair_row(a, r, traces), pair_row(b, r, traces)
-        block = _block(a, r, b, first, second)
+        block = block_row(a, r, b, first, second)
         if block["back_to_back"] is not True:
             left_out.append(f"{a_id}: its jobs did not run back to back in the order A, R, B")
             continue
