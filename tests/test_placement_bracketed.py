@@ -18,13 +18,16 @@ from planner.trace.load import load_trace
 from timelyfreeze.experiments.stats import half_width, n_for_half_width, pooled_sd
 from timelyfreeze.experiments.studies.placement_bracketed import (
     BEYOND,
+    QUANTITIES,
     UNDECIDED,
     WITHIN,
     answer,
     block_row,
+    bracketed_cells,
     design,
     main,
     size_verdict,
+    statement,
 )
 from timelyfreeze.experiments.sweep.cli import main as sweep_main
 from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks, expand_grid, load_grid_file
@@ -254,6 +257,22 @@ def test_a_blocks_pair_quantities_are_the_mean_of_its_two_pairs():
     assert x["share_gap"] == pytest.approx(0.02) and x["d_val_loss_bracket"] == pytest.approx(0.01)
     assert x["predicted_d_bracket"] == pytest.approx(0.03) and x["d_bracket"] == pytest.approx(0.05)
     assert x["back_to_back"] is None  # no times
+
+
+def _hand_block(d, f_bracket=0.0, **over):
+    """A block row with every quantity ``d`` but the F difference, and ``over``."""
+    row = {q: d for q in QUANTITIES} | {"schedule": "1F1B", "f_bracket": f_bracket, "close_f": abs(f_bracket) <= 0.05}
+    return row | over
+
+
+def test_a_quantity_missing_for_some_blocks_says_over_how_many():
+    blocks = [_hand_block(0.01), _hand_block(0.03, predicted_d_bracket=None), _hand_block(0.02, f_bracket=0.1)]
+    (c,) = bracketed_cells(blocks)
+    assert c["blocks"] == 3 and c["d_bracket_n"] == 3 and c["predicted_d_bracket_n"] == 2
+    assert c["blocks_close_f"] == 2 == c["d_bracket_close_f_n"]
+    (text,) = statement([c])
+    assert "The planner predicted +0.015 [" in text and "] (over 2 of 3 blocks);" in text
+    assert text.count("(over ") == 1  # every other quantity has all its blocks
 
 
 def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(tmp_path, capsys):

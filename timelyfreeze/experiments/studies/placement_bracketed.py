@@ -14,9 +14,9 @@ under ``<out>/report/``:
 - ``bracketed_blocks.csv``: one row per block (``BLOCK_COLUMNS``): the three runs' speed-ups and F factors,
   each order's difference, the bracketed difference raw and with the F factors taken out, the bracketed F
   difference, A - B (the same settings twice: noise, drift and order), and whether its jobs ran back to back;
-- ``bracketed_cells.csv``: per schedule and over both, the mean and 95 % interval of each block quantity
-  (``CELL_COLUMNS``), the verdicts, and the same over the blocks whose bracketed F difference is within
-  ``CLOSE_F`` (the issue's sensitivity check);
+- ``bracketed_cells.csv``: per schedule and over both, the mean, 95 % interval and number of blocks with a value
+  (``<q>_n``) of each block quantity (``CELL_COLUMNS``), the verdicts, and the same over the blocks whose
+  bracketed F difference is within ``CLOSE_F`` (the issue's sensitivity check);
 - ``bracketed.md`` (the answer, the tables) and ``bracketed.png`` (each block's bracketed difference with the
   mean, its interval and the +-``MARGIN`` band; each order's difference over the blocks' order in time).
 
@@ -106,8 +106,9 @@ QUANTITIES = (
 )
 CELL_COLUMNS = (
     ["schedule", "blocks"]
-    + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
-    + ["blocks_close_f", "d_bracket_close_f_mean", "d_bracket_close_f_lo", "d_bracket_close_f_hi"]
+    + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi", "n")]
+    + ["blocks_close_f"]
+    + [f"d_bracket_close_f_{s}" for s in ("mean", "lo", "hi", "n")]
     + ["speed", "speed_f", "size", "loss"]
 )
 WITHIN, BEYOND, UNDECIDED = f"within +-{MARGIN:g}", f"beyond +-{MARGIN:g}", f"not decided at +-{MARGIN:g}"
@@ -235,12 +236,11 @@ def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for schedule, xs in groups.items():
         c: dict[str, Any] = {"schedule": schedule, "blocks": len(xs)}
         for q in QUANTITIES:
-            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(x.get(q) for x in xs)
+            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], c[f"{q}_n"] = mean_ci(x.get(q) for x in xs)
         within = [x for x in xs if x["close_f"]]
         c["blocks_close_f"] = len(within)
-        (c["d_bracket_close_f_mean"], c["d_bracket_close_f_lo"], c["d_bracket_close_f_hi"], _) = mean_ci(
-            x["d_bracket"] for x in within
-        )
+        q = "d_bracket_close_f"
+        c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], c[f"{q}_n"] = mean_ci(x["d_bracket"] for x in within)
         c["speed"] = verdict(c["d_bracket_lo"], c["d_bracket_hi"], 0.0, "TimelyFreeze faster", "random faster")
         c["speed_f"] = verdict(c["d_bracket_f_lo"], c["d_bracket_f_hi"], 0.0, "TimelyFreeze faster", "random faster")
         c["size"] = size_verdict(c["d_bracket_lo"], c["d_bracket_hi"])
@@ -252,7 +252,11 @@ def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _ci(c: dict[str, Any], q: str, digits: int = 3) -> str:
-    return cell_ci(c, q, digits, unit="block")
+    """The cell's ``q`` with its interval, and the number of blocks behind it where some of the cell's blocks
+    (of the close-F subset, for ``d_bracket_close_f``) have no value of it."""
+    text = cell_ci(c, q, digits, unit="block")
+    n, of = c[f"{q}_n"], c["blocks_close_f" if q == "d_bracket_close_f" else "blocks"]
+    return text if n == of else f"{text} (over {n} of {of} blocks)"
 
 
 def answer(c: dict[str, Any]) -> str:
