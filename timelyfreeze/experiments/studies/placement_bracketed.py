@@ -57,7 +57,8 @@ from timelyfreeze.experiments.sweep.results import load_rows, num
 MARGIN = 0.02
 """The precision the study is sized for: a 95 % interval of +-0.02 of in-run speed-up (issue 40, item 2)."""
 CLOSE_F = 0.05
-"""Sensitivity check: the blocks whose bracketed F difference ``(f_A + f_B) / 2 - f_R`` is at most this."""
+"""Sensitivity check: the blocks whose bracketed F difference ``f_bracket = (f_A + f_B) / 2 - f_R`` has
+``|f_bracket| <= CLOSE_F``."""
 REPEAT_TAG = "__repeat="
 
 PAIR_COLUMNS = ["position", "order", *PLACEMENT_PAIR_COLUMNS]
@@ -109,9 +110,13 @@ CELL_COLUMNS = (
     + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi", "n")]
     + ["blocks_close_f"]
     + [f"d_bracket_close_f_{s}" for s in ("mean", "lo", "hi", "n")]
-    + ["speed", "speed_f", "size", "loss"]
+    + ["speed", "size", "speed_f", "size_f", "speed_close_f", "size_close_f", "check_f", "check_close_f", "loss"]
 )
 WITHIN, BEYOND, UNDECIDED = f"within +-{MARGIN:g}", f"beyond +-{MARGIN:g}", f"not decided at +-{MARGIN:g}"
+FASTER, SLOWER = "TimelyFreeze faster", "random faster"
+READINGS = {"": "d_bracket", "_f": "d_bracket_f", "_close_f": "d_bracket_close_f"}
+"""The cell's verdict columns (``speed<suffix>``, ``size<suffix>``) -> the quantity they read: the answer, then
+the two checks (F factors out; the close-F subset)."""
 
 
 def is_bracketed(rows: list[dict[str, Any]]) -> bool:
@@ -225,6 +230,29 @@ def size_verdict(lo: float | None, hi: float | None, margin: float = MARGIN) -> 
     return UNDECIDED
 
 
+def speed_verdict(lo: float | None, hi: float | None) -> str | None:
+    """The direction: ``FASTER`` when the interval lies above 0, ``SLOWER`` below it, else ``NO_DIFFERENCE``."""
+    return verdict(lo, hi, 0.0, FASTER, SLOWER)
+
+
+def checks(c: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The protocol's two flags beside the answer (None where there is nothing to flag): the F-out direction
+    differs from the primary's; the close-F subset does not reach a verdict the primary reached (its direction
+    when resolved, its size when within or beyond +-``MARGIN``; a subset without an interval reaches none)."""
+    check_f = None
+    if c["speed"] is not None and c["speed_f"] is not None and c["speed_f"] != c["speed"]:
+        check_f = f"with the F factors out the direction is {c['speed_f']!r}, not {c['speed']!r}"
+    lost = [
+        f"its {what} is {sub or 'not read (no interval)'!r}, not {prim!r}"
+        for what, prim, sub, resolved in (
+            ("direction", c["speed"], c["speed_close_f"], (FASTER, SLOWER)),
+            ("size", c["size"], c["size_close_f"], (WITHIN, BEYOND)),
+        )
+        if prim in resolved and sub != prim
+    ]
+    return check_f, ("over the close-F blocks " + " and ".join(lost)) if lost else None
+
+
 def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per schedule, and over every block (``all``): mean and 95 % interval over blocks of each quantity."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -241,9 +269,10 @@ def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         c["blocks_close_f"] = len(within)
         q = "d_bracket_close_f"
         c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], c[f"{q}_n"] = mean_ci(x["d_bracket"] for x in within)
-        c["speed"] = verdict(c["d_bracket_lo"], c["d_bracket_hi"], 0.0, "TimelyFreeze faster", "random faster")
-        c["speed_f"] = verdict(c["d_bracket_f_lo"], c["d_bracket_f_hi"], 0.0, "TimelyFreeze faster", "random faster")
-        c["size"] = size_verdict(c["d_bracket_lo"], c["d_bracket_hi"])
+        for suffix, q in READINGS.items():
+            c[f"speed{suffix}"] = speed_verdict(c[f"{q}_lo"], c[f"{q}_hi"])
+            c[f"size{suffix}"] = size_verdict(c[f"{q}_lo"], c[f"{q}_hi"])
+        c["check_f"], c["check_close_f"] = checks(c)
         c["loss"] = verdict(
             c["d_val_loss_bracket_lo"], c["d_val_loss_bracket_hi"], 0.0, "TimelyFreeze worse", "TimelyFreeze better"
         )
@@ -259,39 +288,44 @@ def _ci(c: dict[str, Any], q: str, digits: int = 3) -> str:
     return text if n == of else f"{text} (over {n} of {of} blocks)"
 
 
-def answer(c: dict[str, Any]) -> str:
-    """The cell's answer to the question, as the protocol words it: the bracketed raw difference against 0 and
-    against +-``MARGIN``."""
-    if c["d_bracket_lo"] is None:
+def answer(c: dict[str, Any], q: str = "d_bracket") -> str:
+    """The cell's reading of ``q``'s interval, as the protocol's Reading words it: the direction (against 0) and
+    the size (against +-``MARGIN``) in one sentence. ``d_bracket`` is the answer; ``d_bracket_f`` and
+    ``d_bracket_close_f`` are read the same way as checks."""
+    lo, hi = c[f"{q}_lo"], c[f"{q}_hi"]
+    if lo is None or hi is None:
         return "no interval (fewer than two blocks)"
-    lo, hi = c["d_bracket_lo"], c["d_bracket_hi"]
-    speed = c["speed"] or NO_DIFFERENCE
-    if c["size"] == WITHIN:
+    speed, size = speed_verdict(lo, hi), size_verdict(lo, hi)
+    if size == WITHIN:
         return f"{speed}; the difference is smaller than {MARGIN:g} either way (the interval lies within +-{MARGIN:g})"
-    if c["size"] == BEYOND:
-        return f"{speed}, by more than {MARGIN:g}"
-    if speed != NO_DIFFERENCE:
-        return f"{speed}, by at least {min(abs(lo), abs(hi)):.3f} (the interval reaches past {MARGIN:g})"
+    if size == BEYOND:
+        return f"{speed}, by more than {MARGIN:g} (the interval lies beyond {MARGIN if lo > 0 else -MARGIN:+g})"
+    crossed = [f"{e:+g}" for e, out in ((-MARGIN, lo < -MARGIN), (MARGIN, hi > MARGIN)) if out]
+    lead = speed if speed == NO_DIFFERENCE else f"{speed}, by at least {min(abs(lo), abs(hi)):.3f}"
+    bound = f"random's gain is below {-lo:.3f}" if speed == SLOWER else f"TimelyFreeze's gain is below {hi:.3f}"
     return (
-        f"{speed}; the interval is wider than +-{MARGIN:g} (half-width {(hi - lo) / 2:.3f}): the difference lies "
-        f"between {lo:+.3f} and {hi:+.3f}"
+        f"{lead}; {UNDECIDED} (the interval crosses {' and '.join(crossed)}): the difference lies between "
+        f"{lo:+.3f} and {hi:+.3f}, so {bound}"
     )
 
 
 def statement(cells: list[dict[str, Any]]) -> list[str]:
-    """One paragraph per cell: the answer, then every quantity with its interval."""
+    """One paragraph per cell: the answer, the two checks read the same way (and their flags), then every
+    quantity with its interval."""
     lines = []
     for c in cells:
         name = "both schedules" if c["schedule"] == "all" else c["schedule"]
+        flags = [f for f in (c["check_f"], c["check_close_f"]) if f]
         lines.append(
             f"**{name}** ({c['blocks']} blocks): in-run speed-up, TimelyFreeze minus matched random, bracketed "
-            f"{_ci(c, 'd_bracket')}: {answer(c)}. With the F factors taken out {_ci(c, 'd_bracket_f')} "
-            f"({c['speed_f'] or NO_DIFFERENCE}). TimelyFreeze first {_ci(c, 'd_first')}, random first "
-            f"{_ci(c, 'd_second')}; A - B (the same settings twice) {_ci(c, 'd_ab')}; bracketed F difference "
-            f"{_ci(c, 'f_bracket')}. Over the {c['blocks_close_f']} blocks whose bracketed F difference is within "
-            f"{CLOSE_F:g}: {_ci(c, 'd_bracket_close_f')}. The planner predicted {_ci(c, 'predicted_d_bracket')}; "
-            f"validation loss {_ci(c, 'd_val_loss_bracket', 4)} ({c['loss'] or NO_DIFFERENCE}); share gap "
-            f"{_ci(c, 'share_gap')}."
+            f"{_ci(c, 'd_bracket')}: **{answer(c)}**. Checks, not the answer: with the F factors taken out "
+            f"{_ci(c, 'd_bracket_f')}: {answer(c, 'd_bracket_f')}; over the {c['blocks_close_f']} blocks with "
+            f"|f_bracket| <= {CLOSE_F:g}, {_ci(c, 'd_bracket_close_f')}: {answer(c, 'd_bracket_close_f')}. "
+            + (f"Flagged: {'; '.join(flags)}. " if flags else "Neither check flags the answer. ")
+            + f"TimelyFreeze first {_ci(c, 'd_first')}, random first {_ci(c, 'd_second')}; A - B (the same "
+            f"settings twice) {_ci(c, 'd_ab')}; bracketed F difference {_ci(c, 'f_bracket')}. The planner predicted "
+            f"{_ci(c, 'predicted_d_bracket')}; validation loss {_ci(c, 'd_val_loss_bracket', 4)} "
+            f"({c['loss'] or NO_DIFFERENCE}); share gap {_ci(c, 'share_gap')}."
         )
     return lines
 
