@@ -398,7 +398,6 @@ def _cmd_import_log(args: argparse.Namespace) -> None:
 
 
 def _cmd_pack(args: argparse.Namespace) -> None:
-
     traces: dict = {}  # every bad argument is found before anything is packed
     for folder in args.folders:
         found = traces_in(folder)

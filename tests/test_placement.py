@@ -9,8 +9,9 @@ import pytest
 from timelyfreeze.config.freeze import Freeze, knob_of
 from timelyfreeze.experiments.sweep.cli import main as sweep_main
 from timelyfreeze.experiments.sweep.command import build_command, matched_dump
-from timelyfreeze.experiments.sweep.grid import GridError, Job, expand_grid, load_grid_file
+from timelyfreeze.experiments.sweep.grid import GridError, Job, back_to_back, expand_grid, load_grid_file
 from timelyfreeze.experiments.sweep.results import _parse_job_id, cell_knob, knob_sort_key
+from timelyfreeze.experiments.sweep.runner import job_spec, resume_plan, summary_path, write_json
 
 CONFIG = "torchtitan_configs/llama3_debug_finetune_cpu.toml"
 FAKE = f"{sys.executable} {Path(__file__).resolve().parent / 'fake_job.py'}"
@@ -127,6 +128,24 @@ def test_a_block_runs_again_whole(tmp_path, monkeypatch, capsys):
     assert run() == []  # every block done: nothing runs
     (out / "jobs" / ids[5] / "job.json").unlink()  # seed 1's B incomplete: its whole block, and only it, runs
     assert run() == ids[3:]
+
+
+def test_an_all_ok_block_that_did_not_run_back_to_back_runs_again_whole(tmp_path):
+    jobs = expand_grid(_grid(timelyfreeze=[0.5], random={"matched": "timelyfreeze", "bracket": True}))
+    ids = [j.job_id for j in jobs if j.method != "none"]  # seed 0's block, then seed 1's
+    assert len(ids) == 6
+    for k, job in enumerate(j for j in jobs if j.method != "none"):
+        minute = k + (2 if k == 5 else 0)  # each job runs a minute; seed 1's B starts 120 s after its R ended
+        d = tmp_path / "jobs" / job.job_id
+        summary_path(d).parent.mkdir(parents=True)
+        summary_path(d).write_text("{}")
+        times = {"start_time": f"2030-01-01T10:{minute:02d}:00", "end_time": f"2030-01-01T10:{minute + 1:02d}:00"}
+        write_json(d / "job.json", {"spec": job_spec(job, None), "status": "ok", **times})
+    plan = {job.job_id: (skip, why) for job, _, skip, why in resume_plan(jobs, tmp_path, None, None)}
+    assert [plan[i] for i in ids[:3]] == [(True, "done")] * 3  # back to back: skipped
+    assert [plan[i] for i in ids[3:]] == [(False, "runs again with its block: its jobs did not run back to back")] * 3
+    assert back_to_back([("2030-01-01T10:00:00+00:00", "2030-01-01T10:01:00+00:00")] * 2) == (False, -60.0)
+    assert back_to_back([("2030-01-01T10:00:00", None)]) == (None, None)
 
 
 def test_matched_command_reads_the_sibling_dump(tmp_path):

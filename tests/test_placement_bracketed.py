@@ -15,15 +15,21 @@ import pytest
 from planner.timing.spans import f_factor
 from planner.trace.archive import unpack_trace
 from planner.trace.load import load_trace
-from timelyfreeze.experiments.stats import half_width, n_for_half_width, pooled_sd
+from timelyfreeze.experiments.stats import NO_DIFFERENCE, half_width, n_for_half_width, pooled_sd
 from timelyfreeze.experiments.studies.placement_bracketed import (
     BEYOND,
+    FASTER,
+    QUANTITIES,
     UNDECIDED,
     WITHIN,
     answer,
+    block_row,
+    bracketed_cells,
+    checks,
     design,
     main,
     size_verdict,
+    statement,
 )
 from timelyfreeze.experiments.sweep.cli import main as sweep_main
 from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks, expand_grid, load_grid_file
@@ -93,15 +99,52 @@ def test_precision_helpers_hand_checked():
     assert pooled_sd([[1.0]]) == (None, 0)
 
 
+def _cell(lo, hi, q="d_bracket"):
+    return {f"{q}_lo": lo, f"{q}_hi": hi}
+
+
 def test_size_verdicts_and_answers():
     assert size_verdict(-0.01, 0.019) == WITHIN and size_verdict(0.021, 0.05) == BEYOND
     assert size_verdict(0.001, 0.03) == UNDECIDED and size_verdict(None, None) is None
-    c = {"d_bracket_lo": -0.04, "d_bracket_hi": 0.02, "speed": "no difference resolved", "size": UNDECIDED}
-    assert answer(c).endswith("(half-width 0.030): the difference lies between -0.040 and +0.020")
-    c = {"d_bracket_lo": 0.005, "d_bracket_hi": 0.035, "speed": "TimelyFreeze faster", "size": UNDECIDED}
-    assert answer(c) == "TimelyFreeze faster, by at least 0.005 (the interval reaches past 0.02)"
-    c = {"d_bracket_lo": 0.001, "d_bracket_hi": 0.015, "speed": "TimelyFreeze faster", "size": WITHIN}
-    assert "smaller than 0.02 either way" in answer(c)
+    assert answer(_cell(-0.04, 0.02)) == (
+        "no difference resolved; not decided at +-0.02 (the interval crosses -0.02): the difference lies between "
+        "-0.040 and +0.020, so TimelyFreeze's gain is below 0.020"
+    )
+    # off-centre, half-width 0.015 < 0.02: it crosses +0.02, it is not "wider than +-0.02"
+    assert "(the interval crosses +0.02): the difference lies between -0.005 and +0.025" in answer(_cell(-0.005, 0.025))
+    assert "(the interval crosses -0.02 and +0.02)" in answer(_cell(-0.03, 0.03))
+    assert answer(_cell(0.005, 0.035)) == (
+        "TimelyFreeze faster, by at least 0.005; not decided at +-0.02 (the interval crosses +0.02): the difference "
+        "lies between +0.005 and +0.035, so TimelyFreeze's gain is below 0.035"
+    )
+    assert answer(_cell(-0.035, -0.005)).endswith(
+        "(the interval crosses -0.02): the difference lies between -0.035 and -0.005, so random's gain is below 0.035"
+    )
+    assert answer(_cell(-0.035, -0.005)).startswith("random faster, by at least 0.005; not decided at +-0.02")
+    assert answer(_cell(0.001, 0.015)) == (
+        "TimelyFreeze faster; the difference is smaller than 0.02 either way (the interval lies within +-0.02)"
+    )
+    assert answer(_cell(0.021, 0.05)) == "TimelyFreeze faster, by more than 0.02 (the interval lies beyond +0.02)"
+    assert answer(_cell(-0.05, -0.03)) == "random faster, by more than 0.02 (the interval lies beyond -0.02)"
+    assert answer(_cell(0.021, 0.05, "d_bracket_f"), "d_bracket_f").endswith(
+        "by more than 0.02 (the interval lies beyond +0.02)"
+    )
+    assert answer(_cell(0.01, None)) == "no interval (fewer than two blocks)"
+
+
+def test_the_checks_flag_a_direction_the_f_out_interval_does_not_share_and_a_verdict_close_f_does_not_reach():
+    c = {"speed": FASTER, "size": UNDECIDED, "speed_f": FASTER, "speed_close_f": FASTER, "size_close_f": WITHIN}
+    assert checks(c) == (None, None)  # an unresolved size cannot be lost; a size the primary lacks is no flag
+    c |= {"speed_f": NO_DIFFERENCE, "speed_close_f": None, "size_close_f": None}
+    check_f, check_close_f = checks(c)
+    assert check_f == "with the F factors out the direction is 'no difference resolved', not 'TimelyFreeze faster'"
+    assert (
+        check_close_f == "over the close-F blocks its direction is 'not read (no interval)', not 'TimelyFreeze faster'"
+    )
+    c = {"speed": FASTER, "size": WITHIN, "speed_f": FASTER, "speed_close_f": FASTER, "size_close_f": UNDECIDED}
+    assert checks(c) == (None, "over the close-F blocks its size is 'not decided at +-0.02', not 'within +-0.02'")
+    c = {"speed": NO_DIFFERENCE, "size": WITHIN, "speed_f": None, "speed_close_f": FASTER, "size_close_f": WITHIN}
+    assert checks(c) == (None, None)  # no F-out interval: nothing to compare
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -155,14 +198,15 @@ def _job(out, src, job_id, spec, speedup, f, val_loss, start_s, status="ok", met
     (d / "job.json").write_text(json.dumps(rec))
 
 
-def _block(out, schedule, seed, speedups, fs, losses, start_s, gap_s=0, r_status="ok"):
+def _block(out, schedule, seed, speedups, fs, losses, start_s, gap_s=0, r_status="ok", jobs=3):
     """A synthetic block A, R, B of ``schedule`` and ``seed`` starting at ``start_s``: (A, R, B)'s speed-ups,
-    F factors and validation losses; ``gap_s`` idle seconds between its jobs."""
+    F factors and validation losses; ``gap_s`` idle seconds between its jobs; only its first ``jobs`` jobs (an
+    interrupted block)."""
     src = SRC / f"{schedule}__timelyfreeze__r_max=0.8__seed=0"
     a = Job(schedule, "timelyfreeze", 0.8, seed)
     r = Job(schedule, "random", "matched", seed, matched_to=a.job_id)
     b = Job(schedule, "timelyfreeze", 0.8, seed, repeat=1)
-    for k, (job, status) in enumerate(((a, "ok"), (r, r_status), (b, "ok"))):
+    for k, (job, status) in enumerate(((a, "ok"), (r, r_status), (b, "ok"))[:jobs]):
         method = "random" if job is r else None
         t = start_s + k * (60 + gap_s)
         _job(out, src, job.job_id, job.spec(), speedups[k], fs[k], losses[k], t, status, method)
@@ -190,6 +234,8 @@ def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
             start += 180
     _block(out, "1F1B", 7, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start, r_status="failed")  # left out
     _block(out, "1F1B", 8, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 200, gap_s=300)  # not back to back
+    _block(out, "ZBVZeroBubble", 8, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 900, jobs=2)  # B never started
+    _block(out, "ZBVZeroBubble", 9, (1.3, 1.0, 1.3), (1, 1, 1), (3, 3, 3), start + 1200, jobs=1)  # only A ran
     assert main([str(out)]) == 0  # the script's entry point picks the bracketed report
     md = Path(capsys.readouterr().out.strip())
     assert md == out / "report" / "bracketed.md"
@@ -226,14 +272,50 @@ def test_bracketed_report_on_synthetic_blocks(tmp_path, capsys):
     assert float(c["d_bracket_mean"]) == pytest.approx(m)
     assert float(c["d_bracket_lo"]) == pytest.approx(m - h) and float(c["d_bracket_hi"]) == pytest.approx(m + h)
     assert c["speed"] == "TimelyFreeze faster" and c["size"] == UNDECIDED
+    assert (c["speed_f"], c["size_f"], c["speed_close_f"]) == (NO_DIFFERENCE, UNDECIDED, FASTER)  # read as checks
+    assert c["check_f"].startswith("with the F factors out the direction is") and c["check_close_f"] == ""
     assert c["blocks_close_f"] == "3" and cells["ZBVZeroBubble"]["blocks_close_f"] == "1"
     assert cells["ZBVZeroBubble"]["d_bracket_close_f_lo"] == ""  # one block: no interval
 
     text = md.read_text()
+    assert "Checks, not the answer: with the F factors taken out" in text and "|f_bracket| <= 0.05" in text
+    assert "Flagged: with the F factors out the direction is 'no difference resolved'" in text
     assert "5 complete blocks" in text and "**1F1B** (3 blocks)" in text and "**both schedules** (5 blocks)" in text
     assert "1F1B__timelyfreeze__r_max=0.8__seed=7: R failed" in text
     assert "1F1B__timelyfreeze__r_max=0.8__seed=8: its jobs did not run back to back" in text
+    assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=8: B missing;" in text
+    assert "ZBVZeroBubble__timelyfreeze__r_max=0.8__seed=9: R missing, B missing." in text
     assert (rep / "bracketed.png").is_file()
+
+
+def test_a_blocks_pair_quantities_are_the_mean_of_its_two_pairs():
+    def job(job_id, speedup):
+        return {"job_id": job_id, "schedule": "1F1B", "knob_value": 0.8, "seed": 0, "speedup_in_run": speedup}
+
+    def pair(d, share_gap, loss, predicted):
+        keys = ("d_speedup", "d_speedup_f", "share_gap", "d_val_loss", "predicted_d_speedup")
+        return {"f_tf": 1.0, "f_random": 1.0, **dict(zip(keys, (d, d, share_gap, loss, predicted)))}
+
+    x = block_row(job("a", 1.3), job("r", 1.2), job("b", 1.2), pair(0.1, 0.01, 0.02, 0.04), pair(0.0, 0.03, 0.0, 0.02))
+    assert x["share_gap"] == pytest.approx(0.02) and x["d_val_loss_bracket"] == pytest.approx(0.01)
+    assert x["predicted_d_bracket"] == pytest.approx(0.03) and x["d_bracket"] == pytest.approx(0.05)
+    assert x["back_to_back"] is None  # no times
+
+
+def _hand_block(d, f_bracket=0.0, **over):
+    """A block row with every quantity ``d`` but the F difference, and ``over``."""
+    row = {q: d for q in QUANTITIES} | {"schedule": "1F1B", "f_bracket": f_bracket, "close_f": abs(f_bracket) <= 0.05}
+    return row | over
+
+
+def test_a_quantity_missing_for_some_blocks_says_over_how_many():
+    blocks = [_hand_block(0.01), _hand_block(0.03, predicted_d_bracket=None), _hand_block(0.02, f_bracket=0.1)]
+    (c,) = bracketed_cells(blocks)
+    assert c["blocks"] == 3 and c["d_bracket_n"] == 3 and c["predicted_d_bracket_n"] == 2
+    assert c["blocks_close_f"] == 2 == c["d_bracket_close_f_n"]
+    (text,) = statement([c])
+    assert "The planner predicted +0.015 [" in text and "] (over 2 of 3 blocks);" in text
+    assert text.count("(over ") == 1  # every other quantity has all its blocks
 
 
 def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(tmp_path, capsys):

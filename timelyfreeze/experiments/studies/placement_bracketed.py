@@ -14,9 +14,9 @@ under ``<out>/report/``:
 - ``bracketed_blocks.csv``: one row per block (``BLOCK_COLUMNS``): the three runs' speed-ups and F factors,
   each order's difference, the bracketed difference raw and with the F factors taken out, the bracketed F
   difference, A - B (the same settings twice: noise, drift and order), and whether its jobs ran back to back;
-- ``bracketed_cells.csv``: per schedule and over both, the mean and 95 % interval of each block quantity
-  (``CELL_COLUMNS``), the verdicts, and the same over the blocks whose bracketed F difference is within
-  ``CLOSE_F`` (the issue's sensitivity check);
+- ``bracketed_cells.csv``: per schedule and over both, the mean, 95 % interval and number of blocks with a value
+  (``<q>_n``) of each block quantity (``CELL_COLUMNS``), the verdicts, and the same over the blocks whose
+  bracketed F difference is within ``CLOSE_F`` (the issue's sensitivity check);
 - ``bracketed.md`` (the answer, the tables) and ``bracketed.png`` (each block's bracketed difference with the
   mean, its interval and the +-``MARGIN`` band; each order's difference over the blocks' order in time).
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as _dt
 import math
 import sys
 from pathlib import Path
@@ -51,15 +50,15 @@ from timelyfreeze.experiments.studies.placement import (
     save_figure,
     write_report_md,
 )
+from timelyfreeze.experiments.sweep.grid import back_to_back
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import load_rows, num
 
 MARGIN = 0.02
 """The precision the study is sized for: a 95 % interval of +-0.02 of in-run speed-up (issue 40, item 2)."""
 CLOSE_F = 0.05
-"""Sensitivity check: the blocks whose bracketed F difference ``(f_A + f_B) / 2 - f_R`` is at most this."""
-MAX_IDLE_S = 60.0
-"""A block's jobs ran back to back when each started within this many seconds of the previous one's end."""
+"""Sensitivity check: the blocks whose bracketed F difference ``f_bracket = (f_A + f_B) / 2 - f_R`` has
+``|f_bracket| <= CLOSE_F``."""
 REPEAT_TAG = "__repeat="
 
 PAIR_COLUMNS = ["position", "order", *PLACEMENT_PAIR_COLUMNS]
@@ -108,33 +107,21 @@ QUANTITIES = (
 )
 CELL_COLUMNS = (
     ["schedule", "blocks"]
-    + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi")]
-    + ["blocks_close_f", "d_bracket_close_f_mean", "d_bracket_close_f_lo", "d_bracket_close_f_hi"]
-    + ["speed", "speed_f", "size", "loss"]
+    + [f"{q}_{s}" for q in QUANTITIES for s in ("mean", "lo", "hi", "n")]
+    + ["blocks_close_f"]
+    + [f"d_bracket_close_f_{s}" for s in ("mean", "lo", "hi", "n")]
+    + ["speed", "size", "speed_f", "size_f", "speed_close_f", "size_close_f", "check_f", "check_close_f", "loss"]
 )
 WITHIN, BEYOND, UNDECIDED = f"within +-{MARGIN:g}", f"beyond +-{MARGIN:g}", f"not decided at +-{MARGIN:g}"
+FASTER, SLOWER = "TimelyFreeze faster", "random faster"
+READINGS = {"": "d_bracket", "_f": "d_bracket_f", "_close_f": "d_bracket_close_f"}
+"""The cell's verdict columns (``speed<suffix>``, ``size<suffix>``) -> the quantity they read: the answer, then
+the two checks (F factors out; the close-F subset)."""
 
 
 def is_bracketed(rows: list[dict[str, Any]]) -> bool:
     """Whether a sweep folder's rows hold bracketed blocks (a job repeated after its matched job)."""
     return any(r.get("_repeat") for r in rows)
-
-
-def _time(text: Any) -> _dt.datetime | None:
-    try:
-        return _dt.datetime.fromisoformat(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _timing(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any]) -> tuple[bool | None, float | None]:
-    """(ran A, R, B in that order, each within ``MAX_IDLE_S`` of the previous one's end; the idle seconds
-    between them), from the jobs' start and end times; (None, None) where a time is missing."""
-    times = [(_time(j.get("_started")), _time(j.get("_ended"))) for j in (a, r, b)]
-    if any(t is None for pair in times for t in pair):
-        return None, None
-    gaps = [(times[k + 1][0] - times[k][1]).total_seconds() for k in range(2)]
-    return all(0 <= g <= MAX_IDLE_S for g in gaps), sum(gaps)
 
 
 def _mean2(x: Any, y: Any) -> float | None:
@@ -145,17 +132,16 @@ def _sub(x: Any, y: Any) -> float | None:
     return None if num(x) is None or num(y) is None else x - y
 
 
-def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict, second: dict) -> dict[str, Any]:
+def block_row(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict, second: dict) -> dict[str, Any]:
     """One block's row (``BLOCK_COLUMNS`` but ``position``) from its three jobs and its two pairs' rows."""
-    back_to_back, idle = _timing(a, r, b)
+    in_order, idle = back_to_back([(j.get("_started"), j.get("_ended")) for j in (a, r, b)])
     f_bracket = _sub(_mean2(first["f_tf"], second["f_tf"]), first["f_random"])
-    gaps = [g for g in (first["share_gap"], second["share_gap"]) if g is not None]
     return {
         "schedule": a["schedule"],
         "r_max": a["knob_value"],
         "seed": a["seed"],
         "started": a.get("_started"),
-        "back_to_back": back_to_back,
+        "back_to_back": in_order,
         "idle_s": idle,
         "tf_job": a["job_id"],
         "random_job": r["job_id"],
@@ -175,22 +161,35 @@ def _block(a: dict[str, Any], r: dict[str, Any], b: dict[str, Any], first: dict,
         "f_bracket": f_bracket,
         "d_ab": _sub(a["speedup_in_run"], b["speedup_in_run"]),
         "d_val_loss_bracket": _mean2(first["d_val_loss"], second["d_val_loss"]),
-        "share_gap": max(gaps) if gaps else None,
+        "share_gap": _mean2(first["share_gap"], second["share_gap"]),
         "predicted_d_bracket": _mean2(first["predicted_d_speedup"], second["predicted_d_speedup"]),
         "close_f": None if f_bracket is None else abs(f_bracket) <= CLOSE_F,
     }
 
 
+def block_starts(rows: list[dict[str, Any]]) -> list[str]:
+    """The A job id of every block a bracketed sweep folder's rows show, sorted: the first run of each repeat,
+    the target of each matched job, and every first run of a method that has repeats (a block interrupted after
+    its A has only that), so that a block with any of its jobs missing is still found."""
+    repeated = {r["method"] for r in rows if r.get("_repeat")}
+    starts = {r["job_id"].rpartition(REPEAT_TAG)[0] for r in rows if r.get("_repeat")}
+    starts |= {r["matched_to"] for r in rows if r.get("matched_to")}
+    starts |= {
+        r["job_id"] for r in rows if r["method"] in repeated and not r.get("_repeat") and not r.get("matched_to")
+    }
+    return sorted(starts)
+
+
 def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict], list[str]]:
     """(blocks, pairs, left out) of a sweep folder's rows: one ``BLOCK_COLUMNS`` row per block whose three jobs
     finished ok, in time order (``position`` 1, 2, ... over every schedule); its two ``PAIR_COLUMNS`` rows; and
-    one line per block that is left out of the statistics (a job not ok or missing, or not back to back)."""
+    one line per block that is left out of the statistics (a job not ok or missing, or not back to back:
+    ``grid.back_to_back``)."""
     by_id = {r["job_id"]: r for r in rows}
     traces: dict[str, Any] = {}
     blocks, pairs, left_out = [], [], []
-    for b in (r for r in rows if r.get("_repeat")):
-        a_id = b["job_id"].rpartition(REPEAT_TAG)[0]
-        a = by_id.get(a_id)
+    for a_id in block_starts(rows):
+        a, b = by_id.get(a_id), by_id.get(f"{a_id}{REPEAT_TAG}1")
         r = next((x for x in rows if x.get("matched_to") == a_id), None)
         jobs = {"A": a, "R": r, "B": b}
         bad = [
@@ -201,9 +200,9 @@ def bracketed_blocks(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]
         if bad:
             left_out.append(f"{a_id}: {', '.join(bad)}")
             continue
-        assert a is not None and r is not None  # for the type checker: bad lists them otherwise
+        assert a is not None and r is not None and b is not None  # for the type checker: bad lists them otherwise
         first, second = pair_row(a, r, traces), pair_row(b, r, traces)
-        block = _block(a, r, b, first, second)
+        block = block_row(a, r, b, first, second)
         if block["back_to_back"] is not True:
             left_out.append(f"{a_id}: its jobs did not run back to back in the order A, R, B")
             continue
@@ -231,6 +230,29 @@ def size_verdict(lo: float | None, hi: float | None, margin: float = MARGIN) -> 
     return UNDECIDED
 
 
+def speed_verdict(lo: float | None, hi: float | None) -> str | None:
+    """The direction: ``FASTER`` when the interval lies above 0, ``SLOWER`` below it, else ``NO_DIFFERENCE``."""
+    return verdict(lo, hi, 0.0, FASTER, SLOWER)
+
+
+def checks(c: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The protocol's two flags beside the answer (None where there is nothing to flag): the F-out direction
+    differs from the primary's; the close-F subset does not reach a verdict the primary reached (its direction
+    when resolved, its size when within or beyond +-``MARGIN``; a subset without an interval reaches none)."""
+    check_f = None
+    if c["speed"] is not None and c["speed_f"] is not None and c["speed_f"] != c["speed"]:
+        check_f = f"with the F factors out the direction is {c['speed_f']!r}, not {c['speed']!r}"
+    lost = [
+        f"its {what} is {sub or 'not read (no interval)'!r}, not {prim!r}"
+        for what, prim, sub, resolved in (
+            ("direction", c["speed"], c["speed_close_f"], (FASTER, SLOWER)),
+            ("size", c["size"], c["size_close_f"], (WITHIN, BEYOND)),
+        )
+        if prim in resolved and sub != prim
+    ]
+    return check_f, ("over the close-F blocks " + " and ".join(lost)) if lost else None
+
+
 def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per schedule, and over every block (``all``): mean and 95 % interval over blocks of each quantity."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -242,15 +264,15 @@ def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for schedule, xs in groups.items():
         c: dict[str, Any] = {"schedule": schedule, "blocks": len(xs)}
         for q in QUANTITIES:
-            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(x.get(q) for x in xs)
+            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], c[f"{q}_n"] = mean_ci(x.get(q) for x in xs)
         within = [x for x in xs if x["close_f"]]
         c["blocks_close_f"] = len(within)
-        (c["d_bracket_close_f_mean"], c["d_bracket_close_f_lo"], c["d_bracket_close_f_hi"], _) = mean_ci(
-            x["d_bracket"] for x in within
-        )
-        c["speed"] = verdict(c["d_bracket_lo"], c["d_bracket_hi"], 0.0, "TimelyFreeze faster", "random faster")
-        c["speed_f"] = verdict(c["d_bracket_f_lo"], c["d_bracket_f_hi"], 0.0, "TimelyFreeze faster", "random faster")
-        c["size"] = size_verdict(c["d_bracket_lo"], c["d_bracket_hi"])
+        q = "d_bracket_close_f"
+        c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], c[f"{q}_n"] = mean_ci(x["d_bracket"] for x in within)
+        for suffix, q in READINGS.items():
+            c[f"speed{suffix}"] = speed_verdict(c[f"{q}_lo"], c[f"{q}_hi"])
+            c[f"size{suffix}"] = size_verdict(c[f"{q}_lo"], c[f"{q}_hi"])
+        c["check_f"], c["check_close_f"] = checks(c)
         c["loss"] = verdict(
             c["d_val_loss_bracket_lo"], c["d_val_loss_bracket_hi"], 0.0, "TimelyFreeze worse", "TimelyFreeze better"
         )
@@ -259,42 +281,51 @@ def bracketed_cells(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _ci(c: dict[str, Any], q: str, digits: int = 3) -> str:
-    return cell_ci(c, q, digits, unit="block")
+    """The cell's ``q`` with its interval, and the number of blocks behind it where some of the cell's blocks
+    (of the close-F subset, for ``d_bracket_close_f``) have no value of it."""
+    text = cell_ci(c, q, digits, unit="block")
+    n, of = c[f"{q}_n"], c["blocks_close_f" if q == "d_bracket_close_f" else "blocks"]
+    return text if n == of else f"{text} (over {n} of {of} blocks)"
 
 
-def answer(c: dict[str, Any]) -> str:
-    """The cell's answer to the question, as the protocol words it: the bracketed raw difference against 0 and
-    against +-``MARGIN``."""
-    if c["d_bracket_lo"] is None:
+def answer(c: dict[str, Any], q: str = "d_bracket") -> str:
+    """The cell's reading of ``q``'s interval, as the protocol's Reading words it: the direction (against 0) and
+    the size (against +-``MARGIN``) in one sentence. ``d_bracket`` is the answer; ``d_bracket_f`` and
+    ``d_bracket_close_f`` are read the same way as checks."""
+    lo, hi = c[f"{q}_lo"], c[f"{q}_hi"]
+    if lo is None or hi is None:
         return "no interval (fewer than two blocks)"
-    lo, hi = c["d_bracket_lo"], c["d_bracket_hi"]
-    speed = c["speed"] or NO_DIFFERENCE
-    if c["size"] == WITHIN:
+    speed, size = speed_verdict(lo, hi), size_verdict(lo, hi)
+    if size == WITHIN:
         return f"{speed}; the difference is smaller than {MARGIN:g} either way (the interval lies within +-{MARGIN:g})"
-    if c["size"] == BEYOND:
-        return f"{speed}, by more than {MARGIN:g}"
-    if speed != NO_DIFFERENCE:
-        return f"{speed}, by at least {min(abs(lo), abs(hi)):.3f} (the interval reaches past {MARGIN:g})"
+    if size == BEYOND:
+        return f"{speed}, by more than {MARGIN:g} (the interval lies beyond {MARGIN if lo > 0 else -MARGIN:+g})"
+    crossed = [f"{e:+g}" for e, out in ((-MARGIN, lo < -MARGIN), (MARGIN, hi > MARGIN)) if out]
+    lead = speed if speed == NO_DIFFERENCE else f"{speed}, by at least {min(abs(lo), abs(hi)):.3f}"
+    bound = f"random's gain is below {-lo:.3f}" if speed == SLOWER else f"TimelyFreeze's gain is below {hi:.3f}"
     return (
-        f"{speed}; the interval is wider than +-{MARGIN:g} (half-width {(hi - lo) / 2:.3f}): the difference lies "
-        f"between {lo:+.3f} and {hi:+.3f}"
+        f"{lead}; {UNDECIDED} (the interval crosses {' and '.join(crossed)}): the difference lies between "
+        f"{lo:+.3f} and {hi:+.3f}, so {bound}"
     )
 
 
 def statement(cells: list[dict[str, Any]]) -> list[str]:
-    """One paragraph per cell: the answer, then every quantity with its interval."""
+    """One paragraph per cell: the answer, the two checks read the same way (and their flags), then every
+    quantity with its interval."""
     lines = []
     for c in cells:
         name = "both schedules" if c["schedule"] == "all" else c["schedule"]
+        flags = [f for f in (c["check_f"], c["check_close_f"]) if f]
         lines.append(
             f"**{name}** ({c['blocks']} blocks): in-run speed-up, TimelyFreeze minus matched random, bracketed "
-            f"{_ci(c, 'd_bracket')}: {answer(c)}. With the F factors taken out {_ci(c, 'd_bracket_f')} "
-            f"({c['speed_f'] or NO_DIFFERENCE}). TimelyFreeze first {_ci(c, 'd_first')}, random first "
-            f"{_ci(c, 'd_second')}; A - B (the same settings twice) {_ci(c, 'd_ab')}; bracketed F difference "
-            f"{_ci(c, 'f_bracket')}. Over the {c['blocks_close_f']} blocks whose bracketed F difference is within "
-            f"{CLOSE_F:g}: {_ci(c, 'd_bracket_close_f')}. The planner predicted {_ci(c, 'predicted_d_bracket')}; "
-            f"validation loss {_ci(c, 'd_val_loss_bracket', 4)} ({c['loss'] or NO_DIFFERENCE}); share gap "
-            f"{_ci(c, 'share_gap')}."
+            f"{_ci(c, 'd_bracket')}: **{answer(c)}**. Checks, not the answer: with the F factors taken out "
+            f"{_ci(c, 'd_bracket_f')}: {answer(c, 'd_bracket_f')}; over the {c['blocks_close_f']} blocks with "
+            f"|f_bracket| <= {CLOSE_F:g}, {_ci(c, 'd_bracket_close_f')}: {answer(c, 'd_bracket_close_f')}. "
+            + (f"Flagged: {'; '.join(flags)}. " if flags else "Neither check flags the answer. ")
+            + f"TimelyFreeze first {_ci(c, 'd_first')}, random first {_ci(c, 'd_second')}; A - B (the same "
+            f"settings twice) {_ci(c, 'd_ab')}; bracketed F difference {_ci(c, 'f_bracket')}. The planner predicted "
+            f"{_ci(c, 'predicted_d_bracket')}; validation loss {_ci(c, 'd_val_loss_bracket', 4)} "
+            f"({c['loss'] or NO_DIFFERENCE}); share gap {_ci(c, 'share_gap')}."
         )
     return lines
 

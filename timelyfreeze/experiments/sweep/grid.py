@@ -25,10 +25,11 @@ Method names and knobs are ``timelyfreeze.config.freeze.METHODS`` / ``METHOD_KNO
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from timelyfreeze.config.freeze import METHOD_KNOBS, METHODS, PLANNED_METHODS
 
@@ -294,7 +295,8 @@ def expand_grid(grid: dict[str, Any]) -> list[Job]:
 def bracket_blocks(jobs: list[Job]) -> dict[str, list[str]]:
     """{job_id: the ids of its block} for every job of a bracketed block: ``[target, the job(s) matched to it,
     the target's repeat]``, in run order. Such a block only means something when its jobs run back to back
-    (``runner.resume_plan`` runs it again whole when any of its jobs has to run)."""
+    (``back_to_back``; ``runner.resume_plan`` runs it again whole when any of its jobs has to run or they did
+    not)."""
     blocks: dict[str, list[str]] = {}
     for job in jobs:
         if job.repeat:
@@ -302,3 +304,26 @@ def bracket_blocks(jobs: list[Job]) -> dict[str, list[str]]:
             ids = [first, *(j.job_id for j in jobs if j.matched_to == first), job.job_id]
             blocks.update(dict.fromkeys(ids, ids))
     return blocks
+
+
+MAX_IDLE_S = 60.0
+"""A bracketed block's jobs ran back to back when each started within this many seconds of the previous one's end."""
+
+
+def _time(text: Any) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def back_to_back(times: Sequence[tuple[Any, Any]], max_idle_s: float = MAX_IDLE_S) -> tuple[bool | None, float | None]:
+    """(whether the jobs ran in this order, each started within ``max_idle_s`` of the previous one's end; the
+    idle seconds between them in all) from each job's (start, end) ISO times (``job.json``'s ``start_time`` and
+    ``end_time``); (None, None) where a time is missing or unreadable. The one rule for a bracketed block: the
+    report counts it only when True, and ``runner.resume_plan`` runs it again whole otherwise."""
+    parsed = [(_time(start), _time(end)) for start, end in times]
+    if any(t is None for pair in parsed for t in pair):
+        return None, None
+    gaps = [(parsed[k + 1][0] - parsed[k][1]).total_seconds() for k in range(len(parsed) - 1)]
+    return all(0 <= g <= max_idle_s for g in gaps), sum(gaps)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from planner.errors import PlannerError
 from planner.trace.archive import TRACE_NAME, pack_trace
-from timelyfreeze.experiments.sweep.grid import Job, bracket_blocks
+from timelyfreeze.experiments.sweep.grid import Job, back_to_back, bracket_blocks
 from timelyfreeze.titan import launch
 from timelyfreeze.titan.launch import REPO_ROOT
 
@@ -277,8 +277,9 @@ def run_one(
 def resume_plan(
     jobs: list[Job], out: Path, base_config_sha: str | None, start_sha: str | None, retry_failed: bool = True
 ) -> list[tuple[Job, dict[str, Any], bool, str]]:
-    """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does. A job
-    of a bracketed block (``grid.bracket_blocks``) that is done runs again when another job of its block runs."""
+    """(job, spec, skip?, why) for every job, in order: what a (re)run of the sweep under ``out`` does. A
+    bracketed block (``grid.bracket_blocks``) is incomplete when any of its jobs has to run, or when all are done
+    but did not run back to back (``grid.back_to_back``, from their job.json times): it runs again whole."""
     kept = (
         {}
         if start_sha is None
@@ -300,10 +301,17 @@ def resume_plan(
                 skip, why = True, f"previous run {rec['status']} (--no-retry-failed)"
         plan.append((job, spec, skip, why))
     # a bracketed block ([target, matched, target again]) runs whole or not at all: its jobs must run back to back
-    blocks = bracket_blocks(jobs)
-    rerun = {i for job, _, skip, _ in plan if not skip for i in blocks.get(job.job_id, ())}
+    state = {job.job_id: (skip, why) for job, _, skip, why in plan}
+    rerun: dict[str, str] = {}
+    for ids in {tuple(ids) for ids in bracket_blocks(jobs).values()}:
+        if not all(state[i][0] for i in ids):
+            rerun.update(dict.fromkeys(ids, "runs again with its block"))
+        elif all(state[i][1].startswith("done") for i in ids):
+            recs = [read_job_json(Path(out) / "jobs" / i) or {} for i in ids]
+            if back_to_back([(rec.get("start_time"), rec.get("end_time")) for rec in recs])[0] is not True:
+                rerun.update(dict.fromkeys(ids, "runs again with its block: its jobs did not run back to back"))
     return [
-        (job, spec, False, "runs again with its block") if skip and job.job_id in rerun else (job, spec, skip, why)
+        (job, spec, False, rerun[job.job_id]) if skip and job.job_id in rerun else (job, spec, skip, why)
         for job, spec, skip, why in plan
     ]
 
