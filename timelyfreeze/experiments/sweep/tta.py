@@ -100,19 +100,27 @@ def wall_to_step(step_ms: Mapping[int, float], step: float) -> float | None:
     return total / 1e3
 
 
+def reference_runs(rows: list[dict[str, Any]], min_points: int) -> dict[str, dict[str, Any]]:
+    """Per schedule, its first ok no-freezing run with at least ``min_points`` validation points: the curve the
+    plot's targets and the flattening check read (in a sweep whose start, data and validation are the same in
+    every seed, every seed's no-freezing run has the same curve)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["method"] == NO_FREEZING and r["status"] == "ok" and len(r.get("_val_curve") or []) >= min_points:
+            out.setdefault(r["schedule"], r)
+    return out
+
+
 def tta_targets(rows: list[dict[str, Any]], tta_step: float | None = None) -> dict[str, list[tuple[str, float]]]:
     """Per schedule, the targets of the time-to-accuracy plot: the no-freezing run's final validation loss and,
-    with ``tta_step``, its loss at that step (the first ok no-freezing run of the schedule; in a sweep whose
-    start, data and validation are the same in every seed, every seed's no-freezing run gives the same loss)."""
+    with ``tta_step``, its loss at that step (``reference_runs``)."""
     out: dict[str, list[tuple[str, float]]] = {}
-    for r in rows:
-        curve = r.get("_val_curve") or []
-        if r["method"] != NO_FREEZING or r["status"] != "ok" or not curve or r["schedule"] in out:
-            continue
-        out[r["schedule"]] = [(f"no freezing, final (step {curve[-1][0]:g})", float(curve[-1][1]))]
+    for schedule, r in reference_runs(rows, 1).items():
+        curve = r["_val_curve"]
+        out[schedule] = [(f"no freezing, final (step {curve[-1][0]:g})", float(curve[-1][1]))]
         at = None if tta_step is None else interp_at(curve, float(tta_step))
         if at is not None:
-            out[r["schedule"]].append((f"no freezing, step {float(tta_step):g}", at))
+            out[schedule].append((f"no freezing, step {float(tta_step):g}", at))
     return out
 
 
@@ -200,23 +208,21 @@ FLATTENED_SHARE = 0.10
 
 
 def flattening(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per schedule, the flattening check of its (first ok) no-freezing run's validation curve: the fall from
+    """Per schedule, the flattening check of its no-freezing run's validation curve (``reference_runs``): the fall from
     its first validation to its last (``fall_total``), the fall over the last quarter of its steps
     (``fall_last_quarter``, from the loss interpolated at 75 % of its last step), their ratio, and whether that
     is below ``FLATTENED_SHARE``."""
     out: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        curve = r.get("_val_curve") or []
-        if r["method"] != NO_FREEZING or r["status"] != "ok" or len(curve) < 2 or r["schedule"] in out:
-            continue
+    for schedule, r in reference_runs(rows, 2).items():
+        curve = r["_val_curve"]
         first, last = curve[0], curve[-1]
         quarter = 0.75 * last[0]
         at = interp_at(curve, quarter)
         total = first[1] - last[1]
         tail = None if at is None else at - last[1]
         share = tail / total if tail is not None and total > 0 else None
-        out[r["schedule"]] = {
-            "schedule": r["schedule"],
+        out[schedule] = {
+            "schedule": schedule,
             "job_id": r["job_id"],
             "first_step": first[0],
             "quarter_step": quarter,
