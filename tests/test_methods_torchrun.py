@@ -11,7 +11,7 @@ import math
 import pytest
 
 from planner.trace.load import load_trace
-from tests.torchrun_util import torchrun
+from tests.torchrun_util import SHORT_SEQUENCES, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -25,6 +25,7 @@ COMMON = [
     str(STEPS),
     "--validation.steps",
     "2",
+    *SHORT_SEQUENCES,
 ]
 
 CASES = {
@@ -70,7 +71,7 @@ CASES = {
 }
 
 
-# kept out of `make test` for its 15-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
+# kept out of `make test` for its 20-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
 # path with timelyfreeze_apf and AutoFreeze's metric with autofreeze; random's fixed ratio goes through the same
 # freezing hook as every other method (its own rule is unit-tested in test_methods_common)
 SLOW = ("timelyfreeze_autofreeze", "random")

@@ -1,7 +1,7 @@
 """Real multi-process ``torchrun`` training on CPU through a full TimelyFreeze cycle.
 
 Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
-default (llama3 debug model, Python stdlib corpus); DualPipeV, InterleavedZeroBubble and LoopedBFS run a
+default (llama3 debug model, Python stdlib corpus) with sequences of 128 tokens (``SHORT_SEQUENCES``); DualPipeV, InterleavedZeroBubble and LoopedBFS run a
 shorter cycle (``SHORTER``). Checked: the trace follows the spec, the plan exists and matches the run, the
 offline planner makes the same plan from the trace, every backward action froze exactly the number of
 tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite.
@@ -141,7 +141,7 @@ def check_tensorboard(dump, steps: int) -> None:
     "config,schedule,num_stages",
     [
         # GPipe also runs in test_freezing_exact (real stages); its full cycle is kept out of `make test` for
-        # the 15-minute budget (`pytest -m slow`)
+        # the 20-minute budget (`pytest -m slow`)
         pytest.param("llama3_debug_gpipe_cpu.toml", "GPipe", 2, marks=pytest.mark.slow),
         # 1F1B's plain full cycle is the first run of test_full_cycle_with_resumes
         ("llama3_debug_interleaved1f1b_cpu.toml", "Interleaved1F1B", 4),

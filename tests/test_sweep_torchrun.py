@@ -44,6 +44,10 @@ def test_two_job_sweep_end_to_end(tmp_path):
         "validation.steps=2",
         "--set",
         "metrics.enable_tensorboard=false",
+        "--set",  # SHORT_SEQUENCES (tests/torchrun_util.py), as sweep overrides
+        "training.seq_len=128",
+        "--set",
+        "validation.seq_len=128",
         "--timeout",
         "400",
         "--extend-to-target",

@@ -84,10 +84,17 @@ def torchrun(
     return Run(rc, log.read_text(errors="replace"), Path(dump))
 
 
+SHORT_SEQUENCES = ["--training.seq_len", "128", "--validation.seq_len", "128"]
+"""Sequences of 128 tokens instead of the configs' 256 (still 8 microbatches of one sequence): about half
+of each step's compute, which is most of a short test run after start-up. Every test whose runs check
+behaviour rather than a configured size uses it (through ``short_cycle`` or directly)."""
+
+
 def short_cycle(warmup: int = 2, monitor: int = 3, ramp: int = 3, stable: int = 3) -> list[str]:
-    """CLI overrides for a compact full TimelyFreeze cycle."""
+    """CLI overrides for a compact full TimelyFreeze cycle (``SHORT_SEQUENCES`` included)."""
     steps = warmup + 2 * monitor + ramp + stable
     return [
+        *SHORT_SEQUENCES,
         "--training.steps",
         str(steps),
         "--freeze.warmup_steps",
