@@ -54,7 +54,9 @@ def test_the_same_files_give_the_same_bytes(tmp_path):
 
 
 def test_committed_archives_are_what_the_packer_writes(tmp_path):
-    """The packed runs of docs/results/runtime/first-plan were written by the packer this module replaced."""
+    """The packed runs of docs/results/runtime/first-plan were written by the packer this module replaced: the
+    same gzip header and the same tar stream inside. (The deflate bytes between them are compared on one machine
+    only, by the test above: another zlib build, e.g. zlib-ng, may compress the same stream differently.)"""
     committed = sorted(ROOT.glob("docs/results/runtime/first-plan/jobs/*/trace.tar.gz"))[:2]
     if not committed:
         pytest.skip("no committed trace archive")
@@ -64,7 +66,9 @@ def test_committed_archives_are_what_the_packer_writes(tmp_path):
         for name, data in read_archive(arc).items():
             (folder / name).write_bytes(data)
         write_archive(folder, tmp_path / str(k) / "copy.tar.gz")
-        assert (tmp_path / str(k) / "copy.tar.gz").read_bytes() == arc.read_bytes()
+        copy, committed_bytes = (tmp_path / str(k) / "copy.tar.gz").read_bytes(), arc.read_bytes()
+        assert copy[:10] == committed_bytes[:10]  # gzip header: no name, mtime 0, the same flags
+        assert gzip.decompress(copy) == gzip.decompress(committed_bytes)
 
 
 def test_packing_a_packed_trace_is_a_no_op_that_says_so(tmp_path):
