@@ -1,8 +1,12 @@
 """The time-to-accuracy grid (``scripts/tta_grid.toml``) parses and expands to the jobs its protocol
 (``docs/results/tta/README.md``) names: 2 schedules x 5 seeds x {no freezing, TimelyFreeze r_max 0.6 and 1.0},
-144 steps, freezing jobs extended up to 2x, each (seed, schedule)'s no-freezing job first."""
+144 steps, freezing jobs extended up to 2x, each (seed, schedule)'s no-freezing job first; and every figure quoted
+from its committed reports is what the committed jobs give."""
 
+import re
 from pathlib import Path
+
+import pytest
 
 from timelyfreeze.experiments.sweep.cli import main
 from timelyfreeze.experiments.sweep.grid import expand_grid, load_grid_file
@@ -34,3 +38,31 @@ def test_tta_grid_dry_run(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.rstrip().endswith("30 jobs") and out.count("--training.steps 144") == 30
     assert not (tmp_path / "tta").exists()  # a dry run writes nothing
+
+
+TTA = GRID.parent.parent / "docs" / "results" / "tta"
+REPORTS = {"report_final": None, "report_step108": 108}
+"""The two committed reports of the protocol's commands, each with its ``--tta-step``."""
+
+
+@pytest.mark.skipif(not (TTA / "report_final").is_dir(), reason="no committed time-to-accuracy report")
+@pytest.mark.parametrize("report", list(REPORTS))
+def test_every_readme_figure_is_what_the_committed_jobs_give(report):
+    """Each README and results-page figure linked to a TTA report is a cell of that report's table, recomputed here
+    from the committed jobs (``job.json``, ``summary.json``, ``metrics.jsonl``) with the report's own functions."""
+    from timelyfreeze.experiments.stats import cell_stats
+    from timelyfreeze.experiments.sweep.report import md_cells
+    from timelyfreeze.experiments.sweep.results import load_rows
+    from timelyfreeze.experiments.sweep.tta import tta_rows
+
+    table = md_cells(cell_stats(tta_rows(load_rows(TTA), REPORTS[report])))
+    committed = (TTA / report / "report.md").read_text()
+    cells = {c.strip() for line in table.splitlines()[2:] for c in line.strip("|").split("|")}
+    assert all(line in committed for line in table.splitlines()[2:])  # the committed report is today's
+    link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?tta/" + report + r"/(?:report\.md|cells\.csv)\)"
+    quoted = []
+    for doc in (GRID.parent.parent / "README.md", TTA / "README.md"):
+        quoted += [q for q in re.findall(link, doc.read_text()) if not q.endswith((".md", ".csv"))]
+    assert quoted, f"no figure links to {report}"
+    for q in quoted:
+        assert q.split(" (")[0] in cells, q
