@@ -1,10 +1,11 @@
 """Real multi-process ``torchrun`` training on CPU through a full TimelyFreeze cycle.
 
 Each run: warm-up 2, upper bound 3, lower bound 3, plan, ramp 3, stable 3 steps on the embedded
-default (llama3 debug model, Python stdlib corpus) with sequences of 128 tokens (``SHORT_SEQUENCES``); DualPipeV, InterleavedZeroBubble and LoopedBFS run a
-shorter cycle (``SHORTER``). Checked: the trace follows the spec, the plan exists and matches the run, the
-offline planner makes the same plan from the trace, every backward action froze exactly the number of
-tensors its planned ratio times the ramp asks for (floor or ceil), the loss is finite.
+default (llama3 debug model, Python stdlib corpus) with sequences of 128 tokens (``SHORT_SEQUENCES``);
+DualPipeV, InterleavedZeroBubble and LoopedBFS run a shorter cycle (``SHORTER``). Checked: the trace follows
+the spec, the plan exists and matches the run, the offline planner makes the same plan from the trace, every
+backward action froze exactly the number of tensors its planned ratio times the ramp asks for (floor or ceil),
+the loss is finite.
 
 What is asserted about the loss is what holds for every plan. The plan (hence which tensors freeze)
 depends on measured timings, so the loss after the plan differs from run to run, and a 14-step loss
