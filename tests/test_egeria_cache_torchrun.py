@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.torchrun_util import ROOT, torchrun
+from tests.torchrun_util import ROOT, SHORT_SEQUENCES, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -26,6 +26,7 @@ ARGS = [
     "7",
     "--validation.steps",
     "1",
+    *SHORT_SEQUENCES,  # the fixed set's samples are cut at the run's seq_len: the same ids, half the compute
 ]
 ENV = {"EGERIA_SCRIPT": "3:1,6:3,11:0,13:5"}
 

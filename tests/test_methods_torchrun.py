@@ -72,9 +72,10 @@ CASES = {
 
 
 # kept out of `make test` for its 20-minute budget (`pytest -m slow`): timelyfreeze_autofreeze shares the hybrid
-# path with timelyfreeze_apf and AutoFreeze's metric with autofreeze; random's fixed ratio goes through the same
+# path with timelyfreeze_apf and AutoFreeze's metric with autofreeze; apf's metric and freezing run in
+# timelyfreeze_apf (its rule is unit-tested in test_methods_apf); random's fixed ratio goes through the same
 # freezing hook as every other method (its own rule is unit-tested in test_methods_common)
-SLOW = ("timelyfreeze_autofreeze", "random")
+SLOW = ("timelyfreeze_autofreeze", "apf", "random")
 
 
 @pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW else m for m in CASES])
