@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.torchrun_util import ROOT
+from tests.torchrun_util import ROOT, SHORT_SEQUENCES
 
 pytestmark = pytest.mark.torchrun
 
@@ -44,10 +44,11 @@ def test_two_job_sweep_end_to_end(tmp_path):
         "validation.steps=2",
         "--set",
         "metrics.enable_tensorboard=false",
-        "--set",  # SHORT_SEQUENCES (tests/torchrun_util.py), as sweep overrides
-        "training.seq_len=128",
-        "--set",
-        "validation.seq_len=128",
+        *(
+            a
+            for flag, value in zip(SHORT_SEQUENCES[::2], SHORT_SEQUENCES[1::2])
+            for a in ("--set", f"{flag[2:]}={value}")
+        ),
         "--timeout",
         "400",
         "--extend-to-target",
