@@ -37,7 +37,8 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
     # two graphs per block (trainable, frozen), and validation's no-grad graphs of the two block kinds (plain
     # and activation-checkpointed) or of the compiled loss
     assert all(g <= 2 * r + 2 for g, r in zip(comp["graphs"], comp["regions"]))
-    check_plan_from_trace(load_plan(run.out / "plan.json"), load_trace(run.out / "trace"))
+    plan = load_plan(run.out / "plan.json")
+    check_plan_from_trace(plan, load_trace(run.out / "trace"))
     records = [
         json.loads(line)
         for r in (0, 1)
@@ -50,9 +51,18 @@ def test_full_cycle_under_compile_with_block_units(tmp_path):
                 assert rec["freeze_ratio"] == 0.0
             elif rec["phase"] == "lower" or rec["step"] == 2:
                 assert rec["freeze_ratio"] > 0.99
-    # something froze in the stable phase (whole units: see test_compile_exact)
+    # the stable phase freezes whole units (see test_compile_exact) by the plan: nothing where it plans 0, and
+    # at least one unit where it plans a third or more (a stage has at least its 3 blocks as units, and the
+    # count drawn is floor or ceil of ratio x units). Whether the plan freezes anything depends on the
+    # measured bounds, so that is not asserted.
     stable = [rec for rec in records if rec["phase"] == "stable" and parse_action(rec["action"]).kind == "B"]
-    assert stable and any(rec["freeze_ratio"] > 0 for rec in stable)
+    assert stable
+    for rec in stable:
+        planned = plan.actions[rec["action"]].freeze_ratio
+        if planned == 0.0:
+            assert rec["freeze_ratio"] == 0.0, rec
+        elif planned >= 1 / min(comp["regions"]):
+            assert rec["freeze_ratio"] > 0.0, (rec, planned)
 
 
 def test_compile_without_freezing_exits_cleanly(tmp_path):

