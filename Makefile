@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) scripts/run_default.py
 
+# --durations: the slowest tests in CI's log, to keep the suite under its 20 minutes
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 # ruff: lint and format check (configured in pyproject.toml); `ruff format .` fixes the formatting.
 lint: $(STAMP)

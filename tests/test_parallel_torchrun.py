@@ -197,6 +197,8 @@ def test_resume_under_fsdp2(tmp_path):
     ]
 
 
+@pytest.mark.slow  # TP's gradients stay in `make test` (test_parallel_gradients_match_one_process); its 4-rank
+# cycle (about 47 s on two cores) is left to `pytest -m slow` for the 20-minute budget
 def test_tp2_x_pp2_short_cycle(tmp_path):
     run = torchrun(
         "llama3_debug_1f1b_cpu.toml",
@@ -213,6 +215,8 @@ def test_tp2_x_pp2_short_cycle(tmp_path):
     check_replicated_cycle(run, "1F1B", 2, replicas=2)
 
 
+@pytest.mark.slow  # the rule is unit-tested (tests/test_config.py) and one error line from every rank is checked
+# by test_bad_freeze_setting_fails_with_one_line; this 4-rank launch (about 24 s) is left to `pytest -m slow`
 def test_replicate_only_with_pp_is_refused(tmp_path):
     run = torchrun(
         "llama3_debug_1f1b_cpu.toml",
