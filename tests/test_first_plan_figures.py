@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.figures_util import linked_figures
 from timelyfreeze.experiments.runtime import first_plan as fp
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,13 +62,9 @@ def test_every_readme_figure_linked_to_the_table_is_in_it():
     table = TABLE.read_text()
     quoted = []
     for doc in (ROOT / "README.md", ROOT / "docs" / "results" / "runtime" / "README.md"):
-        text = doc.read_text()
-        link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?first-plan/first_plan\.md\)"
-        quoted += re.findall(link, text)
+        quoted += linked_figures(doc.read_text(), r"first-plan/first_plan\.md")
     assert quoted, "no figure links to first_plan.md"
     for q in quoted:
-        if q.endswith(".md"):  # a link to the file by its name, not a figure
-            continue
         for figure in re.split(r" and |; ", q):
             assert figure.strip() in table, figure
 
@@ -117,8 +114,7 @@ def test_the_overhead_figures_are_what_the_committed_step_times_give():
     opts = SimpleNamespace(schedules=sorted({r["schedule"] for r in rows}), r_max=0.6)
     made = [line for line in rr._overhead_means(rows, opts) if line]
     assert made and all(line in report for line in made)
-    link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?first-plan/overhead/bench_runtime\.md\)"
-    quoted = [q for q in re.findall(link, (ROOT / "README.md").read_text()) if not q.endswith(".md")]
+    quoted = linked_figures((ROOT / "README.md").read_text(), r"first-plan/overhead/bench_runtime\.md")
     assert quoted, "no README figure links to the overhead results"
     for q in quoted:
         assert q in report, q

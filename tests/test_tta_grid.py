@@ -3,11 +3,11 @@
 144 steps, freezing jobs extended up to 2x, each (seed, schedule)'s no-freezing job first; and every figure quoted
 from its committed reports is what the committed jobs give."""
 
-import re
 from pathlib import Path
 
 import pytest
 
+from tests.figures_util import linked_figures
 from timelyfreeze.experiments.sweep.cli import main
 from timelyfreeze.experiments.sweep.grid import expand_grid, load_grid_file
 
@@ -59,10 +59,9 @@ def test_every_readme_figure_is_what_the_committed_jobs_give(report):
     committed = (TTA / report / "report.md").read_text()
     cells = {c.strip() for line in table.splitlines()[2:] for c in line.strip("|").split("|")}
     assert all(line in committed for line in table.splitlines()[2:])  # the committed report is today's
-    link = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]\((?:[./\w-]*/)?" + report + r"/(?:report\.md|cells\.csv)\)"
     quoted = []
     for doc in (GRID.parent.parent / "README.md", TTA / "README.md"):
-        quoted += [q for q in re.findall(link, doc.read_text()) if not q.endswith((".md", ".csv"))]
+        quoted += linked_figures(doc.read_text(), report + r"/(?:report\.md|cells\.csv)")
     assert quoted or report != "report_final", "no figure links to the primary target's report"
     for q in quoted:
         assert q.split(" (")[0] in cells, q
