@@ -30,7 +30,7 @@ import pytest
 from planner.plan import load_plan
 from planner.schedule.actions import parse_action
 from planner.trace.load import load_trace
-from tests.test_runtime_torchrun import check_full_cycle, ramp
+from tests.test_runtime_torchrun import check_full_cycle, frozen_as_planned
 from tests.torchrun_util import ENV, ROOT, Run, check_plan_from_trace, command, short_cycle, torchrun, two_agents
 from timelyfreeze.titan.launch import torchrun_prefix
 
@@ -114,9 +114,10 @@ def check_replicated_cycle(run: Run, schedule: str, num_stages: int, replicas: i
                 if rec["phase"] == "lower":
                     assert rec["frozen_tensors"] == n_tensors[stage], rec
                 elif rec["step"] > LOWER_END:
-                    ratio = plan.actions[rec["action"]].freeze_ratio * ramp(rec["step"], LOWER_END, RAMP)
-                    target = ratio * n_tensors[stage]
-                    assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9), rec
+                    ratio = plan.actions[rec["action"]].freeze_ratio
+                    assert frozen_as_planned(
+                        rec["frozen_tensors"], ratio, rec["step"], n_tensors[stage], LOWER_END, RAMP
+                    ), rec
     assert frozen and all(len(v) == 1 for v in frozen.values())
     summary = run.summary()
     assert summary["replicas"] == replicas and not summary["failures"]

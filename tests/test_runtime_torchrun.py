@@ -44,6 +44,15 @@ def ramp(step: int, lower_end: int = LOWER_END, ramp_steps: int = RAMP) -> float
     return min(1.0, (step - lower_end) / ramp_steps)
 
 
+def frozen_as_planned(
+    frozen: int, ratio: float, step: int, n_tensors: int, lower_end: int = LOWER_END, ramp_steps: int = RAMP
+) -> bool:
+    """An action's frozen tensor count at ``step`` is what its planned ``ratio`` on the ramp asks for: floor or
+    ceil of ``ratio * ramp * n_tensors`` (the selection draws one of the two)."""
+    target = ratio * ramp(step, lower_end, ramp_steps) * n_tensors
+    return math.floor(target - 1e-9) <= frozen <= math.ceil(target + 1e-9)
+
+
 def check_full_cycle(
     run,
     schedule: str,
@@ -96,8 +105,10 @@ def check_full_cycle(
             assert rec["frozen_tensors"] == n_tensors[stage]
             assert rec["freeze_ratio"] > 0.99
         else:
-            target = plan.actions[a].freeze_ratio * ramp(rec["step"], lower_end, ramp_steps) * n_tensors[stage]
-            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9), (a, rec, target)
+            ratio = plan.actions[a].freeze_ratio
+            assert frozen_as_planned(
+                rec["frozen_tensors"], ratio, rec["step"], n_tensors[stage], lower_end, ramp_steps
+            ), (a, rec, ratio)
             checked += 1
     assert checked == (ramp_steps + stable) * 8 * num_stages
     # the run reports its freezing (the lower-bound window froze everything: the whole run's average is above 0)
@@ -268,8 +279,7 @@ def check_resume_after_plan_keeps_the_plan(first, dump):
     n0 = json.loads((second.out / "trace" / "meta.json").read_text())["freezable_tensors"]["0"]
     for rec in raw:
         if rec["step"] > AFTER_PLAN_CKPT and rec["action"].startswith("0B"):
-            target = ratios[rec["action"]] * ramp(rec["step"]) * n0
-            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+            assert frozen_as_planned(rec["frozen_tensors"], ratios[rec["action"]], rec["step"], n0)
     # resuming with other [freeze] phases: the saved measurements no longer fit them -> one error line on
     # every rank together, exit 2, and the finished run's summary is left as it was
     summary_before = (second.out / "summary.json").read_bytes()
