@@ -13,7 +13,7 @@ from planner.trace.load import NodeWeights, validate_meta
 from planner.trace.synthetic import synthetic_weights
 from timelyfreeze.config.freeze import Freeze, FreezeConfigError, validate
 from timelyfreeze.outputs.summary import build, format_summary
-from timelyfreeze.plan.replan import Replanner, mean_ratio
+from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.runtime import state as freeze_state
 from timelyfreeze.runtime import state_codec
 
@@ -266,3 +266,10 @@ def test_mean_ratio_counts_the_freezable_actions_only():
     w = NodeWeights({"0F0": 5.0, "0B0": 4.0, "0B1": 4.0}, {"0F0": 5.0, "0B0": 8.0, "0B1": 8.0})
     assert mean_ratio({"0F0": 0.0, "0B0": 0.5, "0B1": 1.0}, w) == 0.75
     assert mean_ratio({}, NodeWeights({"0F0": 5.0}, {"0F0": 5.0})) == 0.0
+
+
+def test_min_gain_zero_takes_every_due_replan_and_a_positive_one_weighs_the_gain():
+    # 0 takes a plan equal to the one in force, whose gain the solver's tolerance leaves a hair below 0
+    assert takes_effect(-1e-9, -1e-6, 0.0) and takes_effect(0.0, 0.0, 0.0)
+    assert takes_effect(0.01, -0.2, 0.01) and takes_effect(-0.2, 0.02, 0.01)
+    assert not takes_effect(0.009, 0.009, 0.01) and not takes_effect(-1e-9, 0.0, 0.01)

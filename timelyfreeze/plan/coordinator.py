@@ -25,7 +25,7 @@ from timelyfreeze.config.phases import Phases
 from timelyfreeze.hooks.profiler import ActionRecord
 from timelyfreeze.plan import solve as planning
 from timelyfreeze.plan.outcome import PlanFailure, PlanUpdate
-from timelyfreeze.plan.replan import Replanner, mean_ratio
+from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.plan.settings import PlanSettings
 from timelyfreeze.runtime.collectives import JobGroup
 from timelyfreeze.runtime.run_info import RunInfo
@@ -221,7 +221,7 @@ class PlanCoordinator:
         new = expected["planned"]
         saves = 1.0 - new / kept if kept > 0 else 0.0
         frees = mean_ratio(replanner.ratios, weights) - mean_ratio(result.freeze_ratios, weights)
-        if max(saves, frees) < self.settings.replan_min_gain:
+        if not takes_effect(saves, frees, self.settings.replan_min_gain):
             why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees}
             self._keep(step, row, weights, {**expected, "planned": kept}, why)
             return None

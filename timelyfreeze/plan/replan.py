@@ -349,3 +349,11 @@ def mean_ratio(ratios: dict[str, float], weights: NodeWeights) -> float:
     """Mean freeze ratio over the freezable actions (``w_max > w_min``) of ``weights``; 0 without any."""
     vals = [ratios.get(a, 0.0) for a in weights.w_max if weights.w_max[a] > weights.w_min[a]]
     return sum(vals) / len(vals) if vals else 0.0
+
+
+def takes_effect(saves: float, frees: float, min_gain: float) -> bool:
+    """Whether a due re-plan replaces the plan in force (``[freeze.advanced] replan_min_gain``): it saves at
+    least ``min_gain`` of a batch or frees at least ``min_gain`` of freezing against keeping the plan under
+    the same weights. ``min_gain`` 0 takes every due re-plan, also one that buys nothing: two optima of one LP
+    differ by the solver's tolerance, so ``saves`` and ``frees`` of an equal plan may be a hair below 0."""
+    return min_gain == 0.0 or max(saves, frees) >= min_gain
