@@ -327,3 +327,39 @@ def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(t
     _job(out, src, r.job_id, r.spec(), 1.2, 1.0, 3.5, 60, method="random")
     assert main([str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report" / "placement.md")
+
+
+# ------------------------------------------------------------------------------------------ committed results
+RESULTS = REPO / "docs" / "results" / "placement-bracketed"
+
+
+@pytest.mark.skipif(not (RESULTS / "report" / "bracketed_blocks.csv").is_file(), reason="no committed study report")
+def test_every_quoted_figure_is_what_the_committed_blocks_give():
+    """The committed cells are the committed blocks' statistics, and each README and results-page figure linked to
+    them is one of those cells (mean and interval), recomputed here with the report's own functions."""
+    from tests.figures_util import linked_figures
+    from timelyfreeze.experiments.studies.placement_bracketed import _ci
+
+    with open(RESULTS / "report" / "bracketed_blocks.csv") as f:
+        blocks = [
+            {
+                **row,
+                **{q: float(row[q]) if row[q] else None for q in QUANTITIES if q in row},
+                "close_f": row["close_f"] == "True",
+            }
+            for row in csv.DictReader(f)
+        ]
+    cells = bracketed_cells(blocks)
+    with open(RESULTS / "report" / "bracketed_cells.csv") as f:
+        committed = {row["schedule"]: row for row in csv.DictReader(f)}
+    for c in cells:
+        for key in (k for k in c if k.endswith(("_mean", "_lo", "_hi"))):
+            assert float(committed[c["schedule"]][key]) == pytest.approx(c[key], abs=1e-12), (c["schedule"], key)
+        assert committed[c["schedule"]]["speed"] == c["speed"] and committed[c["schedule"]]["size"] == c["size"]
+    figures = {_ci(c, q, digits) for c in cells for q in (*QUANTITIES, "d_bracket_close_f") for digits in (3, 4)}
+    quoted = []
+    for page in (REPO / "README.md", RESULTS / "README.md"):
+        quoted += linked_figures(page.read_text(), r"(?:placement-bracketed/)?report/bracketed_cells\.csv")
+    assert len(quoted) >= 15, "the results page quotes its table from bracketed_cells.csv"
+    for q in quoted:
+        assert q in figures, q
