@@ -10,14 +10,13 @@ which ratios it chooses depends on the timings and is only checked against its o
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from planner.plan import load_plan, stage_mean_ratios
 from planner.trace.load import load_trace
-from tests.torchrun_util import short_cycle, torchrun
+from tests.torchrun_util import frozen_count_fits, short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -111,7 +110,7 @@ def test_slowed_stage_triggers_one_plan_on_every_rank(tmp_path):
     for rec in raw:
         if first["step"] < rec["step"] <= until and rec["action"][1] == "B":
             target = again.actions[rec["action"]].freeze_ratio * n[int(rec["action"][0])]
-            assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+            assert frozen_count_fits(rec["frozen_tensors"], target)
             checked.add(rec["action"][0])
     assert checked == {"0", "1"}
 
@@ -135,7 +134,7 @@ def test_a_replan_that_buys_too_little_keeps_the_plan_on_every_rank(tmp_path):
             rec = json.loads(line)
             if rec["step"] >= SLOW_FROM and rec["action"][1] == "B":
                 target = plan.actions[rec["action"]].freeze_ratio * n[int(rec["action"][0])]
-                assert math.floor(target - 1e-9) <= rec["frozen_tensors"] <= math.ceil(target + 1e-9)
+                assert frozen_count_fits(rec["frozen_tensors"], target)
     rows = {r["step"]: r for r in run.metrics() if "phase" in r}
     assert rows[first["step"]]["rescale"]["new_predicted_ms"] == pytest.approx(first["new_predicted_ms"])
     assert rows[first["step"] + 1]["predicted_batch_ms"] == pytest.approx(first["new_predicted_ms"]) or len(kept) > 1

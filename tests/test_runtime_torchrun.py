@@ -29,7 +29,7 @@ from planner.schedule.actions import PAIR, parse_action
 from planner.schedule.orders import rank_orders
 from planner.timing.spans import f_factor, phase_spans, step_spans
 from planner.trace.load import load_trace
-from tests.torchrun_util import check_plan_from_trace, short_cycle, torchrun
+from tests.torchrun_util import check_plan_from_trace, frozen_count_fits, short_cycle, torchrun
 
 pytestmark = pytest.mark.torchrun
 
@@ -49,8 +49,7 @@ def frozen_as_planned(
 ) -> bool:
     """An action's frozen tensor count at ``step`` is what its planned ``ratio`` on the ramp asks for: floor or
     ceil of ``ratio * ramp * n_tensors`` (the selection draws one of the two)."""
-    target = ratio * ramp(step, lower_end, ramp_steps) * n_tensors
-    return math.floor(target - 1e-9) <= frozen <= math.ceil(target + 1e-9)
+    return frozen_count_fits(frozen, ratio * ramp(step, lower_end, ramp_steps) * n_tensors)
 
 
 def check_full_cycle(
@@ -358,9 +357,9 @@ def test_given_plan_with_gradient_accumulation(tmp_path):
         if act.kind != "B":
             continue
         n = meta["freezable_tensors"][str(act.stage)]
-        target = given.actions[a].freeze_ratio * min(1.0, max(0.0, (step - warmup) / ramp_steps)) * n
+        ratio = given.actions[a].freeze_ratio
         for f in frozen:
-            assert math.floor(target - 1e-9) <= f <= math.ceil(target + 1e-9), (step, a, frozen, target)
+            assert frozen_as_planned(f, ratio, step, n, warmup, ramp_steps), (step, a, frozen, ratio)
             checked += 1
     assert checked == steps * 16 * 2
     rows = [m for m in run.metrics() if "phase" in m]

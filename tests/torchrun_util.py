@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 from dataclasses import dataclass
@@ -142,6 +143,12 @@ def two_agents(cmds: list[list[str]], envs: list[dict], port: int, rdzv_id: str,
                 p.kill()
                 p.wait()
     return rcs, logs
+
+
+def frozen_count_fits(frozen: int, target: float) -> bool:
+    """A backward action froze as many tensors as ``target`` (ratio x tensors) asks for: the selection draws
+    floor or ceil of it."""
+    return math.floor(target - 1e-9) <= frozen <= math.ceil(target + 1e-9)
 
 
 def check_plan_from_trace(plan, trace) -> None:
