@@ -40,6 +40,20 @@ def test_dump_folder_and_processes_come_from_the_flags_else_the_config(tmp_path)
     assert launch.nproc_of(toml, ["--parallelism.pipeline_parallel_degree=2"]) == 2
 
 
+def test_processes_are_the_product_of_every_parallel_degree(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text(
+        "[parallelism]\npipeline_parallel_degree = 4\ndata_parallel_shard_degree = 2\n"
+        "tensor_parallel_degree = 2\ncontext_parallel_degree = 1\nexpert_parallel_degree = 8\n"
+    )
+    assert launch.nproc_of(toml, []) == 16
+    assert launch.nproc_of(toml, ["--parallelism.data_parallel_replicate_degree", "2"]) == 32
+    assert launch.nproc_of(toml, ["--parallelism.data_parallel_shard_degree=-1"]) == 8  # -1: none left over
+    assert launch.nproc_of(launch.CONFIGS / "llama3_8b_gpu.toml", []) == 8  # PP 4 x FSDP 2
+    (tmp_path / "d.toml").write_text("[job]\n")
+    assert launch.nproc_of(tmp_path / "d.toml", []) == 1  # TorchTitan's defaults: one process
+
+
 def test_run_logs_the_output_and_reports_lines_and_metrics_rows(tmp_path):
     metrics, seen = tmp_path / "metrics.jsonl", tmp_path / "seen"
     metrics.write_text('{"step": 0}\n')  # left by an earlier run: not reported
@@ -75,3 +89,35 @@ def test_run_logs_the_output_and_reports_lines_and_metrics_rows(tmp_path):
 def test_run_stops_a_job_at_its_timeout(tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         launch.run([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "job.log", timeout=0.5)
+
+
+def _launch_lines(text: str) -> list[str]:
+    """``torchrun --nproc_per_node=N ...`` lines of a page or a TOML's comments, with ``\\`` continuations joined."""
+    lines = [line.lstrip("#").strip() for line in text.splitlines()]
+    out, i = [], 0
+    while i < len(lines):
+        line = lines[i]
+        while line.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            line = line[:-1].rstrip() + " " + lines[i]
+        if line.startswith("torchrun ") and "--nproc_per_node=" in line:
+            out.append(line.split("   #")[0])
+        i += 1
+    return out
+
+
+def test_every_documented_launch_line_starts_the_processes_its_config_needs():
+    pages = [launch.REPO_ROOT / "README.md", *sorted((launch.REPO_ROOT / "docs").glob("*.md"))]
+    pages += sorted(launch.CONFIGS.glob("*.toml"))
+    checked = 0
+    for page in pages:
+        for line in _launch_lines(page.read_text()):
+            words = line.split()
+            config = launch.REPO_ROOT / words[words.index("--job.config_file") + 1]
+            if not config.is_file():
+                continue  # a placeholder such as your.toml
+            nproc = int(next(w for w in words if w.startswith("--nproc_per_node=")).split("=")[1])
+            extra = words[words.index("--job.config_file") + 2 :]
+            assert nproc == launch.nproc_of(config, extra), f"{page.name}: {line}"
+            checked += 1
+    assert checked >= 10  # the README's 8B line, docs/runtime.md's layouts, every shipped config's own line

@@ -75,6 +75,10 @@ def test_expand_grid_counts_ids_and_knobs(base_toml):
     assert "--freeze.method timelyfreeze" in tail and "--freeze.r_max 0.8" in tail
     assert "--freeze.seed 0" in tail and "--parallelism.pipeline_parallel_schedule 1F1B" in tail
     assert "--training.steps 40" in tail
+    # every parallel degree counts: a job that shards each stage over 2 ranks needs 4 processes
+    fsdp = by_id["1F1B__timelyfreeze__r_max=0.8__seed=0"]
+    fsdp = fsdp.__class__(**{**fsdp.__dict__, "overrides": (("parallelism.data_parallel_shard_degree", 2),)})
+    assert build_command(fsdp, base_toml, "py")[3] == "--nproc_per_node=4"
 
     apf = " ".join(build_command(by_id["GPipe__apf__threshold=0.05__seed=1"], base_toml, "py"))
     assert "--freeze.apf.threshold 0.05" in apf and "r_max" not in apf

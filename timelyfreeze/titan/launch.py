@@ -23,8 +23,9 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """The repository: every launched job runs here (relative paths in configs and grids are the repository's)."""
@@ -64,8 +65,10 @@ def torchrun_command(
 
 def _flag_value(extra: Sequence[str], flag: str) -> str | None:
     for i, a in enumerate(extra):
-        if a.startswith(flag):
-            return a.split("=", 1)[1] if "=" in a else extra[i + 1]
+        if a == flag:
+            return extra[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
     return None
 
 
@@ -78,14 +81,38 @@ def dump_folder_of(config: str | Path, extra: Sequence[str]) -> str:
     return m.group(1) if m else "./outputs"
 
 
+DEGREES = (
+    "pipeline_parallel_degree",
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
+    "context_parallel_degree",
+    "tensor_parallel_degree",
+)
+"""The ``[parallelism]`` degrees whose product is TorchTitan's world size (``ParallelDims._validate``); the
+expert-parallel degree is carved out of these, never multiplies them."""
+
+
+def world_size(degree_of: Callable[[str], Any]) -> int:
+    """The processes a run needs: the product of every degree in ``DEGREES``, ``degree_of(name)`` giving each
+    (None where unset: TorchTitan's default, 1). A data-parallel shard degree of -1 ("the ranks left over")
+    counts as 1: nothing is left over when the launcher sizes the world from the other degrees."""
+    n = 1
+    for name in DEGREES:
+        value = degree_of(name)
+        n *= max(int(value), 1) if value is not None else 1
+    return n
+
+
 def nproc_of(config: str | Path, extra: Sequence[str]) -> int:
-    """The processes of a run: ``--parallelism.pipeline_parallel_degree`` among ``extra``, else the config's,
-    else 2."""
-    value = _flag_value(extra, "--parallelism.pipeline_parallel_degree")
-    if value is not None:
-        return int(value)
-    m = re.search(r"^\s*pipeline_parallel_degree\s*=\s*(\d+)", Path(config).read_text(), re.M)
-    return int(m.group(1)) if m else 2
+    """``world_size`` of a run: each ``[parallelism]`` degree from ``--parallelism.<degree>`` among ``extra``,
+    else the config."""
+    table = tomllib.loads(Path(config).read_text()).get("parallelism", {})
+
+    def degree_of(name: str) -> Any:
+        value = _flag_value(extra, f"--parallelism.{name}")
+        return value if value is not None else table.get(name)
+
+    return world_size(degree_of)
 
 
 def kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from timelyfreeze.experiments.sweep.grid import KNOBS, MATCHABLE, Job, fmt_value
-from timelyfreeze.titan.launch import torchrun_command
+from timelyfreeze.titan.launch import torchrun_command, world_size
 
 
 def override_args(key: str, value: Any) -> list[str]:
@@ -47,10 +47,10 @@ def job_setting(job: Job, base_toml: str | Path, key: str) -> Any:
         return _lookup(tomllib.load(f), key)
 
 
-def pp_degree(job: Job, base_toml: str | Path) -> int:
-    """``parallelism.pipeline_parallel_degree`` of the job: its overrides, else the base TOML, else 1."""
-    value = job_setting(job, base_toml, "parallelism.pipeline_parallel_degree")
-    return int(value) if value is not None else 1
+def nproc_of_job(job: Job, base_toml: str | Path) -> int:
+    """The processes of the job: ``launch.world_size`` of its ``[parallelism]`` degrees (its overrides, else the
+    base TOML)."""
+    return world_size(lambda name: job_setting(job, base_toml, f"parallelism.{name}"))
 
 
 def matched_dump(job: Job, dump_folder: str | Path) -> Path:
@@ -99,7 +99,7 @@ def build_command(
     dump_folder = dump_folder if dump_folder is not None else Path("jobs") / job.job_id / "dump"
     if launcher:
         return shlex.split(launcher) + train_args(job, base_toml, dump_folder)
-    nproc = nproc_per_node or pp_degree(job, base_toml)
+    nproc = nproc_per_node or nproc_of_job(job, base_toml)
     return torchrun_command(
         base_toml, *job_args(job, dump_folder), nproc=nproc, dump_folder=dump_folder, python=python_exe
     )
