@@ -6,14 +6,18 @@ id (``/proc/sys/kernel/random/boot_id``), not the host name (two containers on o
 two names; two machines can share a name). Where the boot id cannot be read the host name stands in, and the
 trace says so (``clock_key = "hostname"``).
 
-For every other clock, its offset to global rank 0's is measured NTP-style over a CPU (gloo) side group, so
-nothing in the pipeline's NCCL streams waits: rank 0 sends a ping at ``t0`` (its clock), the clock's lowest
-rank answers with its own time ``t_remote``, rank 0 receives at ``t1``; of ``ROUND_TRIPS`` round trips the one
-with the smallest ``rtt = t1 - t0`` gives ``offset = t_remote - (t0 + t1) / 2`` with error bound ``rtt / 2``
-(``t_remote`` was read between ``t0`` and ``t1``, whatever the asymmetry of the two directions). Ranks on rank
-0's clock get offset 0 with bound 0. The runtime measures at both ends of each monitoring window and at the end
-of the run, so a drifting clock shows (``planner.trace.clocks`` interpolates between the samples); every rank
-receives the result (a broadcast), and the trace's ``meta.json`` carries it (``clock_sync``, docs/formats.md).
+For every other clock, its offset to global rank 0's is measured NTP-style over a CPU (gloo) side group, so nothing
+in the pipeline's NCCL streams waits. The side group exists only where ranks span clocks (``side_group``): plain
+TorchTitan on NCCL never needs gloo, and on clusters whose host name resolves to loopback gloo cannot connect unless
+``GLOO_SOCKET_IFNAME`` names the interface; it connects within ``SIDE_GROUP_TIMEOUT_S`` or the run ends with one
+``error:`` line naming ``GLOO_SOCKET_IFNAME``. The round trips: rank 0 sends a ping at ``t0`` (its clock), the
+clock's lowest rank answers with its own time ``t_remote``, rank 0 receives at ``t1``; of ``ROUND_TRIPS`` round
+trips the one with the smallest ``rtt = t1 - t0`` gives ``offset = t_remote - (t0 + t1) / 2`` with error bound
+``rtt / 2`` (``t_remote`` was read between ``t0`` and ``t1``, whatever the asymmetry of the two directions).
+Ranks on rank 0's clock get offset 0 with bound 0. The runtime measures at both ends of each monitoring window
+and at the end of the run, so a drifting clock shows (``planner.trace.clocks`` interpolates between the samples);
+every rank receives the result (a broadcast), and the trace's ``meta.json`` carries it (``clock_sync``,
+docs/formats.md).
 
 ``TIMELYFREEZE_BOOT_ID`` (tests only) replaces the boot id: with ``TIMELYFREEZE_CLOCK_OFFSET_MS`` two torchrun
 agents on one machine act as two hosts with different clocks.
@@ -24,17 +28,21 @@ from __future__ import annotations
 import json
 import os
 import socket
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.hooks.step_clock import host_ms
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 BOOT_ID_ENV = "TIMELYFREEZE_BOOT_ID"
 ROUND_TRIPS = 32
 """Round trips per clock and measurement; the best (smallest round trip) one counts."""
+SIDE_GROUP_TIMEOUT_S = 120.0
+"""How long the gloo side group may take to connect, and any of its collectives to finish."""
 
 
 def clock_id(path: str = BOOT_ID_FILE) -> tuple[str, str]:
@@ -60,6 +68,26 @@ def best_offset(trips: list[tuple[float, float, float]]) -> tuple[float, float]:
     return remote - (t0 + t1) / 2, (t1 - t0) / 2
 
 
+def side_group(ids: list[str], timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> Any:
+    """The gloo side group of a job whose ranks span clocks (``ids``: every global rank's clock), None where
+    one clock serves all (the default group then carries what little the clocks send: no gloo on NCCL jobs).
+    Collective over the job. A group that cannot connect within ``timeout_s`` (gloo resolving the host name
+    to loopback, a firewall) ends the run with a ``FreezeConfigError`` naming ``GLOO_SOCKET_IFNAME``."""
+    if len(set(ids)) == 1:
+        return None
+    try:
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        dist.barrier(group=group)  # the first collective: every pair of ranks has connected
+        return group
+    except (RuntimeError, dist.DistError) as e:  # DistBackendError, gloo's connect and timeout errors
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FreezeConfigError(
+            f"clocks across hosts: the gloo side group of {len(set(ids))} hosts did not connect within "
+            f"{timeout_s:g} s ({first}); set GLOO_SOCKET_IFNAME to the network interface the hosts reach each "
+            "other on (e.g. GLOO_SOCKET_IFNAME=eth0), see docs/runtime.md (several hosts)"
+        ) from None
+
+
 class ClockSync:
     """Collective over the job at construction and at every ``measure``: the clock of every global rank and
     the offsets of the clocks other than rank 0's. ``places``: (replica, pipeline rank) of every global rank."""
@@ -69,13 +97,13 @@ class ClockSync:
         self.places = places
         self.round_trips = round_trips
         self.id, self.key = clock_id()
-        # gloo beside whatever the default group is (NCCL on GPUs): host tensors, no device stream involved
-        self.group = dist.new_group(backend="gloo")
         ids: list[Any] = [None] * self.size
-        dist.all_gather_object(ids, (self.id, self.key), group=self.group)
+        dist.all_gather_object(ids, (self.id, self.key))  # the default group: one small object, at start-up
         self.ids = [i for i, _ in ids]
         """Clock id of every global rank."""
         self.keys = sorted({k for _, k in ids})
+        self.group = side_group(self.ids)
+        """The gloo side group where ranks span clocks (``side_group``), else None: the default group."""
         self.samples: list[dict] = []
         """Replica 0's measurements so far (``meta.json``'s ``clock_sync.samples``)."""
 
@@ -145,8 +173,8 @@ def sync_steps(warmup_end: int, upper_end: int, lower_end: int) -> set[int]:
 
 def gather_records(path, group) -> list[list[dict]] | None:
     """Every rank's trace records (its own file, ``path``; None without one), on global rank 0 (None
-    elsewhere), through the gloo side ``group``: rank 0 reads no other rank's file, so ranks that write to
-    node-local dump folders still give it the whole trace. Collective over the job."""
+    elsewhere), through the gloo side ``group`` (None: the default group): rank 0 reads no other rank's file,
+    so ranks that write to node-local dump folders still give it the whole trace. Collective over the job."""
     mine = None
     if path is not None:
         with open(path, encoding="utf-8") as f:
