@@ -1,16 +1,20 @@
 # Two entry points for a fresh machine: `make run` and `make test`.
-# Both bootstrap .venv first. torch==2.13.0 is installed on its own before anything else
-# so that pip takes the CPU wheel and never resolves a multi-GB CUDA build.
+# Both bootstrap .venv first. torch==2.13.0 is installed on its own before anything else, so that pip
+# keeps that one build when it resolves the rest. Which build it is depends on where pip looks: this
+# project's machines offer a local CPU wheel and pip takes it; from PyPI alone, on Linux x86_64, it is the
+# CUDA 13.0 build (a few GB more; it runs on a CPU too, and on a GPU needs NVIDIA driver 580 or newer).
+# TORCH_PIP_ARGS passes pip options for that one install, e.g. another index of torch builds.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
+TORCH_PIP_ARGS ?=
 STAMP  := $(VENV)/.installed
 
 .PHONY: run test lint bench clean-venv
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
