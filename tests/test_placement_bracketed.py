@@ -333,7 +333,6 @@ def test_the_script_still_writes_the_placement_report_of_an_unbracketed_folder(t
 RESULTS = REPO / "docs" / "results" / "placement-bracketed"
 
 
-@pytest.mark.skipif(not (RESULTS / "report" / "bracketed_blocks.csv").is_file(), reason="no committed study report")
 def test_every_quoted_figure_is_what_the_committed_blocks_give():
     """The committed cells are the committed blocks' statistics, and each README and results-page figure linked to
     them is one of those cells (mean and interval), recomputed here with the report's own functions."""

@@ -45,7 +45,6 @@ REPORTS = {"report_final": None, "report_step108": 108}
 """The two committed reports of the protocol's commands, each with its ``--tta-step``."""
 
 
-@pytest.mark.skipif(not (TTA / "report_final").is_dir(), reason="no committed time-to-accuracy report")
 @pytest.mark.parametrize("report", list(REPORTS))
 def test_every_readme_figure_is_what_the_committed_jobs_give(report):
     """Each README and results-page figure linked to a TTA report is a cell of that report's table, recomputed here
