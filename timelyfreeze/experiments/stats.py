@@ -1,4 +1,6 @@
-"""Per-cell statistics over seeds: the mean and 95 % interval of each paired quantity, and what they resolve.
+"""Per-cell statistics over seeds: the mean and 95 % interval of each paired quantity, and what they resolve; the
+one home of the intervals every report states (``mean_ci``: Student-t, 95 %; ``median_ci``: order statistics, with
+the coverage it really has, which a report prints beside it).
 
 A cell is one (schedule, method, knob value). Over its seeds' paired rows (``tta.tta_rows``) each quantity
 gets its mean and a two-sided 95 % Student-t interval of the mean (``mean +- t(0.975, n-1) * sd / sqrt(n)``;
@@ -61,6 +63,24 @@ def mean_ci(values: Iterable[float | None]) -> tuple[float | None, float | None,
         return m, None, None, n
     half = t_quantile(n - 1) * statistics.stdev(vals) / math.sqrt(n)
     return m, m - half, m + half, n
+
+
+def median_ci(values, level: float = 0.95) -> tuple[float, float | None, float | None, float | None]:
+    """(median, low, high, coverage): the distribution-free interval of the median from order statistics (the
+    sign test's): the k-th smallest and k-th largest values with the largest k whose two-sided miss probability
+    2 P(Binomial(n, 1/2) < k) stays within 1 - ``level``; no interval (None) when even the extremes miss more
+    often (n < 6 at 95 %)."""
+    xs = sorted(values)
+    n = len(xs)
+    k, tail, cdf = 0, 0.0, 0.0
+    for j in range(n):
+        cdf += math.comb(n, j) / 2**n
+        if 2 * cdf > 1 - level:
+            break
+        k, tail = j + 1, cdf
+    if k == 0:
+        return statistics.median(xs), None, None, None
+    return statistics.median(xs), xs[k - 1], xs[n - k], 1 - 2 * tail
 
 
 def half_width(sd: float, n: int) -> float:

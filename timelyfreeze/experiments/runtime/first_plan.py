@@ -18,15 +18,15 @@ is the re-anchored prediction. Per run, from its packed job folder (:func:`pack`
 - ``rescales``, ``kept``, ``replans`` (from ``summary.json``) and ``anchored_steps``: the stable steps whose
   prediction was not the first plan's.
 
-Per schedule: the median with its 95 % distribution-free interval (:func:`median_ci`) and the mean with its
-Student-t interval. ``python scripts/first_plan_figures.py pack DUMPS JOBS`` packs finished bench jobs losslessly
-(``trace.tar.gz`` holds the whole trace folder, ``planner.trace.archive``); ``... table JOBS`` prints the tables.
+Per schedule: the median with its distribution-free interval (``stats.median_ci``; its real coverage, at least 95 %,
+heads the column) and the mean with its Student-t interval. ``python scripts/first_plan_figures.py pack DUMPS JOBS``
+packs finished bench jobs losslessly (``trace.tar.gz`` holds the whole trace folder, ``planner.trace.archive``);
+``... table JOBS`` prints the tables.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -46,7 +46,7 @@ from planner.timing.spans import (
 )
 from planner.trace.archive import SUFFIX, TRACE_NAME, find_trace, is_archive_path, write_archive
 from planner.trace.load import load_trace
-from timelyfreeze.experiments.stats import mean_ci
+from timelyfreeze.experiments.stats import mean_ci, median_ci
 
 FILES = ("summary.json", "metrics.jsonl", "plan.json")
 TRACE = TRACE_NAME + SUFFIX
@@ -152,24 +152,6 @@ def step_f_factors(trace, plan) -> dict[int, float]:
     return out
 
 
-def median_ci(values, level: float = 0.95) -> tuple[float, float | None, float | None, float | None]:
-    """(median, low, high, coverage): the distribution-free interval of the median from order statistics (the
-    sign test's): the k-th smallest and k-th largest values with the largest k whose two-sided miss probability
-    2 P(Binomial(n, 1/2) < k) stays within 1 - ``level``; no interval (None) when even the extremes miss more
-    often (n < 6 at 95 %)."""
-    xs = sorted(values)
-    n = len(xs)
-    k, tail, cdf = 0, 0.0, 0.0
-    for j in range(n):
-        cdf += math.comb(n, j) / 2**n
-        if 2 * cdf > 1 - level:
-            break
-        k, tail = j + 1, cdf
-    if k == 0:
-        return statistics.median(xs), None, None, None
-    return statistics.median(xs), xs[k - 1], xs[n - k], 1 - 2 * tail
-
-
 def _fmt(v: float | None, key: str) -> str:
     if v is None:
         return "n/a"
@@ -215,8 +197,9 @@ def table(jobs: Path, loads: dict[str, float] | None = None) -> str:
                 loads[f"{r['kind']}_{r['schedule']}_{r['repeat']}"] = r.get("loadavg_1m")
     runs = [r for d in sorted(jobs.iterdir()) if (d / "summary.json").exists() and (r := run_figures(d))]
     out = [
-        "Per schedule: median [95 % distribution-free interval of the median: order statistics, the sign test's] "
-        "and mean [95 % Student-t interval] over the runs.",
+        "Per schedule: median [distribution-free interval of the median: order statistics, the sign test's, the "
+        "narrowest whose coverage is at least 95 %; its exact coverage heads the column] and mean [95 % Student-t "
+        "interval] over the runs.",
         "",
     ]
     for schedule in sorted({r["schedule"] for r in runs}):
@@ -226,7 +209,7 @@ def table(jobs: Path, loads: dict[str, float] | None = None) -> str:
             f"### {schedule}: {len(rs)} runs"
             + (f" (median interval coverage {100 * cov:.1f} %)" if cov else " (too few runs for a median interval)"),
             "",
-            "| figure | median [95 % interval] | mean [95 % interval] |",
+            f"| figure | median [{f'{100 * cov:.1f} %' if cov else 'no'} interval] | mean [95 % interval] |",
             "|---|---|---|",
         ]
         for key, label in LABELS.items():
