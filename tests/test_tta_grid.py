@@ -64,3 +64,20 @@ def test_every_readme_figure_is_what_the_committed_jobs_give(report):
     assert quoted or report != "report_final", "no figure links to the primary target's report"
     for q in quoted:
         assert q.split(" (")[0] in cells, q
+
+
+def test_the_sensitivity_figures_are_what_the_committed_jobs_give():
+    """The committed ``tta_sensitivity.md`` is the report's own function on the committed jobs, and every README and
+    results-page figure linked to it is one of its cells."""
+    from timelyfreeze.experiments.sweep.report import SENSITIVITY_NAME, sensitivity_md
+    from timelyfreeze.experiments.sweep.results import load_rows
+    from timelyfreeze.experiments.sweep.tta import tta_rows
+
+    committed = (TTA / "report_final" / SENSITIVITY_NAME).read_text()
+    assert committed == sensitivity_md(tta_rows(load_rows(TTA)))
+    cells = {c.strip() for line in committed.splitlines() if line.startswith("| ") for c in line.strip("|").split("|")}
+    quoted = []
+    for doc in (GRID.parent.parent / "README.md", TTA / "README.md"):
+        quoted += linked_figures(doc.read_text(), r"report_final/tta_sensitivity\.md")
+    assert len(quoted) >= 6
+    assert all(q in cells for q in quoted), quoted

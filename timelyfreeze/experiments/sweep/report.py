@@ -22,7 +22,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from timelyfreeze.experiments.stats import CELL_COLUMNS, QUANTITIES, TREND_COLUMNS, cell_stats, fmt_ci, knob_trends
+from timelyfreeze.experiments.stats import (
+    CELL_COLUMNS,
+    QUANTITIES,
+    TREND_COLUMNS,
+    cell_stats,
+    fmt_ci,
+    knob_trends,
+    mean_ci,
+    verdict,
+)
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.pareto import CONFIG_COLUMNS, aggregate_configs, loss_key
 from timelyfreeze.experiments.sweep.plots import (
@@ -209,6 +218,44 @@ def _markdown(
     return md
 
 
+SENSITIVITY_NAME = "tta_sensitivity.md"
+
+
+def sensitivity_md(tta: list[dict[str, Any]]) -> str:
+    """Per freezing cell, the time-to-accuracy ratio by the protocol's rule beside the same runs with the no-freezing
+    run timed to the target step itself (``tta.tta_ratio_nf_end``): mean [95 % Student-t interval] over the seeds
+    that reached the target, and the verdict of each reading."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for t in tta:
+        if t["method"] != NO_FREEZING and t.get("tta_ratio") is not None:
+            groups[(t["schedule"], t["method"], t["knob_name"], _cell("knob_value", t["knob_value"]))].append(t)
+    rows = []
+    for (schedule, method, kname, kval), ts in sorted(groups.items(), key=lambda kv: [str(k) for k in kv[0]]):
+        row = {"schedule": schedule, "method": method, "knob": "" if kname is None else f"{kname}={kval}"}
+        row["runs"] = str(len(ts))
+        row["target step"] = ", ".join(sorted({f"{t['target_step']:g}" for t in ts}))
+        for key, col in (
+            ("tta_ratio", "protocol's rule"),
+            ("tta_ratio_nf_end", "no freezing timed to the target step"),
+        ):
+            m, lo, hi, _ = mean_ci(t.get(key) for t in ts)
+            row[col] = fmt_ci(m, lo, hi)
+            row[col + ": verdict"] = verdict(lo, hi, 1.0, "later", "sooner") or ""
+        rows.append(row)
+    cols = ["schedule", "method", "knob", "runs", "target step"]
+    cols += [c + s for c in ("protocol's rule", "no freezing timed to the target step") for s in ("", ": verdict")]
+    return "\n".join(
+        [
+            "Time-to-accuracy ratio, two readings: by the protocol's rule (the no-freezing run timed to the step from",
+            "which its curve stays at or below its target) and with the no-freezing run timed to the target step",
+            "itself. Mean [95 % Student-t interval] over the runs that reached the target.",
+            "",
+            md_table(rows, cols),
+            "",
+        ]
+    )
+
+
 def build_report(
     out: str | Path,
     tta_step: float | None = None,
@@ -240,6 +287,7 @@ def build_report(
     write_csv(rep / "results.csv", rows, RESULT_COLUMNS)
     write_csv(rep / "configs.csv", configs, CONFIG_COLUMNS)
     write_csv(rep / "tta.csv", tta, TTA_COLUMNS)
+    (rep / SENSITIVITY_NAME).write_text(sensitivity_md(tta))
     flat = flattening(rows)
     write_csv(rep / "flattening.csv", flat, FLATTENING_COLUMNS)
     for r in rows:

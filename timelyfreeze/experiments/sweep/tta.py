@@ -17,6 +17,9 @@ time to accuracy. Both must have started from the same pre-trained checkpoint (t
   (``metrics.jsonl`` ``step_ms``: forward, backward and optimizer; start-up, validation and checkpoints
   excluded), the last step counted by the fraction reached. ``tta_ratio = wall_s_method / wall_s_nf``
   (< 1: the run reaches the no-freezing accuracy sooner in wall-clock time).
+- ``tta_ratio_nf_end`` (not in ``TTA_COLUMNS``; ``report.sensitivity_md``): the same run's wall-clock over the
+  no-freezing run's to ``target_step`` itself rather than to the step from which it stays at or below its target:
+  the reading that does not rest on the "stays at or below" rule where the no-freezing curve rose at its end.
 - ``tta_ratio_bound``: the same, with a run that never reached the target (censored) at its bound, its
   wall-clock to its last step over the no-freezing run's: a lower bound of the ratio it would have had.
 - ``wall_s_diff``: the paired difference of the two wall-clocks to the target, in seconds (< 0: sooner).
@@ -188,6 +191,8 @@ def tta_rows(rows: list[dict[str, Any]], tta_step: float | None = None) -> list[
             t["note"] = "step times missing from metrics.jsonl"
             continue
         t["tta_ratio"] = t["tta_ratio_bound"] = t["wall_s_method"] / t["wall_s_nf"]
+        nf_end = wall_to_step(nf.get("_step_ms") or {}, step)
+        t["tta_ratio_nf_end"] = t["wall_s_method"] / nf_end if nf_end else None
         t["wall_s_diff"] = t["wall_s_method"] - t["wall_s_nf"]
     return out
 
