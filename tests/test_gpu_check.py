@@ -10,6 +10,7 @@ import math
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from tests.test_step_clock import FakeDevice
 from timelyfreeze.experiments.studies import gpu_check
 from timelyfreeze.experiments.studies.gpu_block import BlockSize
 from timelyfreeze.experiments.studies.gpu_host_view import (
+    HOST_VIEW_ENV,
     RUN_AHEAD_MS,
     HostView,
     HostViewRecorder,
@@ -138,3 +140,34 @@ def test_recorder_on_the_cuda_profiler_with_a_host_ahead(tmp_path):
     assert c.ok and c.tested
     host_timed = [HostView(r.rank, r.step, r.action, r.enqueued_ms, *vars_of(r)) for r in (f, b)]
     assert check_start_times(host_timed).early  # the host's clock at the call would have been caught
+
+
+@pytest.mark.parametrize("parallel", [(), gpu_check.FSDP2])
+def test_nccl_part_launches_the_worker_and_fails_on_a_bad_start_time(tmp_path, monkeypatch, parallel):
+    """The command, without running it: torchrun with the host-view worker on as many processes as
+    ``launch.nproc_of`` counts for the run's arguments; a row outside the host's bounds fails the part even when
+    the run succeeded."""
+    seen = {}
+
+    def nproc_of(config, extra):
+        seen["extra"] = list(extra)
+        return 7
+
+    def fake_run(cmd, log, *, env, timeout):
+        from timelyfreeze.experiments.studies.gpu_host_view import _Enqueued
+
+        seen.update(cmd=cmd, env=env)
+        e = _Enqueued("0F0", 99.0, None, 130.0)
+        e.pending_ms = 120.0  # the GPU had not started at 120 ms: a start recorded at 100 ms is too early
+        HostViewRecorder(Path(env[HOST_VIEW_ENV]), 0)._write([("0F0", 5.0, 100.0)], [e], set())
+        log.write_text("ok\n")
+        return 0
+
+    monkeypatch.setattr(gpu_check.launch, "nproc_of", nproc_of)
+    monkeypatch.setattr(gpu_check.launch, "run", fake_run)
+    part = {p.name: p for p in gpu_check.PARTS}["nccl_pp2_fsdp2" if parallel else "nccl_pp2"]
+    res = gpu_check._nccl_cycle(part, tmp_path, *parallel)
+    assert seen["extra"][-len(parallel) :] == list(parallel) if parallel else seen["extra"] == gpu_check.CYCLE
+    assert "--nproc_per_node=7" in seen["cmd"] and res["nproc"] == 7
+    assert seen["cmd"][seen["cmd"].index("-m", 3) + 1] == "timelyfreeze.experiments.studies.gpu_host_view"
+    assert res["rc"] == 1 and not res["start_times"]["ok"] and res["start_times"]["early"]
