@@ -32,6 +32,7 @@ from planner.schedule.actions import parse_action
 from planner.trace.load import load_trace
 from tests.test_runtime_torchrun import check_full_cycle, frozen_as_planned
 from tests.torchrun_util import ENV, ROOT, Run, check_plan_from_trace, command, short_cycle, torchrun, two_agents
+from timelyfreeze.experiments.studies.gpu_host_view import HOST_VIEW_ENV, check_start_times, load_host_view
 from timelyfreeze.titan.launch import torchrun_prefix
 
 pytestmark = pytest.mark.torchrun
@@ -50,6 +51,7 @@ WARMUP, MONITOR, RAMP, STABLE = 1, 2, 1, 2
 LOWER_END = WARMUP + 2 * MONITOR
 STEPS = LOWER_END + RAMP + STABLE
 FSDP2 = ["--parallelism.data_parallel_shard_degree", "2"]
+HOST_VIEW_WORKER = ("-m", "timelyfreeze.experiments.studies.gpu_host_view")
 
 
 # one launch per world size; every case of a launch is checked on its own (see tests/parallel_exact_job.py)
@@ -173,8 +175,15 @@ def test_resume_under_fsdp2(tmp_path):
         str(ckpt_step),
         "--checkpoint.no-last-save-model-only",
     ]
-    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, nproc=4, timeout=600)
+    # the first run is the GPU check's worker (the trainer with the host's view of each action's start recorded,
+    # timelyfreeze.experiments.studies.gpu_host_view), so that its wrapping of the profiler runs in the suite
+    views = tmp_path / "host_view"
+    first = torchrun("llama3_debug_1f1b_cpu.toml", tmp_path / "run", *args, nproc=4, timeout=600,
+                     target=HOST_VIEW_WORKER, env={HOST_VIEW_ENV: str(views)})  # fmt: skip
     check_replicated_cycle(first, "1F1B", 2, replicas=2)  # the PP=2 x FSDP 2 full cycle of `make test`
+    rows = load_host_view(views)
+    assert {r.rank for r in rows} == {0, 1, 2, 3} and max(r.step for r in rows) == STEPS
+    assert check_start_times(rows).ok  # on CPU a start is the host clock at the call: inside the bounds
     ckpt = tmp_path / "run" / "checkpoint"
     for d in ckpt.iterdir():
         if d.name != f"step-{ckpt_step}":

@@ -35,6 +35,9 @@ class FakeDevice:
             def record(self):
                 self.t = max(dev.device_free_s, dev.host_s)  # runs when the stream reaches it
 
+            def query(self) -> bool:  # done once the host's clock has reached the time it ran
+                return dev.host_s >= self.t
+
             def synchronize(self):
                 dev.syncs += 1
                 dev.host_s = max(dev.host_s, self.t)
