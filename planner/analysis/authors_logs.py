@@ -93,12 +93,18 @@ def main(argv=None) -> int:
     return 0
 
 
+def log_path(logs: str, name: str) -> str:
+    """``<logs>/<name>.log``, or the kept ``<name>.log.gz`` (``planner.analysis.authors_logs_source``)."""
+    plain = os.path.join(logs, f"{name}.log")
+    return plain if os.path.exists(plain) or not os.path.exists(plain + ".gz") else plain + ".gz"
+
+
 def run(logs: str) -> list[dict]:
     rows = []
     for s in SCHEDULES:
         upper_trace = None
         for m in METHODS:
-            log = parse_log(os.path.join(logs, f"{PREFIX}{s}_{m}.log"))
+            log = parse_log(log_path(logs, f"{PREFIX}{s}_{m}"))
             trace = log_to_trace(log)
             meas, n = measured_stable(log)
             pr = predict_run(log, trace)
@@ -122,7 +128,7 @@ def run(logs: str) -> list[dict]:
             if upper_trace is None:
                 upper_trace = (log, trace, ours)
         log, trace, ours = upper_trace
-        nf = parse_log(os.path.join(logs, f"{PREFIX}{s}_nofreeze.log"))
+        nf = parse_log(log_path(logs, f"{PREFIX}{s}_nofreeze"))
         meas, n = measured_stable(nf)
         pred = ours.batch_time_ms["no_freeze"] * ours.extra["jitter"]["no_freeze"]
         rows.append(

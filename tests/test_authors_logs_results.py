@@ -1,0 +1,55 @@
+"""The authors'-logs results page is recomputed from the committed lines of the paper authors' logs (issue 49):
+``docs/results/authors-logs/logs`` (kept by ``scripts/extract_authors_logs.py``, sources in ``sources.csv``)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+from planner.analysis import authors_logs
+from planner.analysis.authors_logs_source import kept_path, read_sources, run_method
+from planner.trace.authors_log import needed_lines, parse_log, parse_text
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "results" / "authors-logs"
+LOGS = PAGE / "logs"
+EXCERPT = Path(__file__).parent / "data" / "authors_logs" / "gpipe_excerpt.log"
+
+
+def test_needed_lines_parse_as_the_whole_log():
+    text = "".join(
+        f"{line}\n[rank3]:2026-01-02 14:05:00 - step: {i} loss: 2.0\n"
+        for i, line in enumerate(EXCERPT.read_text().splitlines())
+    )
+    whole, kept = parse_text(text, "x"), parse_text("\n".join(needed_lines(text)), "x")
+    assert needed_lines(text) == EXCERPT.read_text().splitlines()  # the excerpt holds only needed lines
+    for a, b in zip(whole.blocks, kept.blocks, strict=True):
+        assert (a.name, a.kind, a.step, a.batch_ms, a.ranks) == (b.name, b.kind, b.step, b.batch_ms, b.ranks)
+    assert (whole.upper_window, whole.lower_window, whole.plan_batch_ms, whole.accumulation) == (
+        kept.upper_window,
+        kept.lower_window,
+        kept.plan_batch_ms,
+        kept.accumulation,
+    )
+
+
+def test_kept_logs_are_the_sources_listed(tmp_path):
+    rows = read_sources(str(LOGS))
+    assert (LOGS / "LICENSE").read_text().startswith("BSD 3-Clause License")
+    listed = {Path(kept_path(str(LOGS), r["path"])) for r in rows}
+    assert listed == set(LOGS.rglob("*.gz"))
+    assert sum(r["set"] == "dev" for r in rows) == 16  # 12 TimelyFreeze-family + 4 no-freezing runs
+    for r in rows:
+        assert run_method(r["path"]) is not None
+        with gzip.open(kept_path(str(LOGS), r["path"]), "rt", encoding="utf-8") as f:
+            assert len(f.read().splitlines()) == int(r["kept_lines"])
+    gz = tmp_path / "x.log.gz"
+    gz.write_bytes(gzip.compress(EXCERPT.read_bytes()))
+    assert parse_log(gz).plan_batch_ms == parse_log(EXCERPT).plan_batch_ms
+
+
+def test_results_page_is_recomputed_from_the_committed_logs(tmp_path):
+    rows = authors_logs.run(str(LOGS / "h200" / "260102_llama8b"))
+    authors_logs.write(rows, str(tmp_path))
+    for name in ("results.md", "results.csv"):
+        assert (tmp_path / name).read_text() == (PAGE / name).read_text(), name
