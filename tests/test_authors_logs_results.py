@@ -48,8 +48,9 @@ def test_kept_logs_are_the_sources_listed(tmp_path):
     assert parse_log(gz).plan_batch_ms == parse_log(EXCERPT).plan_batch_ms
 
 
-def test_results_page_is_recomputed_from_the_committed_logs(tmp_path):
-    rows = authors_logs.run(str(LOGS / "h200" / "260102_llama8b"))
-    authors_logs.write(rows, str(tmp_path))
-    for name in ("results.md", "results.csv"):
+def test_results_and_heldout_pages_are_recomputed_from_the_committed_logs(tmp_path):
+    dev, test = authors_logs.run(str(LOGS))
+    assert len(dev) == 16 and len(test) == 36
+    authors_logs.write(dev, test, str(tmp_path))
+    for name in ("results.md", "results.csv", "heldout.md", "heldout.csv"):
         assert (tmp_path / name).read_text() == (PAGE / name).read_text(), name
