@@ -58,10 +58,12 @@ def _git(git_dir: str, *args: str) -> bytes:
         raise PlannerError(f"{git_dir}: git {' '.join(args[:2])} failed: {err.decode(errors='replace').strip() or e}")
 
 
-def select(git_dir: str) -> tuple[list[tuple[str, str, str, list[str], int]], list[tuple[str, str]]]:
-    """``(kept, excluded)``: kept ``(set, path, blob, lines, total_lines)`` and excluded ``(path, reason)``
-    (module docstring)."""
-    listing = _git(git_dir, "ls-tree", "-r", COMMIT, "logs").decode().splitlines()
+def select(
+    git_dir: str, commit: str = COMMIT
+) -> tuple[list[tuple[str, str, str, list[str], int]], list[tuple[str, str]]]:
+    """``(kept, excluded)`` of the fork's ``commit``: kept ``(set, path, blob, lines, total_lines)`` and excluded
+    ``(path, reason)`` (module docstring)."""
+    listing = _git(git_dir, "ls-tree", "-r", commit, "logs").decode().splitlines()
     kept, excluded = [], []
     for row in listing:
         meta, path = row.split("\t", 1)
@@ -132,9 +134,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("git_dir", metavar="GIT_DIR")
     p.add_argument("--out", required=True)
+    p.add_argument("--commit", default=COMMIT, help=f"the fork's commit to read (default {COMMIT[:7]}, the kept one)")
     args = p.parse_args(argv)
     try:
-        kept, excluded = select(args.git_dir)
+        kept, excluded = select(args.git_dir, args.commit)
         for _, path, _, lines, _ in kept:
             write_gz(kept_path(args.out, path), lines)
         write_csv(
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
             [[s, path, blob, total, len(lines)] for s, path, blob, lines, total in kept],
         )
         write_csv(os.path.join(args.out, "excluded.csv"), ["path", "reason"], [list(x) for x in excluded])
-        lic = _git(args.git_dir, "cat-file", "blob", f"{COMMIT}:LICENSE")
+        lic = _git(args.git_dir, "cat-file", "blob", f"{args.commit}:LICENSE")
 
         def write_licence(tmp: str) -> None:
             with open(tmp, "wb") as f:
