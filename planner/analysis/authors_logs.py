@@ -222,9 +222,11 @@ def summary(rows: list[dict], what: str) -> list[str]:
     on = [abs(r["cliff_error_pct"]) for r in rows]
     changed = [(a, b) for a, b in zip(off, on, strict=True) if a != b]
     moved = [r for r in rows if r["moved_b"]]
+    default = {c: " (the default)" if c == PLAN_DEFAULTS["cliff"] else "" for c in (False, True)}
     line = [
-        f"{what} ({len(rows)} runs), batch |error|: without the cliff rule (the default) median "
-        f"{statistics.median(off):.2f} %, max {max(off):.2f} %, within 5 %: {sum(e <= 5 for e in off)}; with it "
+        f"{what} ({len(rows)} runs), batch |error|: without the cliff rule{default[False]} median "
+        f"{statistics.median(off):.2f} %, max {max(off):.2f} %, within 5 %: {sum(e <= 5 for e in off)}; "
+        f"with it{default[True]} "
         f"median {statistics.median(on):.2f} %, max {max(on):.2f} %, within 5 %: {sum(e <= 5 for e in on)}. The rule "
         f"changes {len(changed)} predictions: {sum(b < a for a, b in changed)} better, "
         f"{sum(b > a for a, b in changed)} worse.",

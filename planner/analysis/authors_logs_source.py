@@ -8,7 +8,7 @@ written gzip-compressed to ``<out>/<path under logs/>.gz``; ``sources.csv`` name
 fork, its git blob and its line counts, ``excluded.csv`` every other TimelyFreeze-family log with the reason,
 and the fork's ``LICENSE`` is copied beside them.
 
-Which runs (fixed before the held-out scores were computed, from the file names and the importer alone):
+Which runs (a mechanical choice, from the file names and the importer alone, not changed after scoring):
 
 * **development**: the 12 TimelyFreeze-family runs (``fullrand7`` = TimelyFreeze, ``timelyapf``,
   ``timelyauto``) and the 4 no-freezing runs of ``logs/h200/260102_llama8b/`` (LLaMA-3.1-8B, 4x H200): the
