@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from planner.cli import main as cli_main
+from planner.defaults import PLAN_DEFAULTS
 from planner.errors import PlannerError
 from planner.plan import plan_from_trace
-from planner.trace.authors_log import TRUNCATION_MS, log_to_trace, parse_log, parse_text
+from planner.trace.authors_log import TRUNCATION_MS, import_log, log_to_trace, parse_log, parse_text
 from planner.trace.load import load_trace
 
 LOG = Path(__file__).parent / "data" / "authors_logs" / "gpipe_excerpt.log"
@@ -59,6 +62,25 @@ def test_cli_import_then_plan_records_the_cliff(tmp_path):
     plan = plan_from_trace(trace, 0.8, anchor=True, cliff=True)
     assert plan.extra["cliff"]["stages"] == [0]  # their stage 0 B is ~0 ms when everything is frozen
     assert plan.actions["0B0"].w_min > 0.3 * plan.actions["0B0"].w_max
+
+
+def test_cliff_rule_is_off_by_default_and_on_with_the_flag(tmp_path, capsys):
+    """Issue 49: the rule did not improve the held-out runs' predictions (docs/results/authors-logs/heldout.md),
+    so ``planner plan`` leaves it off unless ``--cliff`` asks for it; ``--no-cliff`` is still accepted."""
+    trace = tmp_path / "trace"
+    import_log(LOG, trace)
+    for flags, stages in (((), None), (("--no-cliff",), None), (("--cliff",), [0])):
+        out = tmp_path / f"plan{len(flags)}{stages}.json"
+        assert cli_main(["plan", str(trace), "--r-max", "0.8", "--out", str(out), *flags]) == 0
+        cliff = json.loads(out.read_text()).get("cliff")
+        assert (cliff and cliff["stages"]) == stages
+        assert ("lower-bound cliff" in capsys.readouterr().out) == bool(stages)
+    assert (
+        cli_main(["plan", str(trace), "--r-max", "0.8", "--out", str(tmp_path / "x.json"), "--cliff", "--no-cliff"])
+        == 2
+    )
+    assert capsys.readouterr().err.startswith("error: --cliff and --no-cliff")
+    assert not PLAN_DEFAULTS["cliff"]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ what the log says about their own plan and bounds.
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 import re
@@ -48,6 +49,7 @@ __all__ = [
     "Entry",
     "import_log",
     "log_to_trace",
+    "needed_lines",
     "parse_log",
     "parse_text",
 ]
@@ -199,14 +201,29 @@ def parse_text(text: str, source: str) -> AuthorsLog:
     return AuthorsLog(source, schedule, num_mb, num_stages, accumulation or 1, upper, lower, blocks, plan_ms, plan_rr)
 
 
+def needed_lines(text: str) -> list[str]:
+    """The lines of a log that :func:`parse_text` reads: every other line leaves its state unchanged, so the
+    parse of these lines is the parse of the whole log (only the line numbers in error messages differ).
+    ``scripts/extract_authors_logs.py`` commits these lines of the authors' logs."""
+    searched = (_SCHEDULE, _ACCUM, _STEP_MARK, _PLAN_LINE)
+    anchored = (_HEADER, _BATCH, _RANK_LINE)
+    return [
+        line
+        for line in text.splitlines()
+        if any(p.search(line) for p in searched) or any(p.match(line) for p in anchored)
+    ]
+
+
 def parse_log(path: str | os.PathLike[str]) -> AuthorsLog:
-    """:func:`parse_text` on a file; an unreadable file is a one-line :class:`PlannerError`."""
+    """:func:`parse_text` on a file (gzip-compressed when its name ends in ``.gz``); an unreadable file is a
+    one-line :class:`PlannerError`."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             text = f.read()
-    except OSError as e:
-        raise PlannerError(f"{path}: cannot read: {e.strerror or e}") from None
+    except (OSError, EOFError) as e:
+        raise PlannerError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     return parse_text(text, path)
 
 
