@@ -16,6 +16,7 @@ cpu_shims.apply_if_needed()  # before TorchTitan is imported
 
 from torchtitan.distributed import utils as dist_utils  # noqa: E402
 
+from tests.single_rank import process_group  # noqa: E402, F401 (module-scoped, autouse)
 from timelyfreeze.titan.torch_fixes import patch_titan_clipping  # noqa: E402
 
 
@@ -29,8 +30,8 @@ def clip(monkeypatch):
     patch_titan_clipping()
     pp_mesh = types.SimpleNamespace(get_group=lambda: None)
 
-    def fn(params, foreach=None):
-        return dist_utils.clip_grad_norm_(params, 1.0, foreach=foreach, pp_mesh=pp_mesh)
+    def fn(params, foreach=None, ep_enabled=False):
+        return dist_utils.clip_grad_norm_(params, 1.0, foreach=foreach, pp_mesh=pp_mesh, ep_enabled=ep_enabled)
 
     return fn, reduced
 
@@ -53,6 +54,22 @@ def test_no_gradients_reduce_a_zero_in_the_parameters_dtype(clip):
     norm = fn(frozen("cpu", torch.bfloat16), foreach=True)
     assert [t.dtype for t in reduced] == [torch.bfloat16]
     assert norm.dtype == torch.bfloat16 and norm.item() == 0.0
+
+
+@pytest.mark.parametrize("ep_enabled", [False, True])
+def test_no_gradients_of_sharded_parameters_reduce_a_zero_on_their_device(clip, ep_enabled):
+    """DTensor parameters (FSDP2; expert parallelism, whose clipping takes DTensors only): the zero is a
+    replicated DTensor, made whole without a collective; the pipeline all-reduce gets it on their device."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    fn, reduced = clip
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("ep" if ep_enabled else "dp_shard",))
+    local = torch.zeros(4, 3, device="meta")
+    param = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False), requires_grad=False)
+    norm = fn([param], ep_enabled=ep_enabled)
+    assert [(type(t), t.device.type) for t in reduced] == [(torch.Tensor, "meta")]
+    assert norm.device.type == "meta"
 
 
 def test_gradients_present_are_clipped_as_before(clip):

@@ -26,7 +26,8 @@ step (every tensor frozen: ranks without stage 0 in the lower-bound window, the 
 wait in the all-reduce until the watchdog; with bf16 parameters its float32 would also not match their
 norms' dtype. The norm of no gradients is a zero on the parameters' device in their dtype: the patched
 function clips, when no parameter has a gradient, one zero tensor of that device and dtype with a zero
-gradient instead, so TorchTitan's own reduction (sum of powers, or max) runs unchanged on the right tensor.
+gradient instead (a replicated DTensor where the parameters are DTensors), so TorchTitan's own reduction
+(sum of powers, or max) runs unchanged on the right tensor.
 """
 
 from __future__ import annotations
@@ -87,13 +88,26 @@ def norm_on_parameters_device(clip):
     def clip_grad_norm_(parameters, *args, **kwargs):
         params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if params and all(p.grad is None for p in params):
-            zero = torch.zeros((), device=params[0].device, dtype=params[0].dtype)
+            zero = _zero_like(params[0])
             zero.grad = torch.zeros_like(zero)
             params = [zero]
         return clip(params, *args, **kwargs)
 
     clip_grad_norm_.norm_on_parameters_device = True
     return clip_grad_norm_
+
+
+def _zero_like(param: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero on ``param``'s device in its dtype; a DTensor replicated on its mesh if ``param`` is one
+    (TorchTitan's expert-parallel clipping takes DTensors only; a replicated norm is made whole without a
+    collective)."""
+    zero = torch.zeros((), device=param.device, dtype=param.dtype)
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is None:
+        return zero
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(zero, device_mesh=mesh, placements=[Replicate()] * mesh.ndim, run_check=False)
 
 
 def patch_titan_clipping() -> None:
