@@ -15,11 +15,11 @@ before the action. FSDP's pre-forward then finds the parameters unsharded and do
 forwards of the step find them unsharded too (nothing to do, and nothing in their timings).
 
 Only modules that keep their parameters unsharded after forward (TorchTitan's default under PP) are unsharded
-early. With ``fsdp_reshard_after_forward = "always"`` a stage all-gathers one unit at a time in each of its
-forwards before its first backward of the step (torch's pipelining keeps it unsharded after backwards), and
-those forwards keep that wait in their times: unsharding all its units at once would raise the peak memory
-that setting is chosen to lower. The module states are FSDP2's private API (checked against torch 2.13), as
-in ``param_switch``.
+early. With ``fsdp_reshard_after_forward = "always"`` a stage reshards after each forward and all-gathers
+again, one unit at a time, in a later forward or backward (torch's pipelining keeps it unsharded only after
+backwards), and those actions keep that wait in their times: unsharding all its units at once would raise
+the peak memory that setting is chosen to lower. The module states are FSDP2's private API (checked against
+torch 2.13), as in ``param_switch``.
 """
 
 from __future__ import annotations
