@@ -4,6 +4,7 @@ times, device-time batch and step lengths, one synchronisation per step; and the
 from __future__ import annotations
 
 import pytest
+import torch
 
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.hooks.profiler import ActionProfiler
@@ -135,3 +136,28 @@ def test_bad_offset_names_the_variable(monkeypatch, raw):
     monkeypatch.setenv(OFFSET_ENV, raw)
     with pytest.raises(FreezeConfigError, match=OFFSET_ENV):
         injected_offset_ms()
+
+
+def test_the_steps_losses_are_read_back_once():
+    """The batches' loss tensors (on the device, on CUDA) come back to the host in one copy, not one each;
+    the sum is the one per-batch reads gave."""
+    from timelyfreeze.outputs.metrics_row import StepMetrics
+
+    reads = []
+
+    class Counted(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.Tensor.__float__, torch.Tensor.item, torch.Tensor.tolist):
+                reads.append(func.__name__)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    meter = StepMetrics.__new__(StepMetrics)  # the marks only: no process group needed
+    meter.clock, meter._stage_of, meter.trainable = StepClock(False), {}, {}
+    meter.begin(1e-3)
+    losses = [torch.tensor(x, dtype=torch.float32) for x in (0.1, 2.3, 4.7)]
+    for x in losses:
+        meter.add_batch(1.0, x.as_subclass(Counted))
+    meter.end()
+    assert meter.local([], 3)["loss"] == sum(float(x) for x in losses)
+    assert len(reads) == 1

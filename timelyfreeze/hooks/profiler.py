@@ -1,12 +1,12 @@
 """Per-action compute timing and the on-disk trace of ``docs/formats.md``.
 
 ``ActionProfiler`` is a stage-hook listener: it times every F/B/I/W action (compute only; receives
-happen before the hooked call), and DualPipeV's OVERLAP_F_B pairs as one action each, and remembers the
-order this rank executed them in. On CPU it uses
+and FSDP2's all-gather happen before the hooked call), and DualPipeV's OVERLAP_F_B pairs as one action
+each, and remembers the order this rank executed them in. On CPU it uses
 ``perf_counter`` (Linux: CLOCK_MONOTONIC, one clock for every process of a host) and also records each
 action's start time, from which the planner estimates the delays on cross-rank edges (``planner.timing.comm``);
-on CUDA it records an event pair per action and places them on the host clock after the step's one
-synchronisation through the step's anchor event (``timelyfreeze.hooks.step_clock``): start times on both.
+on CUDA it records an event pair per action and places them on the host clock after the step's wait for the
+device through the step's anchor event (``timelyfreeze.hooks.step_clock``): start times on both.
 ``end_step`` turns the step's timings into trace records and appends them to
 ``actions_rank<r>.jsonl`` (flushed every step, so a crash loses nothing already measured).
 """
@@ -110,7 +110,7 @@ class ActionProfiler:
     def collect(self) -> list[tuple[str, float, float | None]]:
         """(action, ms, start ms) of every action timed since the last call, in execution order; the start
         on the host's monotonic clock (with the injected test offset, ``step_clock``). On CUDA this is the
-        step's one synchronisation (``StepClock.settle``)."""
+        step's wait for the device (``StepClock.settle``)."""
         pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
         self._pending.clear()
         if self.use_cuda:
@@ -120,7 +120,7 @@ class ActionProfiler:
         return [(a, ms, start + offset) for a, ms, start in out] if offset else out
 
     def _collect_cuda(self, pending: list) -> list[tuple[str, float, float]]:
-        """The CUDA branch of ``collect``: after the step's one synchronisation every event has a host time
+        """The CUDA branch of ``collect``: after the step's wait for the device every event has a host time
         through the step's anchor; a pair's time is the union of its parts' intervals, as on CPU."""
         clock = self.clock
         clock.settle()

@@ -13,8 +13,9 @@ methods call the listeners around the base class's methods, with the methods' re
 ``full_backward`` is bound by name or position as torch passes it); ``uninstall`` switches it back.
 TorchTitan builds the stages inside its pipelining function, so the class is switched right after
 construction rather than chosen at construction. Receives happen in the schedule before these calls,
-so what runs inside is compute only. Calls made with autograd disabled (validation/eval forwards)
-pass straight through.
+so what runs inside is compute only. So is FSDP2's all-gather of a stage's parameters: a forward's
+listeners are called after it (``fsdp_unshard``). Calls made with autograd disabled (validation/eval
+forwards) pass straight through.
 
 DualPipeV's ``OVERLAP_F_B`` actions run a forward and a full backward of the rank's two stages as one
 schedule action; the stages see them as an ``F`` and a ``B`` call (torch's loop runs them one after
@@ -29,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from planner.schedule.actions import part_owners
+from timelyfreeze.hooks import fsdp_unshard
 
 
 class ActionListener(Protocol):
@@ -42,6 +44,8 @@ def _run(stage, kind: str, mb: int, fn, *args, **kwargs):
     reverse (an outer listener's timing excludes nothing an inner one does)."""
     if not torch.is_grad_enabled() or not getattr(stage, "has_backward", True):
         return fn(*args, **kwargs)
+    if kind == "F":
+        fsdp_unshard.unshard(stage._kept_unsharded)  # before the listeners: the wait is no compute
     sidx = stage.stage_index
     for lst in stage._listeners:
         lst.before_action(sidx, kind, mb)
@@ -105,6 +109,7 @@ def install(stage, listeners: list[ActionListener]) -> None:
     replaces the listeners)."""
     if not _is_hooked(stage):
         stage.__class__ = _hooked_class(type(stage))
+        stage._kept_unsharded = fsdp_unshard.kept_unsharded(getattr(stage, "submod", None))
     stage._listeners = list(listeners)
 
 
@@ -112,7 +117,7 @@ def uninstall(stage) -> None:
     """Back to the stage's own class: plain compute."""
     if _is_hooked(stage):
         stage.__class__ = stage._base_class
-        del stage._listeners
+        del stage._listeners, stage._kept_unsharded
 
 
 def overlap_pairs(schedule) -> dict[str, str]:

@@ -8,7 +8,8 @@ their timestamps here, so both read the same clock the same way:
   always recorded.
 * **CUDA**: a mark is a CUDA event recorded on the current stream (no synchronisation). The first mark of a
   step is preceded by the step's *anchor* event. ``settle`` synchronises the step's last mark once, at the end
-  of the step (the one synchronisation the runtime already made), reads the host clock ``t_sync`` right after,
+  of the step (the runtime's one wait for the device in a step, ``docs/runtime.md``), reads the host clock
+  ``t_sync`` right after,
   and places the anchor on the host clock at ``t_sync - anchor.elapsed_time(last)``: the last mark completed at
   or just before ``t_sync`` (by the wake-up latency of the synchronisation, microseconds), and the device's
   elapsed times are exact between events. An action then starts at
@@ -97,7 +98,7 @@ class StepClock:
         return ev
 
     def settle(self) -> None:
-        """CUDA: wait for the step's last mark (the step's one synchronisation) and place its anchor on the
+        """CUDA: wait for the step's last mark (the step's wait for the device) and place its anchor on the
         host clock; again in the same step it does nothing. Nothing on CPU."""
         if not self.use_cuda or self._anchor is None or self._anchor_ms is not None:
             return

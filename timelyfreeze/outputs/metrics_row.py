@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from planner.schedule.actions import parse_action
 from timelyfreeze.hooks.profiler import ActionRecord
 from timelyfreeze.hooks.step_clock import StepClock
@@ -69,12 +71,12 @@ class StepMetrics:
                 stage_of[r.action] = parse_action(r.action).stage
         frozen = sum(r.freeze_ratio * self.trainable[stage_of[r.action]] for r in records)
         clock = self.clock
-        clock.settle()  # CUDA: the step's one synchronisation (done already when the profiler collected)
+        clock.settle()  # CUDA: the step's wait for the device (done already when the profiler collected)
         return {
             "frozen": frozen / max(1, batches),
             "batch_s": sum(b if isinstance(b, float) else clock.seconds(*b) for b in self._batches),
             "step_s": clock.seconds(self._t0, self._t1),
-            "loss": sum(float(x) for x in self._losses) if self._losses else None,
+            "loss": loss_sum(self._losses),
         }
 
     # -- the job ---------------------------------------------------------------------------------
@@ -117,3 +119,13 @@ def describe(row: dict) -> str:
         f"[freeze] step {row['step']} {row['phase']}: freeze ratio {row['freeze_ratio']:.3f}, "
         f"batch {row['batch_ms']:.1f} ms{pred}, step {row['step_ms']:.1f} ms"
     )
+
+
+def loss_sum(losses: list) -> float | None:
+    """The step's summed local loss (None without any): 0-d tensors (on the device) read back in one copy, not
+    one per batch; the sum in float64 in batch order either way, so the value is the same."""
+    if not losses:
+        return None
+    if all(isinstance(x, torch.Tensor) for x in losses):
+        return sum(torch.stack(losses).tolist())
+    return sum(float(x) for x in losses)

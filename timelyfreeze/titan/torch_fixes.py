@@ -17,9 +17,24 @@ their threads while the interpreter is fully alive. The meshes are the ones Torc
 built (``parallel_meshes``), with their root meshes, whose registry child meshes share: an earlier version
 scanned ``gc.get_objects()`` for meshes and, under ``torch.compile``, tripped over a dead weak proxy that
 Dynamo leaves behind (``ReferenceError`` at exit).
+
+3. ``patch_titan_clipping``: TorchTitan's ``clip_grad_norm_`` takes the norm of the gradients present with
+``torch.nn.utils.get_total_norm``, which returns ``torch.tensor(0.0)`` -- a float32 on the CPU -- for no
+gradients, and then all-reduces that norm over the pipeline group. A rank whose stages have no gradient in a
+step (every tensor frozen: ranks without stage 0 in the lower-bound window, the last warm-up step under
+``torch.compile``, whole block units) hands NCCL a CPU tensor ("no backend for cpu") while the other ranks
+wait in the all-reduce until the watchdog; with bf16 parameters its float32 would also not match their
+norms' dtype. The norm of no gradients is a zero on the parameters' device in their dtype: the patched
+function clips, when no parameter has a gradient, one zero tensor of that device and dtype with a zero
+gradient instead (a replicated DTensor where the parameters are DTensors), so TorchTitan's own reduction
+(sum of powers, or max) runs unchanged on the right tensor.
 """
 
 from __future__ import annotations
+
+import functools
+
+import torch
 
 
 def patch_v_schedule_eval(stage) -> None:
@@ -63,3 +78,43 @@ def release_mesh_process_groups(meshes) -> int:
             dropped += len(registry)
             registry.clear()
     return dropped
+
+
+def norm_on_parameters_device(clip):
+    """``clip`` (TorchTitan's ``clip_grad_norm_``) with the norm of no gradients a zero on the parameters'
+    device, in their dtype (see 3. above); with any gradient present, ``clip`` itself."""
+
+    @functools.wraps(clip)
+    def clip_grad_norm_(parameters, *args, **kwargs):
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        if params and all(p.grad is None for p in params):
+            zero = _zero_like(params[0])
+            zero.grad = torch.zeros_like(zero)
+            params = [zero]
+        return clip(params, *args, **kwargs)
+
+    clip_grad_norm_.norm_on_parameters_device = True
+    return clip_grad_norm_
+
+
+def _zero_like(param: torch.Tensor) -> torch.Tensor:
+    """A 0-d zero on ``param``'s device in its dtype; a DTensor replicated on its mesh if ``param`` is one
+    (TorchTitan's expert-parallel clipping takes DTensors only; a replicated norm is made whole without a
+    collective)."""
+    zero = torch.zeros((), device=param.device, dtype=param.dtype)
+    mesh = getattr(param, "device_mesh", None)
+    if mesh is None:
+        return zero
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(zero, device_mesh=mesh, placements=[Replicate()] * mesh.ndim, run_check=False)
+
+
+def patch_titan_clipping() -> None:
+    """Make TorchTitan's ``clip_grad_norm_`` (which its ``Trainer.train_step`` looks up in
+    ``torchtitan.distributed.utils`` at each step) return a zero on the parameters' device for no gradients.
+    Idempotent."""
+    from torchtitan.distributed import utils as dist_utils
+
+    if not getattr(dist_utils.clip_grad_norm_, "norm_on_parameters_device", False):
+        dist_utils.clip_grad_norm_ = norm_on_parameters_device(dist_utils.clip_grad_norm_)

@@ -32,11 +32,17 @@ from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.runtime import FreezeRuntime
 from timelyfreeze.titan import cpu_shims, precision
 from timelyfreeze.titan import spec as titan_spec
-from timelyfreeze.titan.torch_fixes import parallel_meshes, patch_v_schedule_eval, release_mesh_process_groups
+from timelyfreeze.titan.torch_fixes import (
+    parallel_meshes,
+    patch_titan_clipping,
+    patch_v_schedule_eval,
+    release_mesh_process_groups,
+)
 
 
 class TimelyFreezeTrainer(Trainer):
     def __init__(self, job_config):
+        patch_titan_clipping()  # a rank without gradients all-reduces a zero on its device (see torch_fixes)
         corpus.register_datasets()
         corpus.resolve_assets(job_config)
         corpus.resolve_initial_load(job_config)
