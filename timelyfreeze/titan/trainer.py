@@ -27,6 +27,7 @@ from timelyfreeze.config.job_checks import (
 )
 from timelyfreeze.data import corpus, epoch_data
 from timelyfreeze.hooks.stage_hooks import overlap_pairs
+from timelyfreeze.models import smollm2
 from timelyfreeze.outputs.summary import format_summary
 from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.runtime import FreezeRuntime
@@ -39,6 +40,7 @@ class TimelyFreezeTrainer(Trainer):
     def __init__(self, job_config):
         corpus.register_datasets()
         corpus.resolve_assets(job_config)
+        smollm2.resolve_assets(job_config)
         corpus.resolve_initial_load(job_config)
         titan_spec.use_freeze_spec(job_config.model.name)
         fz = getattr(job_config, "freeze", None)
