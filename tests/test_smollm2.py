@@ -150,6 +150,18 @@ def test_the_converted_tiny_folder_loads_back_into_torchtitans_layout(tiny_folde
     smollm2.check_hf_folder(tiny_folder, _tiny_args())  # the folder matches its flavor
 
 
+def test_the_cached_folder_is_converted_once_and_again_when_stale(tmp_path):
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    out = smollm2.ensure_converted(gguf, tmp_path / "cache" / "hf")
+    weights = out / "model.safetensors"
+    first = weights.stat().st_ino
+    assert smollm2.ensure_converted(gguf, out) == out and weights.stat().st_ino == first  # reused
+    (out / "SOURCE").write_text("timelyfreeze.models.gguf_llama 0: tiny.gguf\n")  # an older converter's folder
+    smollm2.ensure_converted(gguf, out)
+    assert gguf_llama.is_converted(out, gguf) and weights.stat().st_ino != first
+    assert sorted(p.name for p in out.parent.iterdir()) == ["hf", "hf.lock"]  # no temporary folder left
+
+
 def test_ffn_width_is_torchtitans_rule():
     assert smollm2.ffn_width(_tiny_args()) == TINY_FFN
     assert smollm2.ffn_width(smollm2.model_args()) == 1536

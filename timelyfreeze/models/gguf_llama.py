@@ -295,6 +295,21 @@ def hf_config(shape: LlamaShape, vocab: BpeVocab, *, tied: bool) -> dict:
     }
 
 
+CONVERTER_VERSION = 1
+"""Raised whenever a change to this module changes what it writes: cached folders of older versions are redone."""
+
+
+def stamp(gguf_path: Path) -> str:
+    """The ``SOURCE`` file of a converted folder: the converter's version and the file it came from."""
+    return f"timelyfreeze.models.gguf_llama {CONVERTER_VERSION}: {Path(gguf_path).name}\n"
+
+
+def is_converted(out_dir: Path, gguf_path: Path) -> bool:
+    """Whether ``out_dir`` is this converter version's folder of ``gguf_path`` (a stale or foreign one is not)."""
+    source = Path(out_dir) / "SOURCE"
+    return source.is_file() and source.read_text() == stamp(gguf_path)
+
+
 def convert(gguf_path: Path, out_dir: Path) -> Path:
     """Write the HF folder of ``gguf_path`` to ``out_dir`` (replacing it), through a temporary folder beside it."""
     from safetensors.numpy import save_file  # deferred: needed only to convert
@@ -323,7 +338,7 @@ def convert(gguf_path: Path, out_dir: Path) -> Path:
         }
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
-        (tmp / "SOURCE").write_text(f"converted by timelyfreeze.models.gguf_llama from {gguf_path.name}\n")
+        (tmp / "SOURCE").write_text(stamp(gguf_path))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from timelyfreeze.data.corpus import cache_dir, locked
-from timelyfreeze.models.gguf_llama import AssetError, convert
+from timelyfreeze.models.gguf_llama import AssetError, convert, is_converted
 
 MODEL_NAME = "llama3"
 FLAVOR = "smollm2_135m"
@@ -100,13 +100,15 @@ def converted_dir() -> Path:
 
 
 def ensure_converted(gguf: Path | None = None, out: Path | None = None) -> Path:
-    """The converted HF folder, converted once (under a lock; a folder that exists is whole)."""
+    """The converted HF folder, converted once (under a lock; a folder that exists is whole), and again where
+    it came from an older converter or another file (``gguf_llama.is_converted``)."""
     out = converted_dir() if out is None else Path(out)
-    if out.is_dir():
+    gguf = gguf_path() if gguf is None else Path(gguf)
+    if is_converted(out, gguf):
         return out
     with locked(out.with_name(out.name + ".lock")):
-        if not out.is_dir():
-            convert(gguf_path() if gguf is None else Path(gguf), out)
+        if not is_converted(out, gguf):
+            convert(gguf, out)
     return out
 
 
