@@ -168,8 +168,8 @@ def check_hf_folder(folder: Path, args, flavor: str = FLAVOR) -> None:
         have = _rope_theta(config) if key == "rope_theta" else config.get(key)
         if not isinstance(have, (int, float)) or abs(have - want) > 1e-6 * abs(want):
             raise AssetError(f"{config_file}: field {key} = {have!r}, flavor {flavor!r} has {want!r}")
-    scaling = config.get("rope_scaling") or (config.get("rope_parameters") or {})
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(scaling, dict) or scaling.get("rope_type", scaling.get("type", "default")) != "default":
         raise AssetError(f"{config_file}: field rope_scaling = {scaling!r}: flavor {flavor!r} has exact RoPE")
     _check_tensors(folder, _expected_tensors(args))
     tokenizer_file = folder / "tokenizer.json"
