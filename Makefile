@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0 $(TORCH_PIP_ARGS)
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['timelyfreeze']['no-deps']))")
 	@touch $(STAMP)
 
 # Train the embedded default (llama3 debug model, PP=2, 1F1B, CPU) through a full

@@ -117,7 +117,9 @@ def tokenizer_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
+    """Hold an exclusive lock on ``path`` (created) while building something in the cache: one process builds,
+    the others wait and then find it built."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -132,7 +134,7 @@ def ensure_tokenizer() -> Path:
     out = tokenizer_dir()
     if (out / "tokenizer.json").exists():
         return out
-    with _locked(out.with_name(out.name + ".lock")):
+    with locked(out.with_name(out.name + ".lock")):
         if (out / "tokenizer.json").exists():
             return out
         # deferred: heavy, and needed only when the corpus is built

@@ -12,7 +12,8 @@ of ours, in place of patching TorchTitan's instances.
 
 ``use_freeze_spec(model_name)`` registers, under the model's own name (TorchTitan's user-defined specs take
 precedence over its built-in ones), the model's ``TrainSpec`` with these builders where the model uses
-TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so).
+TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so). The
+spec's flavors also hold this package's own for the model (``timelyfreeze.models``: llama3's ``smollm2_135m``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
 from timelyfreeze.data import epoch_data
+from timelyfreeze.models import smollm2
 
 
 class FixedBatchValidator(Validator):
@@ -80,6 +82,7 @@ def use_freeze_spec(model_name: str) -> None:
         return
     ours = dataclasses.replace(
         spec,
+        model_args={**spec.model_args, **smollm2.flavors(model_name)},
         build_validator_fn=build_validator
         if spec.build_validator_fn is titan_build_validator
         else spec.build_validator_fn,

@@ -27,6 +27,7 @@ from timelyfreeze.config.job_checks import (
 )
 from timelyfreeze.data import corpus, epoch_data
 from timelyfreeze.hooks.stage_hooks import overlap_pairs
+from timelyfreeze.models import smollm2
 from timelyfreeze.outputs.summary import format_summary
 from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.runtime import FreezeRuntime
@@ -45,6 +46,7 @@ class TimelyFreezeTrainer(Trainer):
         patch_titan_clipping()  # a rank without gradients all-reduces a zero on its device (see torch_fixes)
         corpus.register_datasets()
         corpus.resolve_assets(job_config)
+        smollm2.resolve_assets(job_config)
         corpus.resolve_initial_load(job_config)
         titan_spec.use_freeze_spec(job_config.model.name)
         fz = getattr(job_config, "freeze", None)
