@@ -60,14 +60,16 @@ def grad_norm(modules) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([p.grad.norm() for m in modules for p in m.parameters()]))
 
 
-@pytest.mark.parametrize("schedule", ["Interleaved1F1B"])
-def test_pp2_gradient_norm_equals_one_process_on_one_batch(schedule):
+# the token count is a tensor, or an int where TorchTitan all-reduced it over data-parallel replicas (dist_sum)
+@pytest.mark.parametrize("count", [torch.Tensor.float, int], ids=["tensor", "int"])
+def test_pp2_gradient_norm_equals_one_process_on_one_batch(count):
     parts = build_parts(2, ac=False)
     whole = nn.Sequential(*copy.deepcopy(parts))
     pp = trainer(parts)
     # as TorchTitan's build_pipeline_schedule: the trainer's loss function, no division of the gradients
     stages = [PipelineStage(p, i, 2, torch.device("cpu")) for i, p in enumerate(parts)]
-    pp.pp_schedule = get_schedule_class(schedule)(stages, n_microbatches=N_MB, loss_fn=pp.loss_fn, scale_grads=False)
+    schedule = get_schedule_class("Interleaved1F1B")
+    pp.pp_schedule = schedule(stages, n_microbatches=N_MB, loss_fn=pp.loss_fn, scale_grads=False)
     pp.parallel_dims.pp_enabled = True
     one = trainer([whole])
 
@@ -76,7 +78,7 @@ def test_pp2_gradient_norm_equals_one_process_on_one_batch(schedule):
     y = torch.randint(0, V, (N_MB, SEQ), generator=g)
     y[0, : SEQ // 2] = IGNORE_INDEX  # microbatches of 4, 6, 8 and 8 valid tokens
     y[1, : SEQ // 4] = IGNORE_INDEX
-    tokens = (y != IGNORE_INDEX).sum().float()  # TorchTitan's global_valid_tokens without data parallelism
+    tokens = count((y != IGNORE_INDEX).sum())  # TorchTitan's global_valid_tokens
 
     losses = [
         t.forward_backward_step(input_dict={"input": x.clone()}, labels=y.clone(), global_valid_tokens=tokens)

@@ -81,14 +81,14 @@ class TokenMeanLoss:
 
     def __init__(self, inner: Callable[..., torch.Tensor]):
         self.inner = inner
-        self.divisor: torch.Tensor | None = None
+        self.divisor: torch.Tensor | float | None = None
 
     def __call__(self, pred: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
         loss = self.inner(pred, labels, **kwargs)
         return loss if self.divisor is None else loss / self.divisor
 
     @contextlib.contextmanager
-    def dividing_by(self, divisor: torch.Tensor) -> Iterator[None]:
+    def dividing_by(self, divisor: torch.Tensor | float) -> Iterator[None]:
         self.divisor = divisor
         try:
             yield

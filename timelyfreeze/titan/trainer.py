@@ -222,10 +222,9 @@ class TimelyFreezeTrainer(Trainer):
             return super().forward_backward_step(
                 input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
             )
+        # the count: a tensor, or a Python number where TorchTitan all-reduced it over data-parallel replicas
         with loss_fn.dividing_by(global_valid_tokens):
-            return super().forward_backward_step(
-                input_dict=input_dict, labels=labels, global_valid_tokens=torch.ones_like(global_valid_tokens)
-            )
+            return super().forward_backward_step(input_dict=input_dict, labels=labels, global_valid_tokens=1)
 
     # -- checkpointing: the freezing state travels with TorchTitan's "train_state" ---------------
     def _freeze_key(self) -> str:
