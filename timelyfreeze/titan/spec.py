@@ -9,19 +9,26 @@ of ours, in place of patching TorchTitan's instances.
   ``on_validation`` listeners (the freezing runtime's validation curve, the stop rule).
 * ``epoch_data.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
   the fixed multi-epoch set whose samples carry a stable id (``timelyfreeze.data.epoch_data``).
+* ``TokenMeanLoss``: the model's own loss, which the trainer can make divide by the step's token count
+  (``dividing_by``) while a pipeline schedule runs its backward, so that PP optimises the per-token mean of
+  the whole batch as one process does; without it TorchTitan 0.2.2's PP gradients are sums over tokens.
 
 ``use_freeze_spec(model_name)`` registers, under the model's own name (TorchTitan's user-defined specs take
 precedence over its built-in ones), the model's ``TrainSpec`` with these builders where the model uses
 TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so). The
 spec's flavors also hold this package's own for the model (``timelyfreeze.models``: llama3's ``smollm2_135m``).
+loss is the model's own builder's in every case, wrapped in ``TokenMeanLoss``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
-from typing import Callable
+import functools
+from typing import Callable, Iterator
 
+import torch
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.validate import Validator
 from torchtitan.components.validate import build_validator as titan_build_validator
@@ -62,6 +69,40 @@ class FreezeMetricsProcessor(MetricsProcessor):
         return super().log_validation(loss, step, *args, **kwargs)
 
 
+class TokenMeanLoss:
+    """The model's loss (TorchTitan 0.2.2's contract: the SUM over a microbatch's valid tokens), divided by
+    ``divisor`` while one is set (``dividing_by``).
+
+    TorchTitan's one-process path divides the summed loss by the step's global valid-token count *before*
+    backward, so it optimises the per-token mean of the whole batch. Its PP path hands the loss function to the
+    pipeline schedule (``scale_grads=False``), which runs backward on each microbatch's sum; the division comes
+    only afterwards, for the logged loss (pytorch/torchtitan#2972). PP gradients were therefore the token count
+    (8 x 256 = 2,048 in the CPU configs) times one process's, and ``max_norm = 1`` clipped every step. The
+    trainer runs the schedule's training step inside ``dividing_by(global_valid_tokens)``; validation and the
+    one-process path call it with no divisor set and get the sum they expect."""
+
+    def __init__(self, inner: Callable[..., torch.Tensor]):
+        self.inner = inner
+        self.divisor: torch.Tensor | float | None = None
+
+    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, **kwargs) -> torch.Tensor:
+        loss = self.inner(pred, labels, **kwargs)
+        return loss if self.divisor is None else loss / self.divisor
+
+    @contextlib.contextmanager
+    def dividing_by(self, divisor: torch.Tensor | float) -> Iterator[None]:
+        self.divisor = divisor
+        try:
+            yield
+        finally:
+            self.divisor = None
+
+
+def build_loss_fn(job_config, *, inner: Callable, **kwargs) -> TokenMeanLoss:
+    """``TrainSpec.build_loss_fn``: the model's own builder's loss (``inner``), as a ``TokenMeanLoss``."""
+    return TokenMeanLoss(inner(job_config, **kwargs))
+
+
 def build_validator(**kwargs) -> FixedBatchValidator:
     """``TrainSpec.build_validator_fn``: TorchTitan's ``build_validator``, with ``FixedBatchValidator``."""
     if kwargs.get("metrics_processor") is None:
@@ -92,6 +133,7 @@ def use_freeze_spec(model_name: str) -> None:
         build_dataloader_fn=epoch_data.build_dataloader
         if spec.build_dataloader_fn is build_text_dataloader
         else spec.build_dataloader_fn,
+        build_loss_fn=functools.partial(build_loss_fn, inner=spec.build_loss_fn),
     )
     try:
         register_train_spec(model_name, ours)

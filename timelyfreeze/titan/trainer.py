@@ -93,6 +93,12 @@ class TimelyFreezeTrainer(Trainer):
         self._check_precision(job_config, phases)
         self._hold_lr_after_schedule()
         self._batch_in_step = 0
+        if self.parallel_dims.pp_enabled and not isinstance(self.loss_fn, titan_spec.TokenMeanLoss):
+            logger.warning(
+                f"[model] name = {job_config.model.name!r} brings its own TrainSpec: under PP its gradients are "
+                "TorchTitan 0.2.2's sums over the batch's tokens, not one process's per-token mean "
+                "(timelyfreeze.titan.spec.TokenMeanLoss); scale [training] max_norm and the LR for it"
+            )
         if self.parallel_dims.pp_enabled and v_shaped(job_config.parallelism.pipeline_parallel_schedule):
             for st in self._pp_stages():
                 patch_v_schedule_eval(st)
@@ -203,20 +209,30 @@ class TimelyFreezeTrainer(Trainer):
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         rt = self.freeze_rt
         if rt is None:
-            return super().forward_backward_step(
-                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-            )
+            return self._token_mean_step(input_dict, labels, global_valid_tokens)
         rt.begin_batch(self._batch_in_step)
         t0 = rt.clock.mark()  # perf_counter on CPU; a CUDA event on CUDA (device time, read at the step's end)
-        loss = super().forward_backward_step(
-            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-        )
+        loss = self._token_mean_step(input_dict, labels, global_valid_tokens)
         # the loss stays a tensor until the step ends: no host synchronisation per batch on CUDA
         rt.add_batch((t0, rt.clock.mark()), loss.detach().sum() if self.pp_has_last_stage else None)
         self._batch_in_step += 1
         if self._batch_in_step == self.gradient_accumulation_steps:
             rt.after_backward(self.step)
         return loss
+
+    def _token_mean_step(self, input_dict, labels, global_valid_tokens):
+        """TorchTitan's ``forward_backward_step``; under PP with each microbatch's loss divided by the step's
+        global valid-token count before the schedule's backward (``titan_spec.TokenMeanLoss``), so the gradients
+        are those of the per-token mean over the whole batch, as in one process. The schedule's losses are then
+        already divided: TorchTitan's sum of them over a divisor of one is the step's mean loss it logs."""
+        loss_fn = self.loss_fn
+        if not (self.parallel_dims.pp_enabled and isinstance(loss_fn, titan_spec.TokenMeanLoss)):
+            return super().forward_backward_step(
+                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            )
+        # the count: a tensor, or a Python number where TorchTitan all-reduced it over data-parallel replicas
+        with loss_fn.dividing_by(global_valid_tokens):
+            return super().forward_backward_step(input_dict=input_dict, labels=labels, global_valid_tokens=1)
 
     # -- checkpointing: the freezing state travels with TorchTitan's "train_state" ---------------
     def _freeze_key(self) -> str:
