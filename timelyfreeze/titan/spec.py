@@ -16,8 +16,8 @@ of ours, in place of patching TorchTitan's instances.
 ``use_freeze_spec(model_name)`` registers, under the model's own name (TorchTitan's user-defined specs take
 precedence over its built-in ones), the model's ``TrainSpec`` with these builders where the model uses
 TorchTitan's defaults; a model that brings its own builders keeps them (``has_freeze_builders`` says so). The
-spec's flavors also hold this package's own for the model (``timelyfreeze.models``: llama3's ``smollm2_135m``).
-loss is the model's own builder's in every case, wrapped in ``TokenMeanLoss``.
+loss is the model's own builder's in every case, wrapped in ``TokenMeanLoss``. The spec's flavors also hold this
+package's own for the model (``timelyfreeze.models``: llama3's ``smollm2_135m``).
 """
 
 from __future__ import annotations
