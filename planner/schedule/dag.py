@@ -295,14 +295,10 @@ def indexed_longest_path(
     pred_delay: np.ndarray | None,
 ) -> tuple[float, dict[str, float], list[str]]:
     """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none)."""
-    n = len(di.names)
-    dur = [0.0] * n
-    for name, i in di.index.items():
-        if name != SOURCE and name != SINK:
-            try:
-                dur[i] = float(durations[name])
-            except KeyError:
-                raise PlannerError(f"no duration given for action {name!r}") from None
+    try:
+        dur = [0.0 if name == SOURCE or name == SINK else float(durations[name]) for name in di.names]
+    except KeyError as e:
+        raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
     if di.layers is None:
         di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
     w = np.asarray(dur)

@@ -60,8 +60,10 @@ def expected_factor(
 ) -> float:
     """The mean over ``residuals`` of the longest path of ``durations x residual`` over that of
     ``durations``; 1.0 without residuals or for an empty batch."""
+    if not residuals:  # (without residuals no longest path is needed)
+        return 1.0
     base = longest_path(dag, durations, edge_ms)[0]
-    if not residuals or base <= 0:
+    if base <= 0:
         return 1.0
     paths = [longest_path(dag, {a: d * r.get(a, 1.0) for a, d in durations.items()}, edge_ms)[0] for r in residuals]
     return statistics.fmean(paths) / base
