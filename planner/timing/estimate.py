@@ -33,12 +33,11 @@ the node weights of either estimator. Importing this module does not import torc
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
-from planner.trace.load import NodeWeights, Trace, combine_replicas, node_weights
+from planner.trace.load import NodeWeights, Trace, combine_replicas, median_of, node_weights
 
 ESTIMATORS: tuple[str, ...] = ("median", "pooled")
 """Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze.advanced] estimator`` read it)."""
@@ -83,12 +82,12 @@ def check_estimator(estimator: str) -> str:
 def _group_estimates(samples: dict[str, list[float]]) -> dict[str, Estimate]:
     """The ``pooled`` rule on one group: action -> its samples in, action -> :class:`Estimate` out."""
     everything = [x for xs in samples.values() for x in xs]
-    pooled = float(statistics.median(everything))
-    sigma = MAD_TO_SIGMA * float(statistics.median(abs(x - pooled) for x in everything))
+    pooled = median_of(everything)
+    sigma = MAD_TO_SIGMA * median_of([abs(x - pooled) for x in everything])
     se_pooled = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(everything))
     out: dict[str, Estimate] = {}
     for a, xs in samples.items():
-        own = float(statistics.median(xs))
+        own = median_of(xs)
         se_own = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(xs))
         if abs(own - pooled) > max(EFFECT_SE_MULTIPLE * se_own, EFFECT_MIN_SHARE * abs(pooled)):
             out[a] = Estimate(own, se_own, len(xs), True, pooled)
