@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
-from planner.schedule.actions import action_kind, parse_action
+from planner.schedule.actions import parse_action
 from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
-from planner.trace.load import Record, Trace
+from planner.trace.load import Record, Trace, median_of
 
 REFERENCE = "upper"
 """The window every other one is brought to."""
@@ -49,8 +50,18 @@ ANCHOR_KINDS = ("F", "I")
 """Kinds whose work does not depend on freezing: their time measures the machine."""
 
 
-def _window_samples(trace: Trace) -> dict[tuple[int, str, str], list[tuple[int, float]]]:
-    """``(step, ms)`` of every monitoring record, per (replica, action, window), in one pass over the records."""
+@dataclass
+class _Windows:
+    """The monitoring records grouped once (:func:`_windows`): ``(step, ms)`` per (replica, action, window), each
+    key's median ms, and every action's kind and group (stage and kind)."""
+
+    samples: dict[tuple[int, str, str], list[tuple[int, float]]]
+    med: dict[tuple[int, str, str], float]
+    kind: dict[str, str]
+    group: dict[str, str]
+
+
+def _windows(trace: Trace) -> _Windows:
     samples: dict[tuple[int, str, str], list[tuple[int, float]]] = {}
     for rec in trace.records:
         if rec.phase in WINDOWS:
@@ -60,21 +71,11 @@ def _window_samples(trace: Trace) -> dict[tuple[int, str, str], list[tuple[int, 
                 samples[key] = [(rec.step, rec.ms)]
             else:
                 got.append((rec.step, rec.ms))
-    return samples
-
-
-def _median_of(xs: list[float]) -> float:
-    """``statistics.median`` of ``xs``, without its overhead for the one-sample lists most keys have."""
-    return float(xs[0]) if len(xs) == 1 else float(statistics.median(xs))
-
-
-def _medians(
-    samples: dict[tuple[int, str, str], list[tuple[int, float]]], kinds: tuple[str, ...] | None = None
-) -> dict[tuple[int, str, str], float]:
-    """Median ms per (replica, action, window) of the monitoring records (of ``kinds`` only, when given)."""
-    return {
-        k: _median_of([ms for _, ms in v]) for k, v in samples.items() if kinds is None or action_kind(k[1]) in kinds
-    }
+    med = {k: median_of([ms for _, ms in v]) for k, v in samples.items()}
+    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
+    return _Windows(
+        samples, med, {a: x.kind for a, x in acts.items()}, {a: f"{x.stage}{x.kind}" for a, x in acts.items()}
+    )
 
 
 def group_key(action: str) -> str:
@@ -85,15 +86,20 @@ def group_key(action: str) -> str:
 
 def window_factors(trace: Trace, window: str = "lower") -> list[float]:
     """Per replica, the machine factor of ``window`` against the reference (module docstring)."""
-    return _window_factors(_medians(_window_samples(trace), ANCHOR_KINDS), trace.meta.replicas, window)
+    return _window_factors(_windows(trace), trace.meta.replicas, window)
 
 
-def _window_factors(med: dict[tuple[int, str, str], float], replicas: int, window: str) -> list[float]:
+def _window_factors(w: _Windows, replicas: int, window: str) -> list[float]:
+    """Per replica, the median over the F/I groups of the median over each group's actions of ``window``'s
+    median ms over the reference's."""
     groups: list[dict[str, list[float]]] = [{} for _ in range(replicas)]
+    med, kind, group = w.med, w.kind, w.group
     for (d, action, phase), ms in med.items():
-        ref = med.get((d, action, REFERENCE)) if phase == window else None
+        if phase != window or kind[action] not in ANCHOR_KINDS:
+            continue
+        ref = med.get((d, action, REFERENCE))
         if ref:
-            groups[d].setdefault(group_key(action), []).append(ms / ref)
+            groups[d].setdefault(group[action], []).append(ms / ref)
     out = []
     for by_group in groups:
         per_group = [statistics.median(v) for v in by_group.values()]
@@ -116,22 +122,30 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
 
 
 def _step_scales(
-    trace: Trace, samples: dict[tuple[int, str, str], list[tuple[int, float]]] | None = None
+    trace: Trace, w: _Windows | None = None
 ) -> tuple[dict[tuple[int, str, int], dict[str, float]], dict[str, int]]:
     """Per (replica, window, step) of the monitoring windows, every group's scale (the median over its
     records of ``ms`` over the median of the record's replica, action and window); and group -> rank."""
-    samples = _window_samples(trace) if samples is None else samples
-    med = _medians(samples)
+    w = _windows(trace) if w is None else w
     scales: dict[tuple[int, str, int], dict[str, list[float]]] = {}
-    for key, recs in samples.items():
+    med, group = w.med, w.group
+    for key, recs in w.samples.items():
         m = med[key]
         if not m:
             continue
         d, action, phase = key
-        g = group_key(action)
+        g = group[action]
         for step, ms in recs:
-            scales.setdefault((d, phase, step), {}).setdefault(g, []).append(ms / m)
-    per_step = {k: {g: _median_of(v) for g, v in groups.items()} for k, groups in scales.items()}
+            at = (d, phase, step)
+            by_group = scales.get(at)
+            if by_group is None:
+                by_group = scales[at] = {}
+            got = by_group.get(g)
+            if got is None:
+                by_group[g] = [ms / m]
+            else:
+                got.append(ms / m)
+    per_step = {k: {g: median_of(v) for g, v in groups.items()} for k, groups in scales.items()}
     return per_step, group_ranks(trace.meta.rank_orders)
 
 
@@ -171,13 +185,12 @@ def monitoring_summary(trace: Trace, anchor: bool) -> dict:
     """What a plan records of its monitoring windows: the reference, the factors (per replica), whether the
     weights were anchored, and the noise floors (``plan.json`` field ``monitoring``); the records are grouped
     once for all three."""
-    samples = _window_samples(trace)
-    anchor_med = _medians(samples, ANCHOR_KINDS)
-    steps = _step_scales(trace, samples)
+    w = _windows(trace)
+    steps = _step_scales(trace, w)
     return {
         "reference": REFERENCE,
         "kinds": list(ANCHOR_KINDS),
-        "factors": {"lower": [round(f, 6) for f in _window_factors(anchor_med, trace.meta.replicas, "lower")]},
+        "factors": {"lower": [round(f, 6) for f in _window_factors(w, trace.meta.replicas, "lower")]},
         "anchored": bool(anchor),
         "noise": {g: round(v, 6) for g, v in _noise_floors(*steps).items()},
         "rank_noise": {str(r): round(v, 6) for r, v in _rank_noise(*steps).items()},
