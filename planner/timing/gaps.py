@@ -154,13 +154,14 @@ def gap_samples(
         cross = estimate_edge_delays(trace, dag)
     prev = rank_neighbours(meta)
     xpred: dict[str, list[str]] = {}
-    for u, v in cross_rank_edges(dag):
+    edges = cross_rank_edges(dag)
+    for u, v in edges:
         xpred.setdefault(v, []).append(u)
     rank_of = {a: r for r, order in meta.rank_orders.items() for a in order}
     # start times compare within a host, or across hosts through the trace's clock samples (planner.trace.clocks):
     # an action with an input on another clock gives no sample
     xpred = {v: us for v, us in xpred.items() if all(same_clock(meta, rank_of[u], rank_of[v]) for u in us)}
-    unknown = {v for u, v in cross_rank_edges(dag) if v not in xpred}
+    unknown = {v for u, v in edges if v not in xpred}
     out: list[GapSample] = []
     for (step, _), recs in sorted(batches(trace, phases).items()):
         end = {a: rec.start_ms + rec.ms for a, rec in recs.items()}
