@@ -202,3 +202,17 @@ def test_the_monitoring_summary_reads_the_records_once() -> None:
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     GOLDEN.write_text(json.dumps(_golden_now(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {GOLDEN}")
+
+
+def test_the_dag_is_the_graph_networkx_builds_from_its_nodes_and_edges() -> None:
+    """build_dag fills the graph's dicts itself: the same graph as networkx's own add_* calls, in order."""
+    import networkx as nx
+
+    g = build_dag(_zbv_trace().meta)
+    ref = nx.DiGraph()
+    ref.add_nodes_from(g.nodes(data=True))
+    ref.add_edges_from(g.edges)
+    assert list(ref.nodes(data=True)) == list(g.nodes(data=True)) and list(ref.edges) == list(g.edges)
+    assert all(set(ref.pred[x]) == set(g.pred[x]) for x in g.nodes)
+    assert all(g.succ[u][v] is g.pred[v][u] for u, v in g.edges)
+    assert nx.is_directed_acyclic_graph(g) and nx.is_frozen(g)

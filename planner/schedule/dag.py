@@ -125,17 +125,26 @@ def build_dag(meta: TraceMeta) -> BatchDag:
     Raises :class:`PlannerError` naming the actions of one cycle when ``rank_orders`` contradict the
     data dependencies (the schedule could never run).
     """
-    g = BatchDag()
-    g.add_node(SOURCE)
-    g.add_node(SINK)
-    actions = _add_actions(g, meta)
-    pred, succ = g.pred, g.succ
+    nodes, edges = _actions(meta)
+    succ: dict[str, dict[str, dict]] = {a: {} for a in nodes}
+    pred: dict[str, dict[str, dict]] = {a: {} for a in nodes}
+    for u, v in edges:
+        if u != v:  # (a pair's parts never depend on each other)
+            succ[u][v] = pred[v][u] = {}
+    actions = list(nodes)[2:]
     heads = [a for a in actions if not pred[a]]
     tails = [a for a in actions if not succ[a]]
-    g.add_edges_from((SOURCE, a) for a in heads)
-    g.add_edges_from((a, SINK) for a in tails)
+    for a in heads:
+        succ[SOURCE][a] = pred[a][SOURCE] = {}
+    for a in tails:
+        succ[a][SINK] = pred[SINK][a] = {}
     if not actions:
-        g.add_edge(SOURCE, SINK)
+        succ[SOURCE][SINK] = pred[SINK][SOURCE] = {}
+    g = BatchDag()
+    # the graph's own node and adjacency dicts (what DiGraph.__init__ sets), filled above in one pass: the
+    # graph add_nodes_from/add_edges_from build, in the same order, without their per-edge checks and copies
+    # (0.7 s of a 98k-action DAG's 1 s)
+    g._node, g._adj, g._pred = nodes, succ, pred
     nx.freeze(g)
     g.meta = meta
     try:
@@ -147,18 +156,17 @@ def build_dag(meta: TraceMeta) -> BatchDag:
     raise PlannerError("rank_orders contradict the data dependencies (cycle: " + " -> ".join(names + names[:1]) + ")")
 
 
-def _add_actions(g: nx.DiGraph, meta: TraceMeta) -> list[str]:
-    """Add every action of ``meta`` with its attributes, the rank-order edges and the data dependencies;
-    returns the actions in order."""
+def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """The nodes (source, sink, then every action of ``meta`` with its attributes, rank by rank) and the edges
+    between actions: the rank-order edges, then the data dependencies."""
     by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
-    nodes = []
+    nodes: dict[str, dict] = {SOURCE: {}, SINK: {}}
     for r in sorted(meta.rank_orders):
         for a in meta.rank_orders[r]:
             act = parse_action(a)
-            nodes.append((a, {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}))
+            nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}
             for part in act.parts:
                 by_key[(part.stage, part.kind, part.microbatch)] = a
-    g.add_nodes_from(nodes)
 
     edges: list[tuple[str, str]] = []
     for r in sorted(meta.rank_orders):
@@ -186,8 +194,7 @@ def _add_actions(g: nx.DiGraph, meta: TraceMeta) -> list[str]:
             i, w = by_key.get((s, "I", m)), by_key.get((s, "W", m))
             if i is not None and w is not None:
                 edges.append((i, w))
-    g.add_edges_from((u, v) for u, v in edges if u != v)  # (a pair's parts never depend on each other)
-    return [a for a, _ in nodes]
+    return nodes, edges
 
 
 def dag_index(dag: nx.DiGraph) -> DagIndex:
