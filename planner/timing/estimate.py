@@ -101,12 +101,26 @@ def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
     ``upper`` for every action, ``lower`` for the freezable kinds (B, W, OVERLAP_F_B)."""
     groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
-    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
+    info = {}  # every record's action is one of these: its stage, kind, and whether freezing shrinks it
+    for a in trace.meta.all_actions():
+        act = parse_action(a)
+        info[a] = (act.stage, act.kind, act.kind in FREEZABLE_KINDS)
     for rec in trace.records:
-        act = acts[rec.action]
-        if rec.phase == "upper" or (rec.phase == "lower" and act.kind in FREEZABLE_KINDS):
-            group = groups.setdefault((rec.replica, act.stage, act.kind, rec.phase), {})
-            group.setdefault(rec.action, []).append(rec.ms)
+        phase, action = rec.phase, rec.action
+        if phase != "upper" and phase != "lower":
+            continue
+        stage, kind, freezable = info[action]
+        if phase == "lower" and not freezable:
+            continue
+        key = (rec.replica, stage, kind, phase)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {}
+        got = group.get(action)
+        if got is None:
+            group[action] = [rec.ms]
+        else:
+            got.append(rec.ms)
     out: dict[tuple[int, str, str], Estimate] = {}
     for (d, _, _, phase), group in groups.items():
         for a, est in _group_estimates(group).items():
