@@ -94,6 +94,8 @@ class GapModel:
         """The delay of every rank-order edge of ``dag`` (``build_dag``) whose class has a cost > 0."""
         meta = dag.meta
         out: EdgeDelays = {}
+        if not any(x > 0 for x in self.costs.values()):
+            return out  # (no class costs anything: no edge to look at)
         for r, order in meta.rank_orders.items():
             for p, v in zip(order[:-1], order[1:]):
                 x = self.costs.get((r, action_kind(p), action_kind(v)), 0.0)

@@ -38,12 +38,17 @@ __all__ = ["expected_factor", "jitter_factors", "residual_steps"]
 def residual_steps(trace: Trace, phases: tuple[str, ...] = SAMPLE_PHASES) -> list[dict[str, float]]:
     """Every complete step of ``phases`` (replica 0) as ``{action: residual}`` (module docstring)."""
     actions = set(trace.meta.all_actions())
+    by_phase: dict[str, dict[int, dict[str, float]]] = {phase: {} for phase in phases}
+    for rec in trace.records:  # one pass for every phase
+        steps = by_phase.get(rec.phase)
+        if steps is not None and rec.replica == 0:
+            step = steps.get(rec.step)
+            if step is None:
+                step = steps[rec.step] = {}
+            step[rec.action] = step.get(rec.action, 0.0) + rec.ms
     out = []
     for phase in phases:
-        steps: dict[int, dict[str, float]] = {}
-        for rec in trace.records:
-            if rec.phase == phase and rec.replica == 0:
-                steps.setdefault(rec.step, {})[rec.action] = steps.get(rec.step, {}).get(rec.action, 0.0) + rec.ms
+        steps = by_phase[phase]
         full = [v for v in steps.values() if set(v) == actions]
         if len(full) < 2:
             continue
