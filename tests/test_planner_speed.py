@@ -216,3 +216,15 @@ def test_the_dag_is_the_graph_networkx_builds_from_its_nodes_and_edges() -> None
     assert all(set(ref.pred[x]) == set(g.pred[x]) for x in g.nodes)
     assert all(g.succ[u][v] is g.pred[v][u] for u, v in g.edges)
     assert nx.is_directed_acyclic_graph(g) and nx.is_frozen(g)
+
+
+def test_the_cli_runs_a_command_without_the_cyclic_collector_and_restores_it(monkeypatch, tmp_path) -> None:
+    import gc
+
+    import planner.cli as cli
+
+    seen = []
+    monkeypatch.setitem(cli._COMMANDS, "plan", lambda args: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    assert cli.main(["plan", str(MEASURED), "--r-max", "0.5", "--out", str(tmp_path / "p.json")]) == 0
+    assert seen == [False] and gc.isenabled()
