@@ -61,17 +61,14 @@ def _bad(name: object) -> ValueError:
     )
 
 
+@lru_cache(maxsize=None)
 def parse_action(name: str) -> Action:
     """Parse ``"2B5"`` or ``"(0F3;3B1)OVERLAP_F_B"``; raises ``ValueError`` (message names the bad string)
-    for anything else. Each name is parsed once per process (the :class:`Action` is frozen, so the cached one
-    is shared): a 100k-action batch asks for every name a dozen times."""
+    for anything else (``TypeError`` for an unhashable value). Each name is parsed once per process (the
+    :class:`Action` is frozen, so the cached one is shared; a hit costs no Python call): a 100k-action batch
+    asks for every name a dozen times."""
     if not isinstance(name, str):
         raise _bad(name)
-    return _parse(name)
-
-
-@lru_cache(maxsize=None)
-def _parse(name: str) -> Action:
     m = _ACTION_RE.match(name)
     if m is not None:
         return Action(int(m.group(1)), m.group(2), int(m.group(3)))
