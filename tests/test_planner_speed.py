@@ -228,3 +228,25 @@ def test_the_cli_runs_a_command_without_the_cyclic_collector_and_restores_it(mon
     assert gc.isenabled()
     assert cli.main(["plan", str(MEASURED), "--r-max", "0.5", "--out", str(tmp_path / "p.json")]) == 0
     assert seen == [False] and gc.isenabled()
+
+
+def test_one_line_members_are_what_the_json_encoder_writes() -> None:
+    """The plan file's per-action lines come from a template of float reprs: the encoder's own text, and the
+    encoder itself for anything else (ints, non-finite numbers, other keys, nested values)."""
+    from planner.fileio import _members
+
+    enc = json.JSONEncoder().encode
+    rng = random.Random(3)
+    floats = [0.0, -0.0, 1e-310, 5e-324, 1e22, 1.5e16, -2.25, 0.1, 1 / 3, 123456.789]
+    mapping = {f"{i}B{i}": {k: rng.choice(floats) for k in ("w_min", "w_max", "start")} for i in range(20)}
+    mapping |= {
+        "ints": {"a": 1, "b": 2.0},
+        "inf": {"a": float("inf")},
+        "nan": {"a": float("nan")},
+        "nested": {"a": {"b": 1.0}},
+        "odd keys": {"1%s": 1.0, 'é"\\': 2.0},
+        "empty": {},
+        "list": [1.0, 2.0],
+        "(0F3;3B1)OVERLAP_F_B": {"w_min": 1.0},
+    }
+    assert list(_members(mapping)) == [f"  {enc(k)}: {enc(v)}" for k, v in mapping.items()]
