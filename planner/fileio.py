@@ -75,7 +75,7 @@ def _members(mapping: dict) -> Iterator[str]:
     for k, v in mapping.items():
         if type(k) is str and type(v) is dict:
             vals = tuple(v.values())
-            if all(type(x) is float and math.isfinite(x) for x in vals):
+            if set(map(type, vals)) <= {float} and math.isfinite(sum(vals)):  # (a sum that overflows: the encoder)
                 keys = tuple(v)
                 t = templates.get(keys)
                 if t is None and all(type(kk) is str for kk in keys):

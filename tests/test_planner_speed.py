@@ -242,6 +242,7 @@ def test_one_line_members_are_what_the_json_encoder_writes() -> None:
     mapping |= {
         "ints": {"a": 1, "b": 2.0},
         "inf": {"a": float("inf")},
+        "overflowing sum": {"a": 1e308, "b": 1e308},
         "nan": {"a": float("nan")},
         "nested": {"a": {"b": 1.0}},
         "odd keys": {"1%s": 1.0, 'é"\\': 2.0},
