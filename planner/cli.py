@@ -12,6 +12,7 @@ Every user error (bad trace, bad plan, bad argument, unwritable output) is print
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import sys
@@ -425,7 +426,13 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0 ok, 2 user error)."""
+    """Run the CLI; returns the exit status (0 ok, 2 user error).
+
+    The cyclic garbage collector is off while a command runs (and back as it was after): a plan allocates
+    millions of acyclic objects (records, dicts, lists) that reference counting frees, and the collector's
+    passes over them took 15 % of a 98k-action plan (issue 48)."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         args = build_parser().parse_args(argv)
         _COMMANDS[args.command](args)
@@ -436,6 +443,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
+    finally:
+        if collecting:
+            gc.enable()
     return 0
 
 

@@ -4,8 +4,9 @@ JSON reads."""
 from __future__ import annotations
 
 import json
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from planner.errors import PlannerError
@@ -58,12 +59,31 @@ def write_json_atomically(path: str | os.PathLike[str], obj: Any, one_line: str 
                 head = json.dumps(rest, indent=1)
                 f.write(head[:-2] + ",\n" if rest else "{\n")
                 f.write(f" {json.dumps(one_line)}: {{\n")
-                enc = json.JSONEncoder().encode
-                f.write(",\n".join(f"  {enc(k)}: {enc(v)}" for k, v in obj[one_line].items()))
+                f.write(",\n".join(_members(obj[one_line])))
                 f.write("\n }\n}")
             f.write("\n")
 
     replace_atomically(path, write)
+
+
+def _members(mapping: dict) -> Iterator[str]:
+    """Each member of ``mapping`` as ``  "key": value``, the value as the C encoder writes it compactly.  A value
+    that is an object of finite floats (a plan's actions) is formatted from one template per key set
+    (``float.__repr__`` is what the encoder writes for a finite float): a fifth of the encoder's cost per call."""
+    enc, esc = json.JSONEncoder().encode, json.encoder.encode_basestring_ascii
+    templates: dict[tuple, str] = {}
+    for k, v in mapping.items():
+        if type(k) is str and type(v) is dict:
+            vals = tuple(v.values())
+            if set(map(type, vals)) <= {float} and math.isfinite(sum(vals)):  # (a sum that overflows: the encoder)
+                keys = tuple(v)
+                t = templates.get(keys)
+                if t is None and all(type(kk) is str for kk in keys):
+                    t = templates[keys] = "{" + ", ".join(esc(kk).replace("%", "%%") + ": %r" for kk in keys) + "}"
+                if t is not None:
+                    yield f"  {esc(k)}: {t % vals}"
+                    continue
+        yield f"  {enc(k)}: {enc(v)}"
 
 
 def read_json(path: str | os.PathLike[str], missing: str) -> Any:

@@ -233,6 +233,17 @@ def _median_range(xs: list[float]) -> str:
     return f"{mid:.2f} [{xs[0]:.2f}, {xs[-1]:.2f}]" if len(xs) > 1 else f"{mid:.2f}"
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (other work on the machine stretches the wall times)."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs"
+
+
 def process_table(a: argparse.Namespace) -> None:
     """The whole ``python -m planner plan`` process, timed from outside, on trace files written by
     ``planner.trace.simulate`` (one record per action and phase; per-stage costs ``U(0.6, 1.4)`` from ``--trace-seed``,
@@ -245,12 +256,12 @@ def process_table(a: argparse.Namespace) -> None:
     sizes = [tuple(int(x) for x in item.split("x")) for item in a.sizes.split(",")]
     names = [x for x in a.schedules.split(",") if x]
     print(
-        f"whole `planner plan` process, r_max 0.5, {a.repeats} runs each (median [min, max]); traces: "
+        f"whole `planner plan` process, r_max {a.r_max:g}, {a.repeats} runs each (median [min, max]); traces: "
         f"`planner simulate`, stage scales U(0.6, 1.4) seed {a.trace_seed}, jitter 0.05, 1 record per action "
-        "and phase\n"
+        f"and phase; load average at the start {_load()}\n"
     )
-    print("| schedule | pp x stages x microbatches | actions | method | process s | LP s | batch ms | gap |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| schedule | pp x stages x microbatches | actions | method | process s | CPU s | LP s | batch ms | gap |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for pp, mb in sizes:
             for name in names:
@@ -263,12 +274,12 @@ def process_table(a: argparse.Namespace) -> None:
                 tdir = os.path.join(tmp, f"{name}_{pp}x{mb}")
                 write_trace(trace, tdir)
                 out = os.path.join(tmp, "plan.json")
-                walls, lps, plan, failure = [], [], None, None
+                walls, cpus, lps, plan, failure = [], [], [], None, None
                 for _ in range(a.repeats):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), _children_cpu()
                     try:
                         run = subprocess.run(
-                            [sys.executable, "-m", "planner", "plan", tdir, "--r-max", "0.5", "--out", out],
+                            [sys.executable, "-m", "planner", "plan", tdir, "--r-max", f"{a.r_max:g}", "--out", out],
                             cwd=ROOT,
                             capture_output=True,
                             text=True,
@@ -279,6 +290,7 @@ def process_table(a: argparse.Namespace) -> None:
                         failure = f"timed out after {a.timeout:.0f} s"
                         break
                     walls.append(time.perf_counter() - t0)
+                    cpus.append(_children_cpu() - c0)
                     if run.returncode != 0:
                         failure = f"failed: {(run.stderr.strip().splitlines() or ['?'])[-1]}"
                         break
@@ -288,13 +300,14 @@ def process_table(a: argparse.Namespace) -> None:
                 if failure or plan is None:
                     print(
                         f"| {name} | {pp} x {ns // pp} x {mb} | {len(trace.meta.all_actions()):,} | {failure} "
-                        "| | | | |",
+                        "| | | | | |",
                         flush=True,
                     )
                     continue
                 print(
                     f"| {name} | {pp} x {ns // pp} x {mb} | {len(plan['actions']):,} | {plan['solver']['method']} "
-                    f"| {_median_range(walls)} | {_median_range(lps)} | {plan['batch_time_ms']['planned']:.1f} "
+                    f"| {_median_range(walls)} | {_median_range(cpus)} | {_median_range(lps)} "
+                    f"| {plan['batch_time_ms']['planned']:.1f} "
                     f"| {100 * (plan['solver'].get('gap') or 0.0):.3f} % |",
                     flush=True,
                 )
@@ -326,6 +339,7 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=3, help="--process: runs per trace (default 3)")
     ap.add_argument("--trace-seed", type=int, default=7, help="--process: seed of the stage scales and jitter")
+    ap.add_argument("--r-max", type=float, default=0.5, help="--process: the plan's r_max (default 0.5)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.process:

@@ -404,7 +404,8 @@ def test_gantt_rejects_plan_for_another_trace(trace_dir, tmp_path):
 
 def test_bench_planner_process_mode_times_the_whole_cli():
     """``scripts/bench_planner.py --process``: writes a simulated trace, runs ``planner plan`` on it and prints
-    one table row with the method, the process and LP seconds (median [min, max]) and the gap."""
+    one table row with the method, the process's wall and CPU seconds, the LP seconds (median [min, max]) and the
+    gap, under a header that states the load average."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -425,4 +426,5 @@ def test_bench_planner_process_mode_times_the_whole_cli():
     out = assert_ok(proc)
     rows = [line for line in out.splitlines() if line.startswith("| 1F1B |")]
     assert len(rows) == 1 and "| 2 x 1 x 4 | 16 | highs-fast |" in rows[0], out
-    assert rows[0].count("[") == 2, rows[0]  # process and LP seconds: median [min, max] of the 2 runs
+    assert rows[0].count("[") == 3, rows[0]  # wall, CPU and LP seconds: median [min, max] of the 2 runs
+    assert "load average at the start" in out, out

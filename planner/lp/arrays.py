@@ -22,7 +22,7 @@ import numpy as np
 from planner.errors import PlannerError
 from planner.lp.budget import RMax, stage_r_max
 from planner.schedule.actions import FREEZABLE_KINDS
-from planner.schedule.dag import SINK, SOURCE, DagIndex, dag_index
+from planner.schedule.dag import SINK, SOURCE, DagIndex, Layers, dag_index, farthest, layers
 from planner.trace.load import NodeWeights
 
 
@@ -119,58 +119,47 @@ def _rank_successor(di: DagIndex, rank: np.ndarray) -> np.ndarray:
 
 
 class Paths:
-    """Predecessor/successor lists of the kept edges of a :class:`DagArrays`, for repeated longest paths."""
+    """Predecessor/successor lists of the kept edges of a :class:`DagArrays`, for repeated longest paths, each a
+    few numpy calls per level of the DAG (:func:`planner.schedule.dag.farthest`; the levels are found on first use)."""
 
     def __init__(self, arrays: DagArrays) -> None:
         n = len(arrays.names)
         perm = np.argsort(arrays.k_dst, kind="stable")
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(arrays.k_dst, minlength=n), out=ptr[1:])
-        self.preds, self.pptr = arrays.k_src[perm].tolist(), ptr.tolist()
-        self.pdelay = None if arrays.k_c is None else arrays.k_c[perm].tolist()  # aligned with preds
+        self.pptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(arrays.k_dst, minlength=n), out=self.pptr[1:])
+        self.preds = arrays.k_src[perm]
+        self.pdelay = None if arrays.k_c is None else arrays.k_c[perm]  # aligned with preds
         perm = np.argsort(arrays.k_src, kind="stable")
-        sptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(arrays.k_src, minlength=n), out=sptr[1:])
-        self.succs, self.sptr = arrays.k_dst[perm].tolist(), sptr.tolist()
-        self.sdelay = None if arrays.k_c is None else arrays.k_c[perm].tolist()  # aligned with succs
+        self.sptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(arrays.k_src, minlength=n), out=self.sptr[1:])
+        self.succs = arrays.k_dst[perm]
+        self.sdelay = None if arrays.k_c is None else arrays.k_c[perm]  # aligned with succs
         self.order = arrays.order
         self.n = n
+        self._heads: Layers | None = None
+        self._tails: Layers | None = None
+
+    @property
+    def heads(self) -> Layers:
+        """The predecessor lists by level (longest paths to a node's start)."""
+        if self._heads is None:
+            self._heads = layers(self.pptr, self.preds, self.order)
+        return self._heads
+
+    @property
+    def tails(self) -> Layers:
+        """The successor lists by level (longest paths from a node's end)."""
+        if self._tails is None:
+            self._tails = layers(self.sptr, self.succs, reversed(self.order))
+        return self._tails
 
     def head_tail(self, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Longest path (durations ``dur``, kept edges and their delays) to each node's start and from its end."""
-        w = dur.tolist()
-        head = _farthest(self.order, self.preds, self.pptr, w, self.pdelay)
-        tail = _farthest(reversed(self.order), self.succs, self.sptr, w, self.sdelay)
-        return np.asarray(head), np.asarray(tail)
+        return farthest(self.heads, dur, self.pdelay), self.tail(dur)
 
     def tail(self, dur: np.ndarray) -> np.ndarray:
         """Longest path from each node's end (one pass; ``max(dur + tail)`` is the batch time)."""
-        return np.asarray(_farthest(reversed(self.order), self.succs, self.sptr, dur.tolist(), self.sdelay))
-
-
-def _farthest(
-    order,
-    nbrs: list[int],
-    ptr: list[int],
-    w: list[float],
-    delay: list[float] | None,
-) -> list[float]:
-    """``val[x] = max(0, max over y in nbrs[ptr[x]:ptr[x+1]] of val[y] + w[y] + delay)``, for ``x`` in ``order``
-    (every neighbour before ``x``): the longest path to a node's start (predecessors, topological order) or
-    from its end (successors, reverse order)."""
-    val = [0.0] * len(w)
-    for x in order:
-        b = 0.0
-        if delay is None:
-            for y in nbrs[ptr[x] : ptr[x + 1]]:
-                t = val[y] + w[y]
-                if t > b:
-                    b = t
-        else:
-            for k in range(ptr[x], ptr[x + 1]):
-                b = max(b, val[nbrs[k]] + w[nbrs[k]] + delay[k])
-        val[x] = b
-    return val
+        return farthest(self.tails, dur, self.sdelay)
 
 
 def stage_counts(arrays: DagArrays) -> dict[int, int]:

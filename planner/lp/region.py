@@ -101,28 +101,31 @@ def unfreeze_slack(
     d = arrays.wmax - arrays.delta * r
     if tail is None:
         tail = paths.tail(d)
-    w, tl, wmax = d.tolist(), tail.tolist(), arrays.wmax.tolist()
-    preds, ptr, delay = paths.preds, paths.pptr, paths.pdelay
     room = target * (1.0 - 1e-12)
-    head = [0.0] * len(w)
-    frz = set(np.flatnonzero((arrays.delta > 0) if only is None else (arrays.delta > 0) & only).tolist())
-    for x in paths.order:
-        b = 0.0
-        for k in range(ptr[x], ptr[x + 1]):
-            y = preds[k]
-            t = head[y] + w[y] + (delay[k] if delay is not None else 0.0)
-            if t > b:
-                b = t
-        head[x] = b
-        if x in frz:
-            allow = room - b - tl[x]
-            if allow > w[x]:
-                w[x] = min(wmax[x], allow)
-    d = np.asarray(w)
+    frz = (arrays.delta > 0) if only is None else (arrays.delta > 0) & only
+    # one level of the DAG at a time: a level's heads read only earlier levels' (already updated) durations,
+    # so this is the pass in topological order, with its floating-point sums and maxima
+    w, wmax, head = d.copy(), arrays.wmax, np.zeros(d.size)
+    lay, delay = paths.heads, paths.pdelay
+    dl = None if delay is None else delay[lay.entry]
+    for a, b, nodes, seg in lay.levels:
+        if seg is not None:
+            t = head[lay.nbr[a:b]]
+            t += w[lay.nbr[a:b]]
+            if dl is not None:
+                t += dl[a:b]
+            head[nodes] = np.maximum(t if seg.size == b - a else np.maximum.reduceat(t, seg), 0.0)
+        x = nodes[frz[nodes]]
+        if x.size:
+            allow = room - head[x] - tail[x]
+            grow = allow > w[x]
+            x, allow = x[grow], allow[grow]
+            w[x] = np.minimum(wmax[x], allow)
+    d = w
     out = r.copy()
     f = arrays.delta > 0
     out[f] = np.clip((arrays.wmax[f] - d[f]) / arrays.delta[f], 0.0, 1.0)
-    return out, float((np.asarray(head) + d).max())
+    return out, float((head + d).max())
 
 
 def freeze_and_give_back(arrays: DagArrays, paths: Paths, r_max: RMax, target: float) -> np.ndarray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 PAIR = "OVERLAP_F_B"
 """Kind of an overlapped forward+backward pair (torch's ``_ComputationType.OVERLAP_F_B``)."""
@@ -60,9 +61,12 @@ def _bad(name: object) -> ValueError:
     )
 
 
+@lru_cache(maxsize=None)
 def parse_action(name: str) -> Action:
     """Parse ``"2B5"`` or ``"(0F3;3B1)OVERLAP_F_B"``; raises ``ValueError`` (message names the bad string)
-    for anything else."""
+    for anything else (``TypeError`` for an unhashable value). Each name is parsed once per process (the
+    :class:`Action` is frozen, so the cached one is shared; a hit costs no Python call): a 100k-action batch
+    asks for every name a dozen times."""
     if not isinstance(name, str):
         raise _bad(name)
     m = _ACTION_RE.match(name)
@@ -75,14 +79,8 @@ def parse_action(name: str) -> Action:
 
 
 def action_kind(name: str) -> str:
-    """The kind of an action name (``"2B5"`` -> ``"B"``), with :func:`parse_action`'s checks and errors.
-    For loops over every action of a batch: building the :class:`Action` costs 4x the match."""
-    m = _ACTION_RE.match(name) if isinstance(name, str) else None
-    if m is not None:
-        return m.group(2)
-    if isinstance(name, str) and _PAIR_RE.match(name):
-        return PAIR
-    raise _bad(name)
+    """The kind of an action name (``"2B5"`` -> ``"B"``), with :func:`parse_action`'s checks and errors."""
+    return parse_action(name).kind
 
 
 def part_owners(names: Iterable[str]) -> dict[str, str]:

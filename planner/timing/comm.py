@@ -39,8 +39,9 @@ from __future__ import annotations
 import statistics
 
 import networkx as nx
+import numpy as np
 
-from planner.schedule.dag import SINK, SOURCE, EdgeDelays, build_dag
+from planner.schedule.dag import SINK, SOURCE, EdgeDelays, build_dag, dag_index
 from planner.trace.clocks import same_clock
 from planner.trace.load import Trace
 
@@ -52,12 +53,12 @@ SAMPLE_PHASES = ("upper", "lower")
 
 def cross_rank_edges(dag: nx.DiGraph) -> list[tuple[str, str]]:
     """The edges of ``dag`` between actions on different ranks, in the graph's edge order."""
-    nodes = dag.nodes
-    return [
-        (u, v)
-        for u, v in dag.edges
-        if u not in (SOURCE, SINK) and v not in (SOURCE, SINK) and nodes[u]["rank"] != nodes[v]["rank"]
-    ]
+    di, nodes = dag_index(dag), dag.nodes  # the index lists the edges in the graph's edge order
+    names = di.names
+    rank = np.fromiter((-1 if a in (SOURCE, SINK) else nodes[a]["rank"] for a in names), np.int64, len(names))
+    rs, rd = rank[di.src], rank[di.dst]
+    cross = (rs >= 0) & (rd >= 0) & (rs != rd)
+    return [(names[u], names[v]) for u, v in zip(di.src[cross].tolist(), di.dst[cross].tolist())]
 
 
 def _batches(trace: Trace) -> dict[tuple[int, int], dict[str, tuple[float, float]]]:

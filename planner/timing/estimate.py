@@ -33,12 +33,11 @@ the node weights of either estimator. Importing this module does not import torc
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
-from planner.trace.load import NodeWeights, Trace, combine_replicas, node_weights
+from planner.trace.load import NodeWeights, Trace, combine_replicas, median_of, node_weights
 
 ESTIMATORS: tuple[str, ...] = ("median", "pooled")
 """Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze.advanced] estimator`` read it)."""
@@ -80,45 +79,72 @@ def check_estimator(estimator: str) -> str:
     return estimator
 
 
-def _group_estimates(samples: dict[str, list[float]]) -> dict[str, Estimate]:
-    """The ``pooled`` rule on one group: action -> its samples in, action -> :class:`Estimate` out."""
+def _group_rule(samples: dict[str, list[float]]) -> dict[str, tuple[float, float, int, bool, float]]:
+    """The ``pooled`` rule on one group: action -> its samples in, action -> the fields of its :class:`Estimate`
+    out (value, se, n, own, pooled)."""
     everything = [x for xs in samples.values() for x in xs]
-    pooled = float(statistics.median(everything))
-    sigma = MAD_TO_SIGMA * float(statistics.median(abs(x - pooled) for x in everything))
+    pooled = median_of(everything)
+    sigma = MAD_TO_SIGMA * median_of([abs(x - pooled) for x in everything])
     se_pooled = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(everything))
-    out: dict[str, Estimate] = {}
+    shared = (pooled, se_pooled, len(everything), False, pooled)
+    out: dict[str, tuple[float, float, int, bool, float]] = {}
     for a, xs in samples.items():
-        own = float(statistics.median(xs))
+        own = median_of(xs)
         se_own = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(xs))
         if abs(own - pooled) > max(EFFECT_SE_MULTIPLE * se_own, EFFECT_MIN_SHARE * abs(pooled)):
-            out[a] = Estimate(own, se_own, len(xs), True, pooled)
+            out[a] = (own, se_own, len(xs), True, pooled)
         else:
-            out[a] = Estimate(pooled, se_pooled, len(everything), False, pooled)
+            out[a] = shared
     return out
+
+
+def _groups(trace: Trace) -> dict[tuple[int, int, str, str], dict[str, list[float]]]:
+    """The samples of the ``pooled`` rule: per (replica, stage, kind, phase), action -> its ms."""
+    groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
+    info = {}  # every record's action is one of these: its stage, kind, and whether freezing shrinks it
+    for a in trace.meta.all_actions():
+        act = parse_action(a)
+        info[a] = (act.stage, act.kind, act.kind in FREEZABLE_KINDS)
+    for rec in trace.records:
+        phase, action = rec.phase, rec.action
+        if phase != "upper" and phase != "lower":
+            continue
+        stage, kind, freezable = info[action]
+        if phase == "lower" and not freezable:
+            continue
+        key = (rec.replica, stage, kind, phase)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = {}
+        got = group.get(action)
+        if got is None:
+            group[action] = [rec.ms]
+        else:
+            got.append(rec.ms)
+    return groups
 
 
 def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     """``(replica, action, phase) -> Estimate`` of the ``pooled`` rule (module docstring), before the
     clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
     ``upper`` for every action, ``lower`` for the freezable kinds (B, W, OVERLAP_F_B)."""
-    groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
-    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
-    for rec in trace.records:
-        act = acts[rec.action]
-        if rec.phase == "upper" or (rec.phase == "lower" and act.kind in FREEZABLE_KINDS):
-            group = groups.setdefault((rec.replica, act.stage, act.kind, rec.phase), {})
-            group.setdefault(rec.action, []).append(rec.ms)
-    out: dict[tuple[int, str, str], Estimate] = {}
-    for (d, _, _, phase), group in groups.items():
-        for a, est in _group_estimates(group).items():
-            out[d, a, phase] = est
-    return out
+    return {
+        (d, a, phase): Estimate(*fields)
+        for (d, _, _, phase), group in _groups(trace).items()
+        for a, fields in _group_rule(group).items()
+    }
 
 
 def pooled_weights(trace: Trace) -> NodeWeights:
     """Node weights of the ``pooled`` estimator, combined over replicas (and missing records reported)
-    exactly as :func:`planner.trace.load.node_weights` combines medians."""
-    return combine_replicas(trace, {k: e.value for k, e in pooled_estimates(trace).items()})
+    exactly as :func:`planner.trace.load.node_weights` combines medians (the values of :func:`pooled_estimates`,
+    without building an :class:`Estimate` per action)."""
+    values = {
+        (d, a, phase): fields[0]
+        for (d, _, _, phase), group in _groups(trace).items()
+        for a, fields in _group_rule(group).items()
+    }
+    return combine_replicas(trace, values)
 
 
 def estimate_weights(trace: Trace, estimator: str = DEFAULT_ESTIMATOR) -> NodeWeights:

@@ -94,6 +94,8 @@ class GapModel:
         """The delay of every rank-order edge of ``dag`` (``build_dag``) whose class has a cost > 0."""
         meta = dag.meta
         out: EdgeDelays = {}
+        if not any(x > 0 for x in self.costs.values()):
+            return out  # (no class costs anything: no edge to look at)
         for r, order in meta.rank_orders.items():
             for p, v in zip(order[:-1], order[1:]):
                 x = self.costs.get((r, action_kind(p), action_kind(v)), 0.0)
@@ -147,6 +149,8 @@ def gap_samples(
 ) -> list[GapSample]:
     """Every gap between consecutive actions of a rank in the batches of ``phases`` (None: every phase),
     free or not (module docstring); ``cross``: the cross-rank delays (default: estimated from the trace)."""
+    if all(rec.start_ms is None for rec in trace.records):
+        return []  # (a gap needs two start times)
     meta = trace.meta
     if dag is None:
         dag = build_dag(meta)
@@ -154,13 +158,14 @@ def gap_samples(
         cross = estimate_edge_delays(trace, dag)
     prev = rank_neighbours(meta)
     xpred: dict[str, list[str]] = {}
-    for u, v in cross_rank_edges(dag):
+    edges = cross_rank_edges(dag)
+    for u, v in edges:
         xpred.setdefault(v, []).append(u)
     rank_of = {a: r for r, order in meta.rank_orders.items() for a in order}
     # start times compare within a host, or across hosts through the trace's clock samples (planner.trace.clocks):
     # an action with an input on another clock gives no sample
     xpred = {v: us for v, us in xpred.items() if all(same_clock(meta, rank_of[u], rank_of[v]) for u in us)}
-    unknown = {v for u, v in cross_rank_edges(dag) if v not in xpred}
+    unknown = {v for u, v in edges if v not in xpred}
     out: list[GapSample] = []
     for (step, _), recs in sorted(batches(trace, phases).items()):
         end = {a: rec.start_ms + rec.ms for a, rec in recs.items()}

@@ -38,12 +38,17 @@ __all__ = ["expected_factor", "jitter_factors", "residual_steps"]
 def residual_steps(trace: Trace, phases: tuple[str, ...] = SAMPLE_PHASES) -> list[dict[str, float]]:
     """Every complete step of ``phases`` (replica 0) as ``{action: residual}`` (module docstring)."""
     actions = set(trace.meta.all_actions())
+    by_phase: dict[str, dict[int, dict[str, float]]] = {phase: {} for phase in phases}
+    for rec in trace.records:  # one pass for every phase
+        steps = by_phase.get(rec.phase)
+        if steps is not None and rec.replica == 0:
+            step = steps.get(rec.step)
+            if step is None:
+                step = steps[rec.step] = {}
+            step[rec.action] = step.get(rec.action, 0.0) + rec.ms
     out = []
     for phase in phases:
-        steps: dict[int, dict[str, float]] = {}
-        for rec in trace.records:
-            if rec.phase == phase and rec.replica == 0:
-                steps.setdefault(rec.step, {})[rec.action] = steps.get(rec.step, {}).get(rec.action, 0.0) + rec.ms
+        steps = by_phase[phase]
         full = [v for v in steps.values() if set(v) == actions]
         if len(full) < 2:
             continue
@@ -60,8 +65,10 @@ def expected_factor(
 ) -> float:
     """The mean over ``residuals`` of the longest path of ``durations x residual`` over that of
     ``durations``; 1.0 without residuals or for an empty batch."""
+    if not residuals:  # (without residuals no longest path is needed)
+        return 1.0
     base = longest_path(dag, durations, edge_ms)[0]
-    if not residuals or base <= 0:
+    if base <= 0:
         return 1.0
     paths = [longest_path(dag, {a: d * r.get(a, 1.0) for a, d in durations.items()}, edge_ms)[0] for r in residuals]
     return statistics.fmean(paths) / base

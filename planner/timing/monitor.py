@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass
 
-from planner.schedule.actions import action_kind, parse_action
+from planner.schedule.actions import parse_action
 from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
-from planner.trace.load import Trace
+from planner.trace.load import Record, Trace, median_of
 
 REFERENCE = "upper"
 """The window every other one is brought to."""
@@ -50,13 +50,32 @@ ANCHOR_KINDS = ("F", "I")
 """Kinds whose work does not depend on freezing: their time measures the machine."""
 
 
-def _medians(trace: Trace, kinds: tuple[str, ...] | None = None) -> dict[tuple[int, str, str], float]:
-    """Median ms per (replica, action, window) of the monitoring records (of ``kinds`` only, when given)."""
-    samples: dict[tuple[int, str, str], list[float]] = {}
+@dataclass
+class _Windows:
+    """The monitoring records grouped once (:func:`_windows`): ``(step, ms)`` per (replica, action, window), each
+    key's median ms, and every action's kind and group (stage and kind)."""
+
+    samples: dict[tuple[int, str, str], list[tuple[int, float]]]
+    med: dict[tuple[int, str, str], float]
+    kind: dict[str, str]
+    group: dict[str, str]
+
+
+def _windows(trace: Trace) -> _Windows:
+    samples: dict[tuple[int, str, str], list[tuple[int, float]]] = {}
     for rec in trace.records:
-        if rec.phase in WINDOWS and (kinds is None or action_kind(rec.action) in kinds):
-            samples.setdefault((rec.replica, rec.action, rec.phase), []).append(rec.ms)
-    return {k: float(statistics.median(v)) for k, v in samples.items()}
+        if rec.phase in WINDOWS:
+            key = (rec.replica, rec.action, rec.phase)
+            got = samples.get(key)
+            if got is None:
+                samples[key] = [(rec.step, rec.ms)]
+            else:
+                got.append((rec.step, rec.ms))
+    med = {k: median_of([ms for _, ms in v]) for k, v in samples.items()}
+    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
+    return _Windows(
+        samples, med, {a: x.kind for a, x in acts.items()}, {a: f"{x.stage}{x.kind}" for a, x in acts.items()}
+    )
 
 
 def group_key(action: str) -> str:
@@ -67,15 +86,23 @@ def group_key(action: str) -> str:
 
 def window_factors(trace: Trace, window: str = "lower") -> list[float]:
     """Per replica, the machine factor of ``window`` against the reference (module docstring)."""
-    med = _medians(trace, ANCHOR_KINDS)
+    return _window_factors(_windows(trace), trace.meta.replicas, window)
+
+
+def _window_factors(w: _Windows, replicas: int, window: str) -> list[float]:
+    """Per replica, the median over the F/I groups of the median over each group's actions of ``window``'s
+    median ms over the reference's."""
+    groups: list[dict[str, list[float]]] = [{} for _ in range(replicas)]
+    med, kind, group = w.med, w.kind, w.group
+    for (d, action, phase), ms in med.items():
+        if phase != window or kind[action] not in ANCHOR_KINDS:
+            continue
+        ref = med.get((d, action, REFERENCE))
+        if ref:
+            groups[d].setdefault(group[action], []).append(ms / ref)
     out = []
-    for d in range(trace.meta.replicas):
-        groups: dict[str, list[float]] = {}
-        for (rd, action, phase), ms in med.items():
-            ref = med.get((d, action, REFERENCE))
-            if rd == d and phase == window and ref:
-                groups.setdefault(group_key(action), []).append(ms / ref)
-        per_group = [statistics.median(v) for v in groups.values()]
+    for by_group in groups:
+        per_group = [statistics.median(v) for v in by_group.values()]
         out.append(float(statistics.median(per_group)) if per_group else 1.0)
     return out
 
@@ -84,7 +111,9 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
     """A copy of ``trace`` whose records of each window in ``factors`` (``{window: per-replica factor}``) are
     divided by their replica's factor; other records (and ``start_ms``) are unchanged."""
     records = [
-        replace(r, ms=r.ms / factors[r.phase][r.replica])
+        Record(
+            r.step, r.action, r.ms / factors[r.phase][r.replica], r.phase, r.freeze_ratio, r.rank, r.replica, r.start_ms
+        )
         if r.phase in factors and factors[r.phase][r.replica] > 0
         else r
         for r in trace.records
@@ -92,24 +121,41 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
     return Trace(trace.meta, records, trace.source)
 
 
-def _step_scales(trace: Trace) -> tuple[dict[tuple[int, str, int], dict[str, float]], dict[str, int]]:
+def _step_scales(
+    trace: Trace, w: _Windows | None = None
+) -> tuple[dict[tuple[int, str, int], dict[str, float]], dict[str, int]]:
     """Per (replica, window, step) of the monitoring windows, every group's scale (the median over its
     records of ``ms`` over the median of the record's replica, action and window); and group -> rank."""
-    med = _medians(trace)
-    samples: dict[tuple[int, str, int], dict[str, list[float]]] = {}
-    for r in trace.records:
-        m = med.get((r.replica, r.action, r.phase)) if r.phase in WINDOWS else None
-        if m:
-            step = samples.setdefault((r.replica, r.phase, r.step), {})
-            step.setdefault(group_key(r.action), []).append(r.ms / m)
-    per_step = {k: {g: float(statistics.median(v)) for g, v in groups.items()} for k, groups in samples.items()}
+    w = _windows(trace) if w is None else w
+    scales: dict[tuple[int, str, int], dict[str, list[float]]] = {}
+    med, group = w.med, w.group
+    for key, recs in w.samples.items():
+        m = med[key]
+        if not m:
+            continue
+        d, action, phase = key
+        g = group[action]
+        for step, ms in recs:
+            at = (d, phase, step)
+            by_group = scales.get(at)
+            if by_group is None:
+                by_group = scales[at] = {}
+            got = by_group.get(g)
+            if got is None:
+                by_group[g] = [ms / m]
+            else:
+                got.append(ms / m)
+    per_step = {k: {g: median_of(v) for g, v in groups.items()} for k, groups in scales.items()}
     return per_step, group_ranks(trace.meta.rank_orders)
 
 
 def noise_floors(trace: Trace) -> dict[str, float]:
     """Per group (stage and kind), the robust dispersion of its per-step scale against its rank's factor in the
     monitoring windows (module docstring); 0 where the windows show none (e.g. one step per window)."""
-    per_step, ranks = _step_scales(trace)
+    return _noise_floors(*_step_scales(trace))
+
+
+def _noise_floors(per_step: dict[tuple[int, str, int], dict[str, float]], ranks: dict[str, int]) -> dict[str, float]:
     dev: dict[str, list[float]] = {}
     for groups in per_step.values():
         for g, c in corrected_scales(groups, ranks).items():
@@ -120,7 +166,10 @@ def noise_floors(trace: Trace) -> dict[str, float]:
 def rank_noise(trace: Trace) -> dict[int, float]:
     """Per pipeline rank, the root mean square of its per-step relative speed about its median in the
     monitoring windows (module docstring); 0 where the windows show none; empty with one rank."""
-    per_step, ranks = _step_scales(trace)
+    return _rank_noise(*_step_scales(trace))
+
+
+def _rank_noise(per_step: dict[tuple[int, str, int], dict[str, float]], ranks: dict[str, int]) -> dict[int, float]:
     speeds: dict[int, list[float]] = {}
     for groups in per_step.values():
         for r, v in rank_speeds(rank_factors(groups, ranks)).items():
@@ -134,12 +183,15 @@ def rank_noise(trace: Trace) -> dict[int, float]:
 
 def monitoring_summary(trace: Trace, anchor: bool) -> dict:
     """What a plan records of its monitoring windows: the reference, the factors (per replica), whether the
-    weights were anchored, and the noise floors (``plan.json`` field ``monitoring``)."""
+    weights were anchored, and the noise floors (``plan.json`` field ``monitoring``); the records are grouped
+    once for all three."""
+    w = _windows(trace)
+    steps = _step_scales(trace, w)
     return {
         "reference": REFERENCE,
         "kinds": list(ANCHOR_KINDS),
-        "factors": {"lower": [round(f, 6) for f in window_factors(trace, "lower")]},
+        "factors": {"lower": [round(f, 6) for f in _window_factors(w, trace.meta.replicas, "lower")]},
         "anchored": bool(anchor),
-        "noise": {g: round(v, 6) for g, v in noise_floors(trace).items()},
-        "rank_noise": {str(r): round(v, 6) for r, v in rank_noise(trace).items()},
+        "noise": {g: round(v, 6) for g, v in _noise_floors(*steps).items()},
+        "rank_noise": {str(r): round(v, 6) for r, v in _rank_noise(*steps).items()},
     }

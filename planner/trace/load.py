@@ -36,6 +36,7 @@ __all__ = [
     "TraceMeta",
     "combine_replicas",
     "load_trace",
+    "median_of",
     "node_weights",
     "rank_file_name",
     "trace_from_records",
@@ -292,10 +293,10 @@ def node_weights(trace: Trace) -> NodeWeights:
                 samples[key] = [rec.ms]
             else:
                 got.append(rec.ms)
-    return combine_replicas(trace, {k: _median(v) for k, v in samples.items()})
+    return combine_replicas(trace, {k: median_of(v) for k, v in samples.items()})
 
 
-def _median(xs: list[float]) -> float:
+def median_of(xs: list[float]) -> float:
     """statistics.median, without its overhead for the one- and two-sample lists most actions have."""
     n = len(xs)
     if n == 1:

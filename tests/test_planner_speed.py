@@ -1,0 +1,253 @@
+"""The planner's speed-ups (issue 48 item 4) leave every plan as it was.
+
+``tests/data/planner_golden.json`` holds what the planner wrote before them (commit d8e8f8a): the whole plan
+of the committed measured trace (``docs/results/planner/measured/Interleaved1F1B``: start times, so
+communication delays, gaps, several monitoring steps, jitter residuals) and the digest of the bounded region
+method's plan of a small synthetic ZBV trace.  Regenerate (only for a change that means to change plans) with
+``PYTHONPATH=<a checkout's root> python tests/test_planner_speed.py --write``.
+
+The numpy longest paths (:func:`planner.schedule.dag.farthest`, one DAG level at a time) are checked bit for
+bit against the loop over the topological order they replace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.cli import main as planner_main
+from planner.plan import plan_from_trace
+from planner.schedule.actions import parse_action
+from planner.schedule.dag import build_dag, indexed_longest_path
+from planner.timing import monitor
+from planner.trace.load import load_trace
+from planner.trace.simulate import synthetic_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "data" / "planner_golden.json"
+MEASURED = ROOT / "docs" / "results" / "planner" / "measured" / "Interleaved1F1B"
+SWITCHES = {"estimator": "pooled", "comm": True, "gaps": True, "anchor": True, "jitter": True, "cliff": True}
+"""Every switch named (not the defaults of the day), so the golden plans stay those of one configuration."""
+
+
+def _comparable(plan_json: dict) -> dict:
+    """A plan file's content without what may differ between two runs of one plan: the solver's seconds."""
+    d = json.loads(json.dumps(plan_json))
+    d["solver"].pop("seconds")
+    return d
+
+
+def _digest(d: dict) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _zbv_trace():
+    rng = random.Random(7)
+    scale = [round(rng.uniform(0.6, 1.4), 4) for _ in range(8)]
+    return synthetic_trace("ZBVZeroBubble", 4, 16, stage_scale=scale, jitter=0.05, seed=7, steps=3)
+
+
+def _zbv_region_plan(gap: float) -> dict:
+    """The region method (bounded for ``gap > 0``) forced on the small ZBV trace (no fallback to the whole LP)."""
+    import planner.lp.region as region
+
+    old = region._REGION_MAX_FRACTION
+    region._REGION_MAX_FRACTION = 1.0
+    try:
+        plan = plan_from_trace(_zbv_trace(), 0.5, solver="region", gap=gap, **SWITCHES)
+    finally:
+        region._REGION_MAX_FRACTION = old
+    return _comparable(plan.to_json())
+
+
+def _golden_now() -> dict:
+    measured = plan_from_trace(load_trace(MEASURED), 0.5, **SWITCHES)
+    zbv = _zbv_region_plan(1e-3)
+    return {
+        "measured_interleaved_r0.5": _comparable(measured.to_json()),
+        "zbv_4x16_region_gap1e-3": {
+            "digest": _digest(zbv),
+            "batch_time_ms": zbv["batch_time_ms"],
+            "method": zbv["solver"]["method"],
+        },
+    }
+
+
+def test_plans_are_those_written_before_the_speed_ups() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    now = _golden_now()
+    assert now["measured_interleaved_r0.5"] == golden["measured_interleaved_r0.5"]
+    assert now["zbv_4x16_region_gap1e-3"] == golden["zbv_4x16_region_gap1e-3"]
+
+
+def test_the_cli_writes_the_golden_plan(tmp_path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    from planner.defaults import PLAN_DEFAULTS
+
+    assert all(PLAN_DEFAULTS[k] for k in ("comm", "gaps", "anchor", "jitter")), "the CLI's switches changed"
+    flags = ["--estimator", "pooled"] + ([] if PLAN_DEFAULTS["cliff"] else ["--cliff"])
+    assert planner_main(["plan", str(MEASURED), "--r-max", "0.5", "--out", str(out), *flags]) == 0
+    written = _comparable(json.loads(out.read_text()))
+    assert written == json.loads(GOLDEN.read_text())["measured_interleaved_r0.5"]
+    assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_region_plans_against_the_whole_lp_optimum() -> None:
+    """The exact region method's plan is the whole LP's; the bounded one is within its gap of it."""
+    whole = plan_from_trace(_zbv_trace(), 0.5, solver="whole", **SWITCHES)
+    exact = _zbv_region_plan(0.0)
+    bounded = _zbv_region_plan(1e-3)
+    t_star = whole.batch_time_ms["planned"]
+    assert exact["batch_time_ms"]["planned"] == pytest.approx(t_star, rel=1e-9)
+    assert t_star * (1 - 1e-9) <= bounded["batch_time_ms"]["planned"] <= t_star * (1 + 1e-3)
+    assert bounded["solver"]["lower_bound_ms"] <= t_star * (1 + 1e-9)
+
+
+def _loop_farthest(order, ptr, nbr, w, delay=None, floor=0.0):
+    """The loop the numpy passes replaced: every node after its neighbours, a running maximum from ``floor``."""
+    val = [0.0] * len(w)
+    for x in order:
+        lo, hi = ptr[x], ptr[x + 1]
+        if lo == hi:
+            continue
+        b = floor
+        for k in range(lo, hi):
+            t = val[nbr[k]] + w[nbr[k]]
+            if delay is not None:
+                t += delay[k]
+            if t > b:
+                b = t
+        val[x] = b
+    return val
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int) -> None:
+    from planner.schedule.dag import farthest, layers
+
+    rng = np.random.default_rng(seed)
+    n = 300
+    perm = rng.permutation(n)  # a random DAG: edges from lower to higher position of perm
+    src, dst = [], []
+    for _ in range(900):
+        a, b = sorted(rng.choice(n, 2, replace=False))
+        src.append(perm[a])
+        dst.append(perm[b])
+    src, dst = np.asarray(src), np.asarray(dst)
+    by = np.argsort(dst, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=ptr[1:])
+    nbr = src[by]
+    order = perm.tolist()
+    w = rng.random(n) * 10
+    delay = rng.random(nbr.size) if seed % 2 else None
+    lay = layers(ptr, nbr, order)
+    for floor in (0.0, -1.0):
+        want = _loop_farthest(
+            order, ptr.tolist(), nbr.tolist(), w.tolist(), None if delay is None else delay.tolist(), floor
+        )
+        got = farthest(lay, w, delay, floor)
+        assert got.tolist() == want
+
+
+def test_critical_path_is_the_first_predecessor_that_sets_each_start() -> None:
+    """Ties (equal durations everywhere) are where the choice shows: the loop kept the first maximum."""
+    trace = _zbv_trace()
+    dag = build_dag(trace.meta)
+    di = dag.index
+    dur = {a: 1.0 for a in trace.meta.all_actions()}
+    makespan, starts, path = indexed_longest_path(di, dur, None)
+    names, ptr, preds = di.names, di.pred_ptr.tolist(), di.pred_idx.tolist()
+    start = [starts[a] for a in names]
+    d = [0.0 if a in ("source", "sink") else 1.0 for a in names]
+    want, v = [], names.index("sink")
+    while True:
+        best, bu = -1.0, -1
+        for u in preds[ptr[v] : ptr[v + 1]]:
+            if start[u] + d[u] > best:
+                best, bu = start[u] + d[u], u
+        if bu < 0 or names[bu] == "source":
+            break
+        want.append(names[bu])
+        v = bu
+    assert path == want[::-1] and makespan == len(path)
+
+
+def test_an_action_name_is_parsed_once() -> None:
+    assert parse_action("3W7") is parse_action("3W7")
+
+
+class _CountingList(list):
+    iterations = 0
+
+    def __iter__(self):
+        type(self).iterations += 1
+        return super().__iter__()
+
+
+def test_the_monitoring_summary_reads_the_records_once() -> None:
+    trace = _zbv_trace()
+    trace.records = _CountingList(trace.records)
+    _CountingList.iterations = 0
+    monitor.monitoring_summary(trace, True)
+    assert _CountingList.iterations == 1
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    GOLDEN.write_text(json.dumps(_golden_now(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
+
+
+def test_the_dag_is_the_graph_networkx_builds_from_its_nodes_and_edges() -> None:
+    """build_dag fills the graph's dicts itself: the same graph as networkx's own add_* calls, in order."""
+    import networkx as nx
+
+    g = build_dag(_zbv_trace().meta)
+    ref = nx.DiGraph()
+    ref.add_nodes_from(g.nodes(data=True))
+    ref.add_edges_from(g.edges)
+    assert list(ref.nodes(data=True)) == list(g.nodes(data=True)) and list(ref.edges) == list(g.edges)
+    assert all(set(ref.pred[x]) == set(g.pred[x]) for x in g.nodes)
+    assert all(g.succ[u][v] is g.pred[v][u] for u, v in g.edges)
+    assert nx.is_directed_acyclic_graph(g) and nx.is_frozen(g)
+
+
+def test_the_cli_runs_a_command_without_the_cyclic_collector_and_restores_it(monkeypatch, tmp_path) -> None:
+    import gc
+
+    import planner.cli as cli
+
+    seen = []
+    monkeypatch.setitem(cli._COMMANDS, "plan", lambda args: seen.append(gc.isenabled()))
+    assert gc.isenabled()
+    assert cli.main(["plan", str(MEASURED), "--r-max", "0.5", "--out", str(tmp_path / "p.json")]) == 0
+    assert seen == [False] and gc.isenabled()
+
+
+def test_one_line_members_are_what_the_json_encoder_writes() -> None:
+    """The plan file's per-action lines come from a template of float reprs: the encoder's own text, and the
+    encoder itself for anything else (ints, non-finite numbers, other keys, nested values)."""
+    from planner.fileio import _members
+
+    enc = json.JSONEncoder().encode
+    rng = random.Random(3)
+    floats = [0.0, -0.0, 1e-310, 5e-324, 1e22, 1.5e16, -2.25, 0.1, 1 / 3, 123456.789]
+    mapping = {f"{i}B{i}": {k: rng.choice(floats) for k in ("w_min", "w_max", "start")} for i in range(20)}
+    mapping |= {
+        "ints": {"a": 1, "b": 2.0},
+        "inf": {"a": float("inf")},
+        "overflowing sum": {"a": 1e308, "b": 1e308},
+        "nan": {"a": float("nan")},
+        "nested": {"a": {"b": 1.0}},
+        "odd keys": {"1%s": 1.0, 'é"\\': 2.0},
+        "empty": {},
+        "list": [1.0, 2.0],
+        "(0F3;3B1)OVERLAP_F_B": {"w_min": 1.0},
+    }
+    assert list(_members(mapping)) == [f"  {enc(k)}: {enc(v)}" for k, v in mapping.items()]
