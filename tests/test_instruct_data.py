@@ -84,6 +84,8 @@ def test_a_sample_longer_than_the_sequence_is_an_error(tokenizer):
     pairs = [Pair("say a lot", "", "word " * 50, "big.jsonl:3")]
     with pytest.raises(FreezeConfigError, match=r"big\.jsonl:3 is \d+ tokens, longer than the sequence"):
         instruct_data.encode_pairs(pairs, ChatTemplate(), tokenizer, 16, "[instruct] data_path = 'big.jsonl'")
+    # the embedded pairs leave such a sample out instead
+    assert instruct_data.encode_pairs(pairs, ChatTemplate(), tokenizer, 16, "embedded", drop_long=True) == []
 
 
 def test_alpaca_lines_and_array(tmp_path):
@@ -231,17 +233,32 @@ def test_scorer_picks_the_most_likely_option(tokenizer):
         assert labels[r][labels[r] != -100].tolist() == opt
 
 
-def test_scorer_under_a_pipeline_reads_the_last_stage(tokenizer):
+def _scorer(tokenizer, tmp_path, batch_size: int):
+    """A ``ChoiceScorer`` over 3 questions of 2 options from a held-out Alpaca file."""
+    from timelyfreeze.titan.accuracy import ChoiceScorer
+
+    path = tmp_path / "held.jsonl"
+    path.write_text(
+        "\n".join(json.dumps({"instruction": "Q", "input": p.input, "output": p.output}) for p in _pairs(2, 3))
+    )
+    return ChoiceScorer(Instruct(heldout_path=str(path), questions=3, choices=2, seed=1), tokenizer, 40, batch_size)
+
+
+def _favouring_logits(tokenizer, labels):
+    """'Logits' that favour each row's own label tokens (the same scores with a pipeline or without)."""
+    logits = torch.zeros(*labels.shape, tokenizer.get_vocab_size())
+    for r in range(labels.shape[0]):
+        logits[r, :, labels[r][labels[r] != -100]] = 3.0
+    return logits
+
+
+def test_scorer_under_a_pipeline_reads_the_last_stage(tokenizer, tmp_path):
     """Under pipeline parallelism the scorer swaps the schedule's loss function for the per-row sums: a fake
     schedule calls it per microbatch as torch's does; the last stage's rank gets the accuracy, others None."""
-    from timelyfreeze.titan import accuracy as acc_mod
+    import contextlib
 
-    cfg = Instruct(questions=3, choices=2, seed=1)
-    pairs = _pairs(n_sources=2, per=3)
-    scorer = acc_mod.ChoiceScorer.__new__(acc_mod.ChoiceScorer)
-    qs = choice_task.build_questions(pairs, cfg.questions, cfg.choices, cfg.seed)
-    inputs, labels, scorer.questions = choice_task.option_rows(qs, ChatTemplate(), tokenizer, 40, 0)
-    scorer.rows, scorer.batches = inputs.shape[0], list(zip(inputs.split(4), labels.split(4)))
+    scorer = _scorer(tokenizer, tmp_path, batch_size=4)
+    assert len(scorer.questions) == 3 and scorer.rows == 6 and len(scorer.batches) == 2  # 6 rows + 2 filling
 
     class Schedule:
         _loss_fn = staticmethod(lambda out, tgt: out.sum())
@@ -249,19 +266,17 @@ def test_scorer_under_a_pipeline_reads_the_last_stage(tokenizer):
         def eval(self, *args, target=None, losses=None, **kw):
             if target is None:  # not the last stage: no loss function runs here
                 return
-            for t in target.split(2):  # two microbatches; the 'logits' favour each row's right answer
-                logits = torch.zeros(*t.shape, tokenizer.get_vocab_size())
-                for r in range(t.shape[0]):
-                    logits[r, :, t[r][t[r] != -100]] = 3.0
-                losses.append(self._loss_fn(logits, t))
+            for t in target.split(2):  # two microbatches
+                losses.append(self._loss_fn(_favouring_logits(tokenizer, t), t))
 
-    def validator(last: bool):
+    def validator(pp: bool, last: bool = True):
         return types.SimpleNamespace(
-            parallel_dims=types.SimpleNamespace(pp_enabled=True),
+            parallel_dims=types.SimpleNamespace(pp_enabled=pp),
             pp_schedule=Schedule(),
             pp_has_first_stage=True,
             pp_has_last_stage=last,
-            validation_context=lambda: __import__("contextlib").nullcontext(),
+            validation_context=contextlib.nullcontext,
+            maybe_enable_amp=contextlib.nullcontext(),
             post_dataloading_process=lambda d, y, m: (d["input"], y, {}, {}),
         )
 
@@ -269,7 +284,21 @@ def test_scorer_under_a_pipeline_reads_the_last_stage(tokenizer):
     got = scorer.score(v, [torch.nn.Linear(1, 1)])
     assert got is not None and got.questions == 3 and got.chance == 0.5
     assert v.pp_schedule._loss_fn is Schedule._loss_fn  # restored
-    assert scorer.score(validator(False), [torch.nn.Linear(1, 1)]) is None
+    assert scorer.score(validator(True, last=False), [torch.nn.Linear(1, 1)]) is None
+
+    class Model(torch.nn.Module):  # without a pipeline: the model's own logits
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.labels = torch.cat([y for _, y in scorer.batches])
+            self.at = 0
+
+        def forward(self, x):
+            y = self.labels[self.at : self.at + x.shape[0]]
+            self.at += x.shape[0]
+            return _favouring_logits(tokenizer, y)
+
+    assert scorer.score(validator(False), [Model()]) == got
 
 
 def test_accuracy_needs_validation_and_a_sane_section():
