@@ -57,6 +57,14 @@ def pairs_for(split: str, cfg) -> tuple[list[Pair], str]:
     return list(stdlib_pairs(split)), f"the embedded {split} pairs"
 
 
+def check_files(cfg) -> None:
+    """Read the ``[instruct]`` section's data files (an error line for the first bad record) before anything is
+    built: every rank fails the same way before any process group exists."""
+    for split, path in (("train", cfg.data_path), ("heldout", cfg.heldout_path)):
+        if path:
+            pairs_for(split, cfg)
+
+
 def encode_pairs(
     pairs: list[Pair],
     template: ChatTemplate,

@@ -50,6 +50,7 @@ class TimelyFreezeTrainer(Trainer):
         check_job_types(job_config)
         if getattr(job_config, "instruct", None) is not None:
             check_instruct(job_config.instruct, job_config.validation)
+            instruct_data.check_files(job_config.instruct)
         if fz is not None:
             for line in apply_renames(job_config):
                 logger.warning(line)
