@@ -113,7 +113,9 @@ def good_state(step: int = 9) -> dict:
 
 
 def test_a_consistent_state_passes():
-    _check_state(decode(encode(good_state())), IDENTITY, 9)
+    _check_state(decode(encode(good_state())), IDENTITY, 9)  # (saved before acc_curve existed: it has none)
+    with_acc = good_state() | {"acc_curve": [{"step": 4, "val_acc": 0.5, "val_acc_norm": 0.25}]}
+    _check_state(decode(encode(with_acc)), IDENTITY, 9)
 
 
 @pytest.mark.parametrize(
@@ -130,6 +132,7 @@ def test_a_consistent_state_passes():
         (lambda s: s["monitor_records"][0].pop("ms"), "not a trace record"),
         (lambda s: s["history"].pop(3), "history covers"),
         (lambda s: s.update(val_curve=[[1]]), "val_curve"),
+        (lambda s: s.update(acc_curve=[[4, 0.5]]), "acc_curve"),
         (lambda s: s["plan_batch_ms"].update(planned="fast"), "plan_batch_ms"),
         (lambda s: s["plan_batch_ms"].pop("no_freeze"), "plan_batch_ms"),
     ],

@@ -148,6 +148,32 @@ def check_tensorboard(dump, steps: int) -> None:
     assert "timelyfreeze/predicted_batch_ms" in tags
 
 
+INSTRUCT_ARGS = [
+    "--training.dataset",
+    "instruct",
+    "--validation.dataset",
+    "instruct_heldout",
+    "--instruct.questions",
+    "4",
+]
+"""Instruction data (loss on the responses only) and 4 held-out questions of 4 options."""
+
+
+def check_accuracy(run, steps: int) -> None:
+    """The held-out accuracy was scored on the pipeline's last stage at the first validation and at the last
+    step, and reached ``metrics.jsonl`` and the summary beside the validation loss."""
+    rows = [m for m in run.metrics() if "val_loss" in m]
+    assert [m["step"] for m in rows] == [1, steps]
+    for m in rows:
+        assert m["val_acc_chance"] == 0.25 and m["val_questions"] == 4
+        assert m["val_acc"] in (0.0, 0.25, 0.5, 0.75, 1.0) and m["val_acc_norm"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    summary = run.summary()
+    assert summary["val_acc"] == rows[-1]["val_acc"] and summary["acc_curve"] == [
+        [m["step"], m["val_acc"]] for m in rows
+    ]
+    assert "accuracy" in run.log and "chance 0.250" in run.log
+
+
 @pytest.mark.parametrize(
     "config,schedule,num_stages",
     [
@@ -161,8 +187,14 @@ def check_tensorboard(dump, steps: int) -> None:
 )
 def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
     tensorboard = schedule == "Interleaved1F1B"  # one run checks the TensorBoard output
-    run = torchrun(config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), tensorboard=tensorboard)
+    # ZBV (its last stage on rank 0) trains on the instruction data and scores the held-out accuracy
+    instruct = INSTRUCT_ARGS if schedule == "ZBVZeroBubble" else []
+    run = torchrun(
+        config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *instruct, tensorboard=tensorboard
+    )
     plan, trace = check_full_cycle(run, schedule, num_stages)
+    if instruct:
+        check_accuracy(run, WARMUP + 2 * MONITOR + RAMP + STABLE)
     if tensorboard:
         check_tensorboard(run.dump, WARMUP + 2 * MONITOR + RAMP + STABLE)
     if schedule == "ZBVZeroBubble":

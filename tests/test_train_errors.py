@@ -139,3 +139,14 @@ def test_another_rank_waits_for_rank_0_before_it_reports(monkeypatch, capsys):
     line = _main_error(monkeypatch, capsys, config, "--freeze.r_max", "1.5", rank=0)
     assert waits == []
     assert line == "error: [freeze] r_max = 1.5: must lie in [0, 1]"
+
+
+def test_bad_instruction_data_fails_before_training(monkeypatch, capsys, tmp_path):
+    """A data file with a record that lacks its response, and a bad ``[instruct]`` setting: one line each."""
+    bad = tmp_path / "alpaca.jsonl"
+    bad.write_text('{"instruction": "Add", "input": "1 2", "output": "3"}\n{"instruction": "Greet"}\n')
+    config = CONFIGS / "llama3_debug_finetune_cpu.toml"
+    line = _main_error(monkeypatch, capsys, config, "--training.dataset", "instruct", "--instruct.data_path", str(bad))
+    assert line == f"error: [instruct] data_path = {str(bad)!r}: line 2: field 'output' is missing"
+    line = _main_error(monkeypatch, capsys, config, "--instruct.choices", "1")
+    assert line == "error: [instruct] choices = 1: must be an integer >= 2"

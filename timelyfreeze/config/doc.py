@@ -17,6 +17,7 @@ from pathlib import Path
 
 from timelyfreeze.config.deprecated import RENAMED
 from timelyfreeze.config.freeze import Experiment, Freeze
+from timelyfreeze.config.instruct import Instruct
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 
@@ -157,9 +158,9 @@ def _source_of(cls: type) -> str:
 
 def render(root: type | None = None, extra: dict[str, type] | None = None) -> str:
     """The whole page for ``root`` (default: ``timelyfreeze.config.freeze.Freeze``) and the ``extra`` sections
-    of TimelyFreeze's job config (default: ``[experiment]``), then the deprecated names."""
+    of TimelyFreeze's job config (default: ``[experiment]``, ``[instruct]``), then the deprecated names."""
     if root is None:
-        root, extra = Freeze, {"experiment": Experiment}
+        root, extra = Freeze, {"experiment": Experiment, "instruct": Instruct}
     groups = [("freeze", root, sections(root))] + [(n, c, sections(c)) for n, c in (extra or {}).items()]
     lines = [HEADER, "| field | type | default |", "|---|---|---|"]
     for top, _, all_sections in groups:

@@ -16,6 +16,7 @@ from planner.timing.estimate import ESTIMATORS
 from timelyfreeze.config.deprecated import check_moved, names_base
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.fields import check_section, check_types, fail
+from timelyfreeze.config.instruct import Instruct
 from timelyfreeze.config.phases import Phases, derive_phases
 from timelyfreeze.hooks.stage_layout import UNITS
 from timelyfreeze.methods.apf import APFConfig
@@ -222,6 +223,7 @@ class Freeze(DeprecatedFreezeNames):
 class JobConfig:
     freeze: Freeze = field(default_factory=Freeze)
     experiment: Experiment = field(default_factory=Experiment)
+    instruct: Instruct = field(default_factory=Instruct)
 
 
 def knob_of(cfg: "Freeze") -> dict | None:

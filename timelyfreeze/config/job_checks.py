@@ -9,6 +9,7 @@ from planner.schedule.orders import check_microbatch_count, min_microbatches
 from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.fields import check_types
 from timelyfreeze.config.freeze import Experiment, compiles_model
+from timelyfreeze.config.instruct import Instruct
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
 
 
@@ -123,4 +124,13 @@ def check_stop_rule(cfg: Experiment, validation) -> None:
     if cfg.stop_at_val_loss > 0 and not getattr(validation, "enable", False):
         raise FreezeConfigError(
             f"[experiment] stop_at_val_loss = {cfg.stop_at_val_loss:g} needs validation: set [validation] enable = true"
+        )
+
+
+def check_instruct(cfg: Instruct, validation) -> None:
+    """``[instruct]``'s own rules, then: the held-out accuracy is scored at validations, so validation must run."""
+    cfg.validate("instruct")
+    if cfg.questions > 0 and not getattr(validation, "enable", False):
+        raise FreezeConfigError(
+            f"[instruct] questions = {cfg.questions} needs validation: set [validation] enable = true"
         )

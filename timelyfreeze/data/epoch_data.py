@@ -41,6 +41,13 @@ def takes_sample_id(module: torch.nn.Module) -> bool:
     return bool(getattr(type(module), "takes_sample_id", False))
 
 
+def without_unused_sample_id(extra_inputs: dict, model_parts) -> dict:
+    """``extra_inputs`` less the sample id unless every local stage's module takes it (Egeria's cache)."""
+    if SAMPLE_ID in extra_inputs and not all(map(takes_sample_id, model_parts)):
+        return {k: v for k, v in extra_inputs.items() if k != SAMPLE_ID}
+    return extra_inputs
+
+
 def parse_fixed(name: str) -> tuple[str, int, int | None] | None:
     """``(split, N, seed or None)`` of a dataset name ``pystdlib_<split>_fixed<N>[_seed<k>]``, else None."""
     m = _NAME.match(name.lower())
@@ -66,7 +73,9 @@ def fixed_sequences(texts, encode, num: int, seq_len: int) -> torch.Tensor:
 
 
 class FixedSequenceDataset(IterableDataset, Stateful):
-    """The fixed sequences (module docstring), repeated for ever (or once: ``infinite=False``)."""
+    """The fixed sequences (module docstring), repeated for ever (or once: ``infinite=False``). With ``labels``
+    (``(num, seq_len)``, e.g. instruction data whose prompt tokens carry the ignore index) sample ``i``'s labels
+    are ``labels[i]`` instead of ``sequences[i, 1:]``."""
 
     def __init__(
         self,
@@ -75,8 +84,10 @@ class FixedSequenceDataset(IterableDataset, Stateful):
         dp_world_size: int = 1,
         infinite: bool = True,
         seed: int | None = None,
+        labels: torch.Tensor | None = None,
     ):
         self.sequences = sequences
+        self.labels = labels
         self.seed = seed
         self.ids = list(range(dp_rank, sequences.shape[0], dp_world_size))
         if not self.ids:
@@ -100,7 +111,8 @@ class FixedSequenceDataset(IterableDataset, Stateful):
                 i = order[self.index]
                 self.index += 1
                 x = self.sequences[i]
-                yield {"input": x[:-1].clone(), SAMPLE_ID: torch.tensor(i, dtype=torch.int64)}, x[1:].clone()
+                y = x[1:] if self.labels is None else self.labels[i]
+                yield {"input": x[:-1].clone(), SAMPLE_ID: torch.tensor(i, dtype=torch.int64)}, y.clone()
             if not self.infinite:
                 return
             self.epoch += 1
@@ -131,13 +143,20 @@ def build_fixed_dataset(name: str, tokenizer, seq_len: int, dp_rank: int = 0, dp
 
 
 def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
-    """``TrainSpec.build_dataloader_fn``: the fixed sequences for a ``pystdlib_<split>_fixed<N>`` name, else
-    TorchTitan's ``build_text_dataloader``."""
+    """``TrainSpec.build_dataloader_fn``: the fixed sequences for a ``pystdlib_<split>_fixed<N>`` name, the
+    instruction data for ``instruct`` (``timelyfreeze.data.instruct_data``), else TorchTitan's
+    ``build_text_dataloader``."""
     # deferred: TorchTitan is imported after the CPU shims (timelyfreeze.train)
     from torchtitan.components.dataloader import ParallelAwareDataloader
     from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 
+    from timelyfreeze.data import instruct_data  # (it builds on this module)
+
     tcfg = job_config.training
+    if instruct_data.is_instruct(tcfg.dataset):
+        return instruct_data.build_dataloader(
+            tcfg.dataset, job_config, tokenizer, tcfg, dp_rank, dp_world_size, infinite=infinite
+        )
     if parse_fixed(tcfg.dataset) is None:
         return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=infinite)
     ds = build_fixed_dataset(tcfg.dataset, tokenizer, tcfg.seq_len, dp_rank, dp_world_size)

@@ -29,6 +29,7 @@ def build(
     monitoring: dict | None = None,
     rescales: list[dict] | None = None,
     f_factor_dag: float | None = None,
+    acc_curve: list[dict] | None = None,
 ) -> dict:
     """``summary.json`` from the per-step metrics rows (``history``) and what the run knows about itself
     (``run``: method, knob, schedule, pp_degree, num_stages, num_microbatches, seed); ``trace``, when rank 0
@@ -80,11 +81,20 @@ def build(
         "val_loss": val_curve[-1][1] if val_curve else None,
         "loss_curve": losses,
         "val_curve": val_curve,
+        **accuracy_fields(acc_curve or []),
         "method_summary": method_summary,
         "failures": list(failures),
         "replans": list(replans or []),
         "monitoring": {**(monitoring or {}), "rescales": list(rescales or [])} if monitoring or rescales else None,
     }
+
+
+def accuracy_fields(acc_curve: list[dict]) -> dict:
+    """The held-out accuracy's summary fields: the last validation's ``val_acc``, ``val_acc_norm``,
+    ``val_acc_chance`` and ``val_questions`` (None without accuracy) and ``acc_curve`` (``[step, acc]``)."""
+    last = acc_curve[-1] if acc_curve else {}
+    keys = ("val_acc", "val_acc_norm", "val_acc_chance", "val_questions")
+    return {k: last.get(k) for k in keys} | {"acc_curve": [[a["step"], a["val_acc"]] for a in acc_curve]}
 
 
 def speedup(
@@ -204,6 +214,11 @@ def format_summary(s: dict) -> str:
         lines.append(
             f"  loss: {lc[0][1]:.3f} (step {lc[0][0]}) -> {lc[-1][1]:.3f} (step {lc[-1][0]})"
             + (f", validation {s['val_loss']:.3f}" if s.get("val_loss") is not None else "")
+            + (
+                f", accuracy {s['val_acc']:.3f} (chance {s['val_acc_chance']:.3f})"
+                if s.get("val_acc") is not None
+                else ""
+            )
         )
     for failure in s.get("failures") or []:
         lines.append(f"  FAILED: {failure}")

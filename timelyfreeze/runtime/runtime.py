@@ -26,6 +26,7 @@ from planner.timing.spans import plan_f_factor
 from planner.trace.load import Trace, trace_from_records
 from timelyfreeze.config.freeze import Freeze, knob_of
 from timelyfreeze.config.phases import Phases
+from timelyfreeze.data.choice_task import Accuracy
 from timelyfreeze.hooks import stage_hooks
 from timelyfreeze.hooks.compile_watch import CompileWatch
 from timelyfreeze.hooks.freezing import FreezingHook
@@ -235,13 +236,18 @@ class FreezeRuntime:
         if self.job.rank == 0 and self.cfg.advanced.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
-    def record_validation(self, step: int, loss: float) -> None:
-        """Called by every rank after validation (collective): keeps the loss of the last stage's rank of
-        replica 0 (TorchTitan's validator already reduces it over the data-parallel ranks)."""
-        losses = self.job.all_gather(float(loss))
-        loss = float(losses[self.job.places.index((0, self.stage_to_rank[-1]))])
-        self.state.val_curve = [v for v in self.state.val_curve if v[0] < step] + [[step, loss]]
-        self.metrics.append({"step": step, "val_loss": loss})
+    def record_validation(self, step: int, loss: float, accuracy: Accuracy | None = None) -> None:
+        """Called by every rank after validation (collective): keeps the loss, and the held-out accuracy when
+        it was scored, of the last stage's rank of replica 0 (TorchTitan's validator already reduces the loss
+        over the data-parallel ranks; every replica scores the same accuracy)."""
+        gathered = self.job.all_gather((float(loss), accuracy.row() if accuracy is not None else None))
+        loss, acc = gathered[self.job.places.index((0, self.stage_to_rank[-1]))]
+        self.state.val_curve = [v for v in self.state.val_curve if v[0] < step] + [[step, float(loss)]]
+        row = {"step": step, "val_loss": float(loss)}
+        if acc is not None:
+            self.state.acc_curve = [a for a in self.state.acc_curve if a["step"] < step] + [{"step": step, **acc}]
+            row |= acc
+        self.metrics.append(row)
 
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> str:
@@ -252,6 +258,7 @@ class FreezeRuntime:
             method=self.method.state_dict(),
             history=self.state.history,
             val_curve=self.state.val_curve,
+            acc_curve=self.state.acc_curve,
             meta=self.state.meta,
             **self.plans.state_dict(),
         )
@@ -323,6 +330,7 @@ class FreezeRuntime:
             | ({"stop_at_val_loss": self.info.stop_at_val_loss} if self.info.stop_at_val_loss > 0 else {}),
             predicted_batch_ms=plans.plan_batch_ms,
             val_curve=state.val_curve,
+            acc_curve=state.acc_curve,
             method_summary=self.method.summary(),
             failures=plans.failures,
             replans=plans.replanner.events if plans.replanner is not None else [],

@@ -28,6 +28,7 @@ RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "method": (dict,),
     "history": (list,),
     "val_curve": (list,),
+    "acc_curve": (list,),
     "meta": (dict, type(None)),
 }
 """The runtime's own fields, field -> accepted types."""
@@ -43,12 +44,15 @@ class RunState:
     """Per-step metrics rows (identical on every rank)."""
     val_curve: list[list[float]] = field(default_factory=list)
     """``[step, validation loss]`` pairs."""
+    acc_curve: list[dict] = field(default_factory=list)
+    """The held-out accuracy at each validation that scored it (``Accuracy.row()`` with its ``step``)."""
     meta: dict | None = None
     """The trace's ``meta.json`` dict, known from the end of step 1."""
 
     def restore(self, st: dict) -> None:
         """Take this state's fields of ``unpack``'s checked state ``st``."""
         self.history, self.val_curve, self.meta = st["history"], st["val_curve"], st["meta"]
+        self.acc_curve = st["acc_curve"]
 
 
 def pack(**state: Any) -> str:
@@ -79,6 +83,7 @@ def check(st: Any, identity: dict, step: int, phases: Phases | None = None) -> N
         fail(f"format {st.get('format')!r}, expected {state_codec.STATE_FORMAT!r}")
     for name in OPTIONAL_FIELDS:  # (saved before re-planning, or F-anchored monitoring, existed)
         st.setdefault(name, None)
+    st.setdefault("acc_curve", [])  # (saved before the held-out accuracy existed)
     for name, types in FIELDS.items():
         if name not in st:
             fail(f"field {name!r} is missing")
@@ -99,4 +104,7 @@ def check(st: Any, identity: dict, step: int, phases: Phases | None = None) -> N
     for i, v in enumerate(st["val_curve"]):
         if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], (int, float))):
             fail(f"val_curve[{i}] must be [step, loss]")
+    for i, a in enumerate(st["acc_curve"]):
+        if not (isinstance(a, dict) and isinstance(a.get("step"), int) and isinstance(a.get("val_acc"), (int, float))):
+            fail(f"acc_curve[{i}] must be an object with an integer step and a number val_acc")
     check_state(st, step, phases)

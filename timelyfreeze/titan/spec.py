@@ -5,8 +5,12 @@ of ours, in place of patching TorchTitan's instances.
   0.2.2's text dataset keeps its position between iterations, so each validation would otherwise score the
   *next* slice of the validation set, and losses from different steps (and the curves of different runs)
   would not be comparable. It rewinds the dataset with the dataset's own checkpoint API.
-* ``FreezeMetricsProcessor``: TorchTitan's metrics processor that also hands each validation loss to its
-  ``on_validation`` listeners (the freezing runtime's validation curve, the stop rule).
+  With ``[validation] dataset = "instruct_heldout"`` it reads the masked instruction data
+  (``timelyfreeze.data.instruct_data``: the loss of the response tokens), and with ``[instruct] questions > 0``
+  it also scores the held-out multiple-choice accuracy (``timelyfreeze.titan.accuracy``) before the loss.
+* ``FreezeMetricsProcessor``: TorchTitan's metrics processor that also hands each validation loss, with the
+  accuracy when there is one, to its ``on_validation`` listeners (the freezing runtime's validation curve, the
+  stop rule).
 * ``epoch_data.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
   the fixed multi-epoch set whose samples carry a stable id (``timelyfreeze.data.epoch_data``).
 * ``TokenMeanLoss``: the model's own loss, which the trainer can make divide by the step's token count
@@ -34,38 +38,85 @@ from torchtitan.components.validate import Validator
 from torchtitan.components.validate import build_validator as titan_build_validator
 from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+from torchtitan.tools.logging import logger
 
-from timelyfreeze.data import epoch_data
+from timelyfreeze.data import epoch_data, instruct_data
+from timelyfreeze.data.choice_task import Accuracy
 from timelyfreeze.models import smollm2
+from timelyfreeze.titan.accuracy import ChoiceScorer
 
 
 class FixedBatchValidator(Validator):
-    """TorchTitan's ``Validator``; every ``validate`` starts from the validation dataset's first batch."""
+    """TorchTitan's ``Validator``; every ``validate`` starts from the validation dataset's first batch (and
+    scores the held-out accuracy first, when ``[instruct] questions > 0``)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+        vcfg, instruct = self.job_config.validation, getattr(self.job_config, "instruct", None)
+        if instruct_data.is_instruct(vcfg.dataset):
+            self.validation_dataloader = instruct_data.build_dataloader(
+                vcfg.dataset,
+                self.job_config,
+                self.tokenizer,
+                vcfg,
+                kwargs["dp_rank"],
+                kwargs["dp_world_size"],
+                infinite=vcfg.steps != -1,
+            )
+        self.scorer = None
+        if instruct is not None and instruct.questions > 0:
+            instruct.validate("instruct")
+            self.scorer = ChoiceScorer(instruct, self.tokenizer, vcfg.seq_len, vcfg.local_batch_size)
+            logger.info(
+                f"[instruct] held-out accuracy: {len(self.scorer.questions)} questions of {instruct.choices} "
+                f"options (chance {1 / instruct.choices:.3f})"
+            )
         dataset = self.validation_dataloader.dataset
         stateful = callable(getattr(dataset, "state_dict", None)) and callable(
             getattr(dataset, "load_state_dict", None)
         )
         self._start = copy.deepcopy(dataset.state_dict()) if stateful else None
 
-    def validate(self, *args, **kwargs):
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        """TorchTitan's, less the sample id of a fixed dataset (as the trainer's: ``epoch_data``)."""
+        inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels, model_parts)
+        return inputs, labels, epoch_data.without_unused_sample_id(extra_inputs, model_parts), extra_kwargs
+
+    def should_validate(self, step: int) -> bool:
+        """TorchTitan's rule; with the held-out accuracy, also the last step (the accuracy at the end)."""
+        return super().should_validate(step) or (self.scorer is not None and step == self.job_config.training.steps)
+
+    def validate(self, model_parts, step, *args, **kwargs):
+        if self.scorer is not None and isinstance(self.metrics_processor, FreezeMetricsProcessor):
+            self.metrics_processor.pending_accuracy = self.scorer.score(self, model_parts)
         if self._start is not None:
             self.validation_dataloader.dataset.load_state_dict(copy.deepcopy(self._start))
-        return super().validate(*args, **kwargs)
+        return super().validate(model_parts, step, *args, **kwargs)
 
 
 class FreezeMetricsProcessor(MetricsProcessor):
-    """TorchTitan's ``MetricsProcessor``; ``log_validation`` first calls every ``on_validation(step, loss)``."""
+    """TorchTitan's ``MetricsProcessor``; ``log_validation`` first calls every ``on_validation(step, loss,
+    accuracy)`` (``accuracy``: the validator's ``pending_accuracy``, an ``Accuracy`` on the rank that scored it,
+    else None)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.on_validation: list[Callable[[int, float], None]] = []
+        self.on_validation: list[Callable[[int, float, Accuracy | None], None]] = []
+        self.pending_accuracy: Accuracy | None = None
 
     def log_validation(self, loss, step, *args, **kwargs):
+        acc, self.pending_accuracy = self.pending_accuracy, None
+        if acc is not None:
+            logger.info(
+                f"validate step: {step:2}  accuracy: {acc.acc:.4f}  acc_norm: {acc.acc_norm:.4f}  "
+                f"(chance {acc.chance:.3f}, {acc.questions} questions)"
+            )
+            if self.logger is not None:
+                self.logger.log(
+                    {"validation_metrics/accuracy": acc.acc, "validation_metrics/acc_norm": acc.acc_norm}, step
+                )
         for listener in self.on_validation:
-            listener(step, float(loss))
+            listener(step, float(loss), acc)
         return super().log_validation(loss, step, *args, **kwargs)
 
 

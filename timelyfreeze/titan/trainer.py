@@ -20,12 +20,13 @@ from timelyfreeze.config.deprecated import apply_renames
 from timelyfreeze.config.freeze import FreezeConfigError, compiles_model, resolve_unit, validate
 from timelyfreeze.config.job_checks import (
     check_compile_schedule,
+    check_instruct,
     check_job_types,
     check_microbatches,
     check_parallelism,
     check_stop_rule,
 )
-from timelyfreeze.data import corpus, epoch_data
+from timelyfreeze.data import corpus, epoch_data, instruct_data
 from timelyfreeze.hooks.stage_hooks import overlap_pairs
 from timelyfreeze.models import smollm2
 from timelyfreeze.outputs.summary import format_summary
@@ -45,6 +46,7 @@ class TimelyFreezeTrainer(Trainer):
     def __init__(self, job_config):
         patch_titan_clipping()  # a rank without gradients all-reduces a zero on its device (see torch_fixes)
         corpus.register_datasets()
+        instruct_data.register_datasets()
         corpus.resolve_assets(job_config)
         smollm2.resolve_assets(job_config)
         corpus.resolve_initial_load(job_config)
@@ -54,6 +56,9 @@ class TimelyFreezeTrainer(Trainer):
         phases = None
         freezing = fz is not None and fz.enable
         check_job_types(job_config)
+        if getattr(job_config, "instruct", None) is not None:
+            check_instruct(job_config.instruct, job_config.validation)
+            instruct_data.check_files(job_config.instruct)
         if fz is not None:
             for line in apply_renames(job_config):
                 logger.warning(line)
@@ -202,9 +207,7 @@ class TimelyFreezeTrainer(Trainer):
         """TorchTitan's, less the sample id (``epoch_data.SAMPLE_ID``) unless every local stage's module takes
         it (only with Egeria's activation cache: ``egeria_cache``; multi-stage schedules hand it to them all)."""
         inputs, labels, extra_inputs, extra_kwargs = super().post_dataloading_process(input_dict, labels)
-        if epoch_data.SAMPLE_ID in extra_inputs and not all(map(epoch_data.takes_sample_id, self.model_parts)):
-            extra_inputs = {k: v for k, v in extra_inputs.items() if k != epoch_data.SAMPLE_ID}
-        return inputs, labels, extra_inputs, extra_kwargs
+        return inputs, labels, epoch_data.without_unused_sample_id(extra_inputs, self.model_parts), extra_kwargs
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         rt = self.freeze_rt

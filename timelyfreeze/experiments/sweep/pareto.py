@@ -17,6 +17,7 @@ CONFIG_COLUMNS = [
     "seeds",
     "tokens_per_s",
     "loss",
+    "val_acc",
     "avg_freeze_ratio",
     "pareto",
 ]
@@ -62,6 +63,7 @@ def aggregate_configs(
                 "seeds": len(rs),
                 "tokens_per_s": mean(lambda r: throughput(r, which)),
                 "loss": mean(lambda r: r.get(lkey)),
+                "val_acc": mean(lambda r: r.get("val_acc")),
                 "avg_freeze_ratio": mean(lambda r: r.get("avg_freeze_ratio")),
                 "pareto": None,
             }

@@ -1,8 +1,9 @@
 """The report of a sweep folder: tables, plots and warnings under ``<out>/report/``.
 
-- ``results.csv``: one row per job (``results.RESULT_COLUMNS``); jobs without a summary.json (failed,
+- ``results.csv``: one row per job (``results.RESULT_COLUMNS``: ``val_acc``, the held-out accuracy beside the
+  validation loss, where runs scored it: ``[instruct] questions``); jobs without a summary.json (failed,
   interrupted) get what their metrics.jsonl holds.
-- ``configs.csv``: one row per (schedule, method, knob value), means over the ok seeds, with the
+- ``configs.csv``: one row per (schedule, method, knob value), means over the ok seeds (``val_acc`` too), with the
   ``pareto`` flag (not dominated in lower loss and higher throughput within its schedule).
 - ``tta.csv``: each job against the no-freezing job of the same schedule and seed: throughput ratio,
   validation-loss change, time to accuracy (``tta``).

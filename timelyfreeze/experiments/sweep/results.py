@@ -33,6 +33,7 @@ RESULT_COLUMNS = [
     "avg_freeze_ratio",
     "final_loss",
     "val_loss",
+    "val_acc",
     "status",
 ]
 
@@ -132,6 +133,7 @@ def metrics_figures(metrics: list[dict[str, Any]]) -> dict[str, Any]:
         "avg_freeze_ratio": statistics.fmean(ratios) if ratios else None,
         "final_loss": losses[-1][1] if losses else None,
         "val_curve": val_curve_from_metrics(metrics),
+        "val_acc": next((num(m.get("val_acc")) for m in reversed(metrics) if num(m.get("val_acc")) is not None), None),
     }
 
 
@@ -193,6 +195,7 @@ def load_job(job_dir: Path) -> dict[str, Any]:
             avg_freeze_ratio=num(summary.get("avg_freeze_ratio")),
             final_loss=num(summary.get("final_loss")),
             val_loss=num(summary.get("val_loss")),
+            val_acc=num(summary.get("val_acc")),
         )
         curve = summary.get("val_curve") or val_curve_from_metrics(metrics)
         row["_predicted"] = pred
