@@ -59,6 +59,7 @@ def pack(**state: Any) -> str:
     """JSON text of the state (keyword arguments: exactly ``FIELDS``; the optional ones may be left out)."""
     for name in OPTIONAL_FIELDS:
         state.setdefault(name, None)
+    state.setdefault("acc_curve", [])  # no held-out accuracy scored (as unpack reads an older state)
     assert set(state) == set(FIELDS), sorted(set(state) ^ set(FIELDS))
     return state_codec.encode({"format": state_codec.STATE_FORMAT, **state})
 
