@@ -224,9 +224,11 @@ def test_scorer_picks_the_most_likely_option(tokenizer):
     logits[..., sorted(good)] = 5.0  # every position favours the right option's tokens
     scores = choice_task.row_loglik(logits, labels).tolist()
     acc = choice_task.accuracy(scores, kept)
-    assert acc == choice_task.Accuracy(1.0, 1.0, 0.25, 2)
+    assert acc == choice_task.Accuracy(1.0, 1.0, 0.25, 2, "11", "11")
     wrong = choice_task.Question("Pick", q.options, answer=0)
     assert choice_task.accuracy(scores, [wrong, wrong]).acc == 0.0
+    mixed = choice_task.accuracy(scores, [wrong, q])  # per question, in order: what a paired test reads
+    assert (mixed.acc, mixed.right, mixed.right_norm) == (0.5, "01", "01")
     # the labels are exactly the options' tokens, after the prompt
     for r in range(4):
         opt = tokenizer.encode(q.options[r], add_bos=False, add_eos=False)
@@ -316,13 +318,15 @@ def test_accuracy_needs_validation_and_a_sane_section():
 def test_the_summary_carries_the_last_accuracy():
     from timelyfreeze.outputs.summary import accuracy_fields
 
-    a = choice_task.Accuracy(0.5, 0.25, 0.25, 8)
+    a = choice_task.Accuracy(0.5, 0.25, 0.25, 8, "11110000", "11000000")
     curve = [{"step": 2, **choice_task.Accuracy(0.3, 0.2, 0.25, 8).row()}, {"step": 4, **a.row()}]
     assert accuracy_fields(curve) == {
         "val_acc": 0.5,
         "val_acc_norm": 0.25,
         "val_acc_chance": 0.25,
         "val_questions": 8,
+        "val_acc_right": "11110000",
+        "val_acc_norm_right": "11000000",
         "acc_curve": [[2, 0.3], [4, 0.5]],
     }
     assert accuracy_fields([])["val_acc"] is None

@@ -13,11 +13,10 @@ CONFIG = ROOT / "torchtitan_configs" / "smollm2_135m_instruct_cpu.toml"
 
 
 def test_the_pretrained_score_on_the_page_is_what_the_committed_pilot_job_wrote():
-    rows = [
-        json.loads(line) for line in (PAGE / "pilot/pretrained_seq256/timelyfreeze/metrics.jsonl").read_text().splitlines()
-    ]
+    out = PAGE / "pilot/pretrained_seq256/timelyfreeze"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in rows if "val_acc" in r][-1]
-    summary = json.loads((PAGE / "pilot/pretrained_seq256/timelyfreeze/summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["method"] == "none"
     row = f"| {val['val_acc']:.3f} | {val['val_acc_norm']:.3f} | {val['val_acc_chance']:.3f} | {val['val_loss']:.3f} |"
     assert row in (PAGE / "README.md").read_text()

@@ -39,6 +39,11 @@ class Accuracy:
     acc_norm: float
     chance: float
     questions: int
+    right: str = ""
+    """Per question, in the questions' order: ``"1"`` where ``acc``'s answer is right, else ``"0"`` (paired tests
+    between runs scored on the same questions: McNemar)."""
+    right_norm: str = ""
+    """The same for ``acc_norm``'s answers."""
 
     def row(self) -> dict:
         """The fields a metrics row and the summary carry."""
@@ -47,6 +52,8 @@ class Accuracy:
             "val_acc_norm": self.acc_norm,
             "val_acc_chance": self.chance,
             "val_questions": self.questions,
+            "val_acc_right": self.right,
+            "val_acc_norm_right": self.right_norm,
         }
 
 
@@ -112,16 +119,24 @@ def row_loglik(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def accuracy(scores: list[float], questions: list[Question]) -> Accuracy:
     """``scores``: one log-likelihood per (question, option) row, question by question (``option_rows``)."""
-    right = right_norm = 0
+    right: list[bool] = []
+    right_norm: list[bool] = []
     at = 0
     for q in questions:
         s = scores[at : at + len(q.options)]
         at += len(q.options)
         norm = [v / max(1, len(o)) for v, o in zip(s, q.options)]
-        right += max(range(len(s)), key=s.__getitem__) == q.answer
-        right_norm += max(range(len(norm)), key=norm.__getitem__) == q.answer
+        right.append(max(range(len(s)), key=s.__getitem__) == q.answer)
+        right_norm.append(max(range(len(norm)), key=norm.__getitem__) == q.answer)
     if at != len(scores):
         raise ValueError(f"{len(scores)} scores for {at} options")
     n = len(questions)
     k = len(questions[0].options) if questions else 0
-    return Accuracy(right / n if n else 0.0, right_norm / n if n else 0.0, 1.0 / k if k else 0.0, n)
+    return Accuracy(
+        sum(right) / n if n else 0.0,
+        sum(right_norm) / n if n else 0.0,
+        1.0 / k if k else 0.0,
+        n,
+        "".join("01"[r] for r in right),
+        "".join("01"[r] for r in right_norm),
+    )

@@ -91,9 +91,10 @@ def build(
 
 def accuracy_fields(acc_curve: list[dict]) -> dict:
     """The held-out accuracy's summary fields: the last validation's ``val_acc``, ``val_acc_norm``,
-    ``val_acc_chance`` and ``val_questions`` (None without accuracy) and ``acc_curve`` (``[step, acc]``)."""
+    ``val_acc_chance``, ``val_questions`` and the per-question ``val_acc_right`` and ``val_acc_norm_right``
+    (``choice_task.Accuracy``; None without accuracy) and ``acc_curve`` (``[step, acc]``)."""
     last = acc_curve[-1] if acc_curve else {}
-    keys = ("val_acc", "val_acc_norm", "val_acc_chance", "val_questions")
+    keys = ("val_acc", "val_acc_norm", "val_acc_chance", "val_questions", "val_acc_right", "val_acc_norm_right")
     return {k: last.get(k) for k in keys} | {"acc_curve": [[a["step"], a["val_acc"]] for a in acc_curve]}
 
 
