@@ -7,13 +7,16 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results" / "smollm2-table1"
 CONFIG = ROOT / "torchtitan_configs" / "smollm2_135m_instruct_cpu.toml"
 
 
-def test_the_pretrained_score_on_the_page_is_what_the_committed_pilot_job_wrote():
-    out = PAGE / "pilot/pretrained_seq256/timelyfreeze"
+@pytest.mark.parametrize("job", ["pretrained_seq256", "pretrained"])
+def test_the_pretrained_score_on_the_page_is_what_the_committed_pilot_job_wrote(job):
+    out = PAGE / "pilot" / job / "timelyfreeze"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in rows if "val_acc" in r][-1]
     summary = json.loads((out / "summary.json").read_text())
