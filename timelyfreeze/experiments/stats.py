@@ -22,7 +22,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from scipy.stats import linregress
+from scipy.stats import binomtest, linregress
 from scipy.stats import t as student_t
 
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
@@ -103,6 +103,21 @@ def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float | None, int]:
             ss += statistics.variance(g) * (len(g) - 1)
             dof += len(g) - 1
     return (math.sqrt(ss / dof) if dof else None), dof
+
+
+def mcnemar(right_a: str, right_b: str) -> tuple[int, int, float]:
+    """The exact McNemar test of two runs' answers to the same questions, paired per question: ``(b, c, p)``,
+    ``b`` the questions only ``a`` got right, ``c`` those only ``b`` got right, ``p`` the two-sided exact p-value
+    (under no difference each discordant question is ``a``'s with probability 1/2: a binomial test of ``b`` in
+    ``b + c``; 1.0 without discordant questions). ``right_*``: one ``"1"`` (right) or ``"0"`` per question
+    (``choice_task.Accuracy.right``)."""
+    if len(right_a) != len(right_b) or set(right_a + right_b) - {"0", "1"}:
+        raise ValueError(
+            f"per-question answers must be equally long strings of 0 and 1 ({len(right_a)}, {len(right_b)})"
+        )
+    b = sum(x == "1" and y == "0" for x, y in zip(right_a, right_b))
+    c = sum(x == "0" and y == "1" for x, y in zip(right_a, right_b))
+    return b, c, (float(binomtest(b, b + c, 0.5).pvalue) if b + c else 1.0)
 
 
 def verdict(lo: float | None, hi: float | None, null: float, above: str, below: str) -> str | None:
