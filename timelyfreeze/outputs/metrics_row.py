@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from planner.schedule.actions import parse_action
 from timelyfreeze.hooks.profiler import ActionRecord
@@ -126,13 +127,7 @@ def loss_sum(losses: list) -> float | None:
     one per batch; the sum in float64 in batch order either way, so the value is the same."""
     if not losses:
         return None
-    if all(isinstance(x, torch.Tensor) and not _is_dtensor(x) for x in losses):
+    if all(isinstance(x, torch.Tensor) and not isinstance(x, DTensor) for x in losses):
         return sum(torch.stack(losses).tolist())
     # DTensors (tensor parallelism) refuse tolist(); float() reads each as DTensor's own rules say (as before)
     return sum(float(x) for x in losses)
-
-
-def _is_dtensor(x: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(x, DTensor)

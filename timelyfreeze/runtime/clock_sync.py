@@ -68,12 +68,18 @@ def best_offset(trips: list[tuple[float, float, float]]) -> tuple[float, float]:
     return remote - (t0 + t1) / 2, (t1 - t0) / 2
 
 
+def one_clock(ids: list[str]) -> bool:
+    """Whether one clock serves every rank (``ids``: every global rank's clock id): the one rule for when the
+    clocks need no side group and no measuring."""
+    return len(set(ids)) == 1
+
+
 def side_group(ids: list[str], timeout_s: float = SIDE_GROUP_TIMEOUT_S) -> Any:
     """The gloo side group of a job whose ranks span clocks (``ids``: every global rank's clock), None where
     one clock serves all (the default group then carries what little the clocks send: no gloo on NCCL jobs).
     Collective over the job. A group that cannot connect within ``timeout_s`` (gloo resolving the host name
     to loopback, a firewall) ends the run with a ``FreezeConfigError`` naming ``GLOO_SOCKET_IFNAME``."""
-    if len(set(ids)) == 1:
+    if one_clock(ids):
         return None
     try:
         group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
@@ -109,7 +115,7 @@ class ClockSync:
 
     @property
     def single_clock(self) -> bool:
-        return len(set(self.ids)) == 1
+        return one_clock(self.ids)
 
     def measure(self, step: int) -> dict | None:
         """Every clock's offset to rank 0's (collective over the job; the gloo side group only); the sample of

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -72,13 +71,17 @@ def _flag_value(extra: Sequence[str], flag: str) -> str | None:
     return None
 
 
+def _config_table(config: str | Path) -> dict[str, Any]:
+    """The config TOML as tables: the one reader of a config's settings before TorchTitan parses it."""
+    return tomllib.loads(Path(config).read_text())
+
+
 def dump_folder_of(config: str | Path, extra: Sequence[str]) -> str:
     """The dump folder of a run: ``--job.dump_folder`` among ``extra``, else the config's, else ./outputs."""
     value = _flag_value(extra, "--job.dump_folder")
     if value is not None:
         return value
-    m = re.search(r'^\s*dump_folder\s*=\s*"([^"]+)"', Path(config).read_text(), re.M)
-    return m.group(1) if m else "./outputs"
+    return str(_config_table(config).get("job", {}).get("dump_folder", "./outputs"))
 
 
 DEGREES = (
@@ -106,7 +109,7 @@ def world_size(degree_of: Callable[[str], Any]) -> int:
 def nproc_of(config: str | Path, extra: Sequence[str]) -> int:
     """``world_size`` of a run: each ``[parallelism]`` degree from ``--parallelism.<degree>`` among ``extra``,
     else the config."""
-    table = tomllib.loads(Path(config).read_text()).get("parallelism", {})
+    table = _config_table(config).get("parallelism", {})
 
     def degree_of(name: str) -> Any:
         value = _flag_value(extra, f"--parallelism.{name}")

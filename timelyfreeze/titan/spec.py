@@ -86,8 +86,16 @@ class FixedBatchValidator(Validator):
         """TorchTitan's rule; with the held-out accuracy, also the last step (the accuracy at the end)."""
         return super().should_validate(step) or (self.scorer is not None and step == self.job_config.training.steps)
 
+    def scores_accuracy(self, step: int) -> bool:
+        """Whether a validation at ``step`` scores the held-out accuracy too: at every ``[validation] freq``-th
+        step and at the last, never at TorchTitan's extra validation of step 1 (a scoring costs questions x
+        choices forwards: minutes, where the held-out loss costs seconds)."""
+        return self.scorer is not None and (
+            step % self.job_config.validation.freq == 0 or step == self.job_config.training.steps
+        )
+
     def validate(self, model_parts, step, *args, **kwargs):
-        if self.scorer is not None and isinstance(self.metrics_processor, FreezeMetricsProcessor):
+        if self.scores_accuracy(step) and isinstance(self.metrics_processor, FreezeMetricsProcessor):
             self.metrics_processor.pending_accuracy = self.scorer.score(self, model_parts)
         if self._start is not None:
             self.validation_dataloader.dataset.load_state_dict(copy.deepcopy(self._start))

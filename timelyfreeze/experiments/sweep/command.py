@@ -40,17 +40,23 @@ def _lookup(toml: dict[str, Any], dotted: str) -> Any:
 
 def job_setting(job: Job, base_toml: str | Path, key: str) -> Any:
     """A dotted setting of the job: its last override, else the base TOML's value, else None."""
+    with open(base_toml, "rb") as f:
+        return _setting(job, tomllib.load(f), key)
+
+
+def _setting(job: Job, base: dict[str, Any], key: str) -> Any:
     for k, value in reversed(job.overrides):
         if k.replace("-", "_") == key:
             return value
-    with open(base_toml, "rb") as f:
-        return _lookup(tomllib.load(f), key)
+    return _lookup(base, key)
 
 
 def nproc_of_job(job: Job, base_toml: str | Path) -> int:
     """The processes of the job: ``launch.world_size`` of its ``[parallelism]`` degrees (its overrides, else the
-    base TOML)."""
-    return world_size(lambda name: job_setting(job, base_toml, f"parallelism.{name}"))
+    base TOML, read once)."""
+    with open(base_toml, "rb") as f:
+        base = tomllib.load(f)
+    return world_size(lambda name: _setting(job, base, f"parallelism.{name}"))
 
 
 def matched_dump(job: Job, dump_folder: str | Path) -> Path:
