@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """How far a backward action's frozen *elements* land from ``ratio`` x the stage's elements, for the two
-ways of drawing the frozen tensors (``timelyfreeze.hooks.selection``): ``uniform_subset`` (a random set of
+ways of drawing the frozen tensors (``timelyfreeze.methods.selection``): ``uniform_subset`` (a random set of
 ``floor/ceil(r n)`` tensors) and ``balanced_subset`` (TimelyFreeze's: systematic sampling along the
 tensors sorted by size). Both freeze every tensor with probability ``r``. Stages of the embedded default
 (llama3 debug model, 6 layers, PP=2: the first stage holds the embedding and blocks 0-2, the second
@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 
-from timelyfreeze.hooks.selection import action_generator, balanced_subset, uniform_subset
+from timelyfreeze.methods.selection import action_generator, balanced_subset, uniform_subset
 
 
 def debug_model_stages() -> list[dict[str, int]]:

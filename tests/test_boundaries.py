@@ -57,3 +57,40 @@ def test_the_check_sees_every_way_of_importing(tmp_path):
     names = imported_modules(fake, tmp_path)
     assert "timelyfreeze.experiments.sweep.runner" in names and "timelyfreeze.experiments" in names
     assert "timelyfreeze.experiments.grid" in names and "timelyfreeze.experiments.sweep.cli.main" in names
+
+
+def package_edges() -> dict[str, set[str]]:
+    """{package: the other packages of ``timelyfreeze`` it imports}, a package being a folder (or a top-level
+    module) right under ``timelyfreeze/``; lazy imports inside functions count."""
+    edges: dict[str, set[str]] = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        src = p.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        for name in imported_modules(p):
+            parts = name.split(".")
+            if parts[0] == "timelyfreeze" and len(parts) > 1 and parts[1] != src and parts[1] != "__init__":
+                if (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file():
+                    edges.setdefault(src, set()).add(parts[1])
+    return edges
+
+
+def test_the_packages_import_each_other_without_a_loop():
+    edges = package_edges()
+    assert edges["runtime"] >= {"plan", "outputs", "hooks", "methods", "job"}  # the check sees the real graph
+
+    def reaches(a: str, b: str) -> bool:
+        seen, todo = set(), [a]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt == b:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    loops = sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if reaches(b, a)})
+    assert loops == []
+
+
+def test_the_ground_floor_imports_nothing_of_the_project_above_it():
+    assert "job" not in package_edges()  # timelyfreeze/job/ imports only torch, planner and the standard library

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from tests.single_rank import process_group  # noqa: F401 (autouse fixture)
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 from timelyfreeze.runtime import clock_sync
 from timelyfreeze.runtime.clock_sync import ClockSync, gather_records, side_group
 

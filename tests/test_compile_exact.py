@@ -51,10 +51,10 @@ from tests.single_rank import process_group  # noqa: F401 (module-scoped, autous
 from tests.test_freezing_exact import MULTI_STAGE, N_MB, SEQ, BackwardOrder, V, build_parts, loss_fn
 from timelyfreeze.hooks import stage_hooks
 from timelyfreeze.hooks.freezing import FreezingHook
-from timelyfreeze.hooks.selection import action_generator, balanced_subset
 from timelyfreeze.hooks.stage_layout import build_stage_views
 from timelyfreeze.methods.base import FreezeMethod
 from timelyfreeze.methods.common import Units
+from timelyfreeze.methods.selection import action_generator, balanced_subset
 
 MATMULS = {"mm", "addmm", "bmm"}
 """The aten overload packets counted as matrix products (``.default`` and ``.out`` alike)."""

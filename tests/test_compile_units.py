@@ -12,11 +12,11 @@ import torch
 from tests.single_rank import process_group  # noqa: F401 (module-scoped, autouse)
 from timelyfreeze.config.freeze import Freeze, FreezeConfigError, resolve_unit, validate
 from timelyfreeze.config.job_checks import COMPILE_REFUSED_SCHEDULES, check_compile_schedule
-from timelyfreeze.hooks.selection import action_generator, balanced_subset
 from timelyfreeze.hooks.stage_layout import choose_anchor, freeze_units, layer_index
-from timelyfreeze.methods.base import StageView
+from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.common import Units
 from timelyfreeze.methods.registry import METHODS
+from timelyfreeze.methods.selection import action_generator, balanced_subset
 
 COMPILED = SimpleNamespace(enable=True, components=["model", "loss"])
 EAGER = SimpleNamespace(enable=False, components=["model", "loss"])

@@ -12,7 +12,7 @@ import pytest
 from timelyfreeze.config.deprecated import RENAMED, apply_renames
 from timelyfreeze.config.freeze import Experiment, Freeze, FreezeAdvanced, FreezeConfigError, knob_of, validate
 from timelyfreeze.config.job_checks import check_parallelism
-from timelyfreeze.config.phases import Phases, derive_phases
+from timelyfreeze.job.phases import Phases, derive_phases
 from timelyfreeze.methods.registry import METHODS as REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]

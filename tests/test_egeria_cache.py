@@ -12,7 +12,7 @@ from torchtitan.models.llama3.model.args import TransformerModelArgs
 from torchtitan.models.llama3.model.model import Transformer
 
 from timelyfreeze.data import epoch_data
-from timelyfreeze.methods.base import StageView
+from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.egeria import cache as egeria_cache
 from timelyfreeze.methods.egeria.cache import PrefixCache
 from timelyfreeze.methods.egeria.method import Egeria, EgeriaConfig

@@ -9,8 +9,9 @@ import pickle
 import pytest
 import torch
 
+from timelyfreeze.job.errors import FreezeStateError
 from timelyfreeze.runtime.state import check as _check_state
-from timelyfreeze.runtime.state_codec import STATE_FORMAT, FreezeStateError, decode, encode
+from timelyfreeze.runtime.state_codec import STATE_FORMAT, decode, encode
 
 
 def test_round_trip_keeps_types_exactly():
@@ -176,10 +177,10 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
 
     from tests.test_timely_method import make
     from timelyfreeze.config.freeze import Freeze
+    from timelyfreeze.job.run_info import RunInfo
     from timelyfreeze.outputs.summary import format_summary
     from timelyfreeze.plan.coordinator import PlanCoordinator
     from timelyfreeze.plan.settings import PlanSettings
-    from timelyfreeze.runtime.run_info import RunInfo
 
     info = RunInfo(
         schedule="1F1B",

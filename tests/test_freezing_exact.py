@@ -31,9 +31,9 @@ from tests.single_rank import process_group  # noqa: F401 (module-scoped, autous
 from timelyfreeze.hooks import stage_hooks
 from timelyfreeze.hooks.freezing import FreezingHook
 from timelyfreeze.hooks.profiler import ActionProfiler
-from timelyfreeze.hooks.selection import action_generator, uniform_subset
 from timelyfreeze.hooks.stage_layout import build_stage_views
 from timelyfreeze.methods.base import FreezeMethod
+from timelyfreeze.methods.selection import action_generator, uniform_subset
 
 V, D, SEQ, N_MB = 64, 32, 8, 4
 

@@ -7,7 +7,7 @@ import torch
 
 from tests.test_timely_method import PH, make
 from timelyfreeze.hooks.freezing import FreezingHook
-from timelyfreeze.hooks.selection import action_generator, balanced_subset
+from timelyfreeze.methods.selection import action_generator, balanced_subset
 
 
 def run_step(hook: FreezingHook, accum_box: list[int], batches: int, step_box: list[int], step: int):

@@ -10,12 +10,12 @@ import types
 import pytest
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.instruct import Instruct
 from timelyfreeze.data import choice_task, instruct_data, instruct_pairs
 from timelyfreeze.data.alpaca import read_alpaca
 from timelyfreeze.data.chat_template import ChatTemplate, encode_sample
 from timelyfreeze.data.instruct_pairs import Pair
+from timelyfreeze.job.errors import FreezeConfigError
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

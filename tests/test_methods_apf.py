@@ -4,8 +4,8 @@ import torch
 from test_methods_common import make_cfg, make_ctx, make_stages, same_set_for_every_microbatch
 from torch import nn
 
+from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.apf import APF, APFConfig, APFMetric
-from timelyfreeze.methods.base import StageView
 
 
 def _view(**shapes: int) -> StageView:

@@ -13,11 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.config.phases import Phases
+from timelyfreeze.job.errors import FreezeConfigError
+from timelyfreeze.job.phases import Phases
+from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
-from timelyfreeze.methods.base import MethodContext, StageView
+from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.common import freezable_names
 from timelyfreeze.methods.egeria.method import EgeriaConfig
 from timelyfreeze.methods.random_fixed import RandomConfig, RandomFixed

@@ -5,12 +5,12 @@ import math
 import torch
 from test_methods_common import make_cfg, make_ctx, make_stages, set_layer_grads
 
-from timelyfreeze.config.phases import Phases
-from timelyfreeze.hooks.selection import action_generator
+from timelyfreeze.job.phases import Phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.hybrid import TimelyAPF, TimelyAutoFreeze, hybrid_probabilities, hybrid_select
 from timelyfreeze.methods.registry import method_class
+from timelyfreeze.methods.selection import action_generator
 
 NAMES = [f"t{i}" for i in range(20)]
 # sizes over four orders of magnitude: an embedding-like first tensor, matrices, norms

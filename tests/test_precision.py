@@ -8,7 +8,7 @@ import tomllib
 import pytest
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 from timelyfreeze.titan import precision
 from timelyfreeze.titan.launch import CONFIGS
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from timelyfreeze.hooks.selection import (
+from timelyfreeze.methods.selection import (
     action_generator,
     balanced_subset,
     inclusion_probabilities,

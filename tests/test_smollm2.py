@@ -246,7 +246,7 @@ def test_the_trainer_refuses_a_folder_that_does_not_match_the_flavor(tiny_folder
     ``FreezeConfigError``, which ``timelyfreeze.train`` prints as one line with exit code 2."""
     from types import SimpleNamespace
 
-    from timelyfreeze.config.errors import FreezeConfigError
+    from timelyfreeze.job.errors import FreezeConfigError
 
     job = SimpleNamespace(model=SimpleNamespace(name="llama3", flavor=smollm2.FLAVOR, hf_assets_path=str(tiny_folder)))
     with pytest.raises(FreezeConfigError, match=r"config\.json: field hidden_size = 16, flavor 'smollm2_135m' has 576"):

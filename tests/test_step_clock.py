@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.hooks.profiler import ActionProfiler
 from timelyfreeze.hooks.step_clock import OFFSET_ENV, StepClock, injected_offset_ms
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 class FakeDevice:

@@ -12,7 +12,7 @@ from planner.schedule.orders import schedule_meta
 from planner.trace.load import validate_meta
 from tests.single_rank import process_group  # noqa: F401  (module-scoped, autouse)
 from timelyfreeze.hooks.profiler import ActionProfiler
-from timelyfreeze.runtime.collectives import JobGroup
+from timelyfreeze.job.collectives import JobGroup
 from timelyfreeze.runtime.step_gather import StepGather
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from timelyfreeze.config.freeze import Freeze, FreezeAdvanced
-from timelyfreeze.config.phases import Phases
-from timelyfreeze.methods.base import MethodContext, StageView
+from timelyfreeze.job.phases import Phases
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 PH = Phases(warmup_end=2, upper_end=4, lower_end=6, ramp_end=10)

@@ -23,8 +23,7 @@ def main(trainer_cls: type | None = None) -> None:
     cpu_shims.apply_if_needed()
     from torchtitan.train import main as titan_main  # deferred: TorchTitan only after the CPU shims
 
-    from timelyfreeze.config.errors import FreezeConfigError
-    from timelyfreeze.runtime.state_codec import FreezeStateError
+    from timelyfreeze.job.errors import FreezeConfigError, FreezeStateError
     from timelyfreeze.titan.trainer import TimelyFreezeTrainer
 
     try:

@@ -3,7 +3,7 @@
 TOMLs name this package as TorchTitan's ``[job] custom_config_module = "timelyfreeze.config"``: TorchTitan
 imports it and reads its ``JobConfig``, which lives in :mod:`timelyfreeze.config.freeze`. It is looked up on
 first use (PEP 562) rather than imported here: the methods declare their own sections next to their code
-and check them with :mod:`timelyfreeze.config.fields`, so importing ``freeze`` from this package's
+and check them with :mod:`timelyfreeze.job.fields`, so importing ``freeze`` from this package's
 ``__init__`` would make every method's import go round through itself.
 """
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 RENAMED: dict[str, str] = {
     "solver": "freeze.advanced",

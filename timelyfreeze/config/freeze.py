@@ -14,11 +14,11 @@ from planner.defaults import ANCHOR, DEFAULT_ESTIMATOR, GAPS, JITTER
 from planner.lp.solve import SOLVERS
 from planner.timing.estimate import ESTIMATORS
 from timelyfreeze.config.deprecated import check_moved, names_base
-from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.config.fields import check_section, check_types, fail
 from timelyfreeze.config.instruct import Instruct
-from timelyfreeze.config.phases import Phases, derive_phases
 from timelyfreeze.hooks.stage_layout import UNITS
+from timelyfreeze.job.errors import FreezeConfigError
+from timelyfreeze.job.fields import check_section, check_types, fail
+from timelyfreeze.job.phases import Phases, derive_phases
 from timelyfreeze.methods.apf import APFConfig
 from timelyfreeze.methods.autofreeze import AutoFreezeConfig
 from timelyfreeze.methods.egeria.method import EgeriaConfig
@@ -242,7 +242,7 @@ def knob_of(cfg: "Freeze") -> dict | None:
 
 def validate(cfg: Freeze, *, total_steps: int, lr_warmup_steps: int) -> Phases:
     """Check the section on its own (the plan/schedule match is checked once the pipeline exists): the type
-    of every field, nested method sections included (``timelyfreeze.config.fields``), then the ranges of
+    of every field, nested method sections included (``timelyfreeze.job.fields``), then the ranges of
     ``[freeze]``'s own fields, then each method section's ``validate()`` (its rules live with its method)."""
     check_types(cfg, "freeze")
     check_moved(cfg)

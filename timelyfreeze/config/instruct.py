@@ -9,7 +9,7 @@ dataclass types.
 from dataclasses import dataclass
 from typing import Literal
 
-from timelyfreeze.config.fields import check_section
+from timelyfreeze.job.fields import check_section
 
 DEFAULT_TURN = "<|im_start|>{role}\n{content}<|im_end|>\n"
 """ChatML, the chat template of SmolLM2 (and of most instruction-tuned models of its family)."""

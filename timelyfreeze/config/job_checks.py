@@ -6,10 +6,10 @@ import dataclasses
 
 from planner.errors import PlannerError
 from planner.schedule.orders import check_microbatch_count, min_microbatches
-from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.config.fields import check_types
 from timelyfreeze.config.freeze import Experiment, compiles_model
 from timelyfreeze.config.instruct import Instruct
+from timelyfreeze.job.errors import FreezeConfigError
+from timelyfreeze.job.fields import check_types
 from timelyfreeze.methods.registry import METHODS as _REGISTRY
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.data.instruct_pairs import Pair
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 def read_alpaca(path: str | Path, setting: str = "[instruct] data_path") -> list[Pair]:

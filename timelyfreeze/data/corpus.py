@@ -37,7 +37,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 VOCAB_SIZE = 2048
 SPLITS = ("train", "val", "pretrain", "finetune")

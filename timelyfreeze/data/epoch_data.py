@@ -22,7 +22,6 @@ resumed run yields the same ids as an uninterrupted one.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -140,26 +139,3 @@ def build_fixed_dataset(name: str, tokenizer, seq_len: int, dp_rank: int = 0, dp
         corpus.read_texts(split), lambda t: tokenizer.encode(t, add_bos=True, add_eos=True), num, seq_len
     )
     return FixedSequenceDataset(seqs, dp_rank, dp_world_size, seed=seed)
-
-
-def build_dataloader(dp_world_size: int, dp_rank: int, tokenizer, job_config, infinite: bool = True):
-    """``TrainSpec.build_dataloader_fn``: the fixed sequences for a ``pystdlib_<split>_fixed<N>`` name, the
-    instruction data for ``instruct`` (``timelyfreeze.data.instruct_data``), else TorchTitan's
-    ``build_text_dataloader``."""
-    # deferred: TorchTitan is imported after the CPU shims (timelyfreeze.train)
-    from torchtitan.components.dataloader import ParallelAwareDataloader
-    from torchtitan.hf_datasets.text_datasets import build_text_dataloader
-
-    from timelyfreeze.data import instruct_data  # (it builds on this module)
-
-    tcfg = job_config.training
-    if instruct_data.is_instruct(tcfg.dataset):
-        return instruct_data.build_dataloader(
-            tcfg.dataset, job_config, tokenizer, tcfg, dp_rank, dp_world_size, infinite=infinite
-        )
-    if parse_fixed(tcfg.dataset) is None:
-        return build_text_dataloader(dp_world_size, dp_rank, tokenizer, job_config, infinite=infinite)
-    ds = build_fixed_dataset(tcfg.dataset, tokenizer, tcfg.seq_len, dp_rank, dp_world_size)
-    ds.infinite = infinite
-    kwargs = {**asdict(tcfg.dataloader), "batch_size": tcfg.local_batch_size}
-    return ParallelAwareDataloader(ds, dp_rank=dp_rank, dp_world_size=dp_world_size, **kwargs)

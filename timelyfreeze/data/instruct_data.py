@@ -26,11 +26,11 @@ from dataclasses import asdict
 
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.data.alpaca import read_alpaca
 from timelyfreeze.data.chat_template import ChatTemplate, encode_sample
 from timelyfreeze.data.epoch_data import FixedSequenceDataset
 from timelyfreeze.data.instruct_pairs import Pair, stdlib_pairs
+from timelyfreeze.job.errors import FreezeConfigError
 
 IGNORE_INDEX = -100
 """TorchTitan's ignore index (``torchtitan.components.loss.IGNORE_INDEX``; a test checks they agree)."""
@@ -157,7 +157,7 @@ def _texts(split: str) -> tuple[str, ...]:
 
 def register_datasets() -> None:
     """Make ``instruct`` and ``instruct_heldout`` known to TorchTitan's dataset registry (its name check); the
-    masked, packed data replaces TorchTitan's text dataset in our builders (``epoch_data.build_dataloader``,
+    masked, packed data replaces TorchTitan's text dataset in our builders (``loaders.build_dataloader``,
     ``timelyfreeze.titan.spec.FixedBatchValidator``)."""
     from datasets import Dataset  # deferred: heavy
     from torchtitan.hf_datasets import DatasetConfig, text_datasets

@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Callable
 
 from timelyfreeze.hooks.param_switch import ParamSwitch
-from timelyfreeze.methods.base import FreezeMethod, StageView
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import FreezeMethod
 
 
 class FreezingHook:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 def _fsdp_params_by_name(module: torch.nn.Module) -> dict[str, object]:

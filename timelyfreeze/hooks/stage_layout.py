@@ -28,8 +28,8 @@ import re
 
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.methods.base import StageView
+from timelyfreeze.job.errors import FreezeConfigError
+from timelyfreeze.job.stage_view import StageView
 
 _BLOCK = re.compile(r"^(?:.*\.)?layers\.(\d+)\.")
 _HEAD_PREFIXES = ("norm.", "output.", "final_norm.", "lm_head.")

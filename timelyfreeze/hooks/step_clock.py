@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 OFFSET_ENV = "TIMELYFREEZE_CLOCK_OFFSET_MS"
 

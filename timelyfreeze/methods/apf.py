@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.config.fields import check_section
-from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.job.fields import check_section
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import warmup_of
 
 

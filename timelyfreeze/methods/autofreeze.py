@@ -15,8 +15,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from timelyfreeze.config.fields import check_section
-from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.job.fields import check_section
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 
 

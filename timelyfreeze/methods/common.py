@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.methods.base import MethodContext, StageView
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import MethodContext
 
 
 def freezable_names(view: StageView) -> list[str]:

@@ -19,11 +19,11 @@ from typing import Any, Collection, Sequence
 
 import torch
 
-from timelyfreeze.hooks.selection import action_generator, inclusion_probabilities, systematic_subset
 from timelyfreeze.methods.apf import APFMetric
 from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
+from timelyfreeze.methods.selection import action_generator, inclusion_probabilities, systematic_subset
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 MARKED_WEIGHT = 1.0

@@ -19,11 +19,11 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.trace.archive import TRACE_NAME, find_trace
 from planner.trace.load import load_trace, phase_stage_ratios
-from timelyfreeze.config.errors import FreezeConfigError
-from timelyfreeze.config.fields import check_section, fail
-from timelyfreeze.hooks.selection import action_generator, balanced_subset
+from timelyfreeze.job.errors import FreezeConfigError
+from timelyfreeze.job.fields import check_section, fail
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
+from timelyfreeze.methods.selection import action_generator, balanced_subset
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 

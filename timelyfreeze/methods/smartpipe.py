@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.config.fields import check_section
+from timelyfreeze.job.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Prefix, merge_layer_stats, warmup_of
 

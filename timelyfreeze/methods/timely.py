@@ -1,6 +1,6 @@
 """TimelyFreeze: how much each backward action freezes comes from the plan; which tensors, uniformly at random.
 
-Phases (``timelyfreeze.config.phases.Phases``): warm-up (nothing frozen, nothing used) -> upper-bound
+Phases (``timelyfreeze.job.phases.Phases``): warm-up (nothing frozen, nothing used) -> upper-bound
 monitoring (nothing frozen) -> lower-bound monitoring (every freezable tensor frozen) -> the plan
 is made (by the trainer, which owns the measurements and the process group; see ``set_plan``) ->
 progressive ramp (each action's ratio rises linearly from 0 to its planned value) -> stable.
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
-from timelyfreeze.config.phases import Phases
-from timelyfreeze.hooks.selection import action_generator, balanced_subset
+from timelyfreeze.job.phases import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units
+from timelyfreeze.methods.selection import action_generator, balanced_subset
 
 
 class TimelyFreezeMethod(FreezeMethod):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 class AssetError(FreezeConfigError):

@@ -16,9 +16,9 @@ from torch.distributed.tensor import DTensor
 from planner.schedule.actions import parse_action
 from timelyfreeze.hooks.profiler import ActionRecord
 from timelyfreeze.hooks.step_clock import StepClock
-from timelyfreeze.methods.base import StageView
-from timelyfreeze.runtime.collectives import JobGroup
-from timelyfreeze.runtime.run_info import RunInfo
+from timelyfreeze.job.collectives import JobGroup
+from timelyfreeze.job.run_info import RunInfo
+from timelyfreeze.job.stage_view import StageView
 
 
 class StepMetrics:

@@ -21,15 +21,15 @@ from typing import Any, Callable
 
 from planner.errors import PlannerError
 from planner.timing.drift import machine_factor, max_scales, rank_factors
-from timelyfreeze.config.phases import Phases
 from timelyfreeze.hooks.profiler import ActionRecord
+from timelyfreeze.job.collectives import JobGroup
+from timelyfreeze.job.errors import FreezeStateError
+from timelyfreeze.job.phases import Phases
+from timelyfreeze.job.run_info import RunInfo
 from timelyfreeze.plan import solve as planning
 from timelyfreeze.plan.outcome import PlanFailure, PlanUpdate
 from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.plan.settings import PlanSettings
-from timelyfreeze.runtime.collectives import JobGroup
-from timelyfreeze.runtime.run_info import RunInfo
-from timelyfreeze.runtime.state_codec import FreezeStateError
 
 PlanChange = PlanUpdate | PlanFailure | None
 """What a call that can change the plan returns: the new plan, a failure, or None (nothing changed)."""

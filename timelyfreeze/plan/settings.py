@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from planner.defaults import CLIFF
 from planner.errors import PlannerError
 from planner.lp.budget import check_r_max
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.config.freeze import PLANNED_METHODS, Freeze
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 @dataclass(frozen=True)

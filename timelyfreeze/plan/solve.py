@@ -21,7 +21,7 @@ from planner.timing.comm import estimate_edge_delays
 from planner.timing.gaps import with_gap_costs
 from planner.timing.jitter import jitter_factors
 from planner.trace.load import NodeWeights, trace_from_records, validate_meta
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 from timelyfreeze.plan.outcome import PlanFailure, PlanUpdate
 from timelyfreeze.plan.settings import PlanSettings
 

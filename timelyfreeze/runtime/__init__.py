@@ -1,2 +1,3 @@
-"""The freezing runtime of one rank: the sequence of calls in a step, what the trainer hands it, the
-collectives over the pipeline and the job, the per-step gather, and the state saved in checkpoints."""
+"""The freezing runtime of one rank: the sequence of calls in a step, the clocks across hosts, the per-step
+gather, and the state saved in checkpoints (what the trainer hands it and the job's collectives are on the
+ground floor, ``timelyfreeze.job``)."""

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from timelyfreeze.config.errors import FreezeConfigError
 from timelyfreeze.hooks.step_clock import host_ms
+from timelyfreeze.job.errors import FreezeConfigError
 
 BOOT_ID_FILE = "/proc/sys/kernel/random/boot_id"
 BOOT_ID_ENV = "TIMELYFREEZE_BOOT_ID"

@@ -25,7 +25,6 @@ from planner.plan import load_plan
 from planner.timing.spans import plan_f_factor
 from planner.trace.load import Trace, trace_from_records
 from timelyfreeze.config.freeze import Freeze, knob_of
-from timelyfreeze.config.phases import Phases
 from timelyfreeze.data.choice_task import Accuracy
 from timelyfreeze.hooks import stage_hooks
 from timelyfreeze.hooks.compile_watch import CompileWatch
@@ -33,7 +32,11 @@ from timelyfreeze.hooks.freezing import FreezingHook
 from timelyfreeze.hooks.profiler import ActionProfiler, ActionRecord, TraceWriter, build_meta
 from timelyfreeze.hooks.stage_layout import build_stage_views
 from timelyfreeze.hooks.step_clock import StepClock
-from timelyfreeze.methods.base import FreezeMethod, MethodContext, StageView
+from timelyfreeze.job.collectives import JobGroup
+from timelyfreeze.job.phases import Phases
+from timelyfreeze.job.run_info import PipelinePart, RunInfo, TrainerHandles
+from timelyfreeze.job.stage_view import StageView
+from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.registry import method_class
 from timelyfreeze.outputs import summary as run_summary
 from timelyfreeze.outputs import timeline
@@ -44,8 +47,6 @@ from timelyfreeze.plan.settings import PlanSettings
 from timelyfreeze.plan.solve import one_line
 from timelyfreeze.runtime import state as saved_state
 from timelyfreeze.runtime.clock_sync import ClockSync, gather_records, sync_steps
-from timelyfreeze.runtime.collectives import JobGroup
-from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.state import FreezeStateError, RunState
 from timelyfreeze.runtime.step_gather import StepGather
 

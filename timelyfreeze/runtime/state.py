@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from timelyfreeze.config.phases import Phases
+from timelyfreeze.job.errors import FreezeStateError
+from timelyfreeze.job.phases import Phases
 from timelyfreeze.plan.coordinator import OPTIONAL_FIELDS, STATE_FIELDS, check_state
 from timelyfreeze.runtime import state_codec
-from timelyfreeze.runtime.state_codec import FreezeStateError
 
 RUN_FIELDS: dict[str, tuple[type, ...]] = {
     "step": (int,),

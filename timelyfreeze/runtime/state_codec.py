@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from timelyfreeze.job.errors import FreezeStateError
+
 STATE_FORMAT = "timelyfreeze-state/1"
 
 _DTYPES = {
@@ -40,10 +42,6 @@ _DTYPES = {
     )
 }
 _TAGS = ("__dict__", "__tuple__", "__tensor__")
-
-
-class FreezeStateError(ValueError):
-    """A saved freezing state that cannot be restored; the message says what is wrong."""
 
 
 def encode(obj: Any) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import torch
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 BF16_SPACING = 2.0**-8
 """Relative spacing of bf16 numbers, at the lower end (round to nearest keeps a weight below about this)."""

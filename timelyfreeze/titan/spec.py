@@ -11,7 +11,7 @@ of ours, in place of patching TorchTitan's instances.
 * ``FreezeMetricsProcessor``: TorchTitan's metrics processor that also hands each validation loss, with the
   accuracy when there is one, to its ``on_validation`` listeners (the freezing runtime's validation curve, the
   stop rule).
-* ``epoch_data.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
+* ``loaders.build_dataloader``: TorchTitan's text dataloader, or for a ``pystdlib_<split>_fixed<N>`` dataset
   the fixed multi-epoch set whose samples carry a stable id (``timelyfreeze.data.epoch_data``).
 * ``TokenMeanLoss``: the model's own loss, which the trainer can make divide by the step's token count
   (``dividing_by``) while a pipeline schedule runs its backward, so that PP optimises the per-token mean of
@@ -40,7 +40,7 @@ from torchtitan.hf_datasets.text_datasets import build_text_dataloader
 from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 from torchtitan.tools.logging import logger
 
-from timelyfreeze.data import epoch_data, instruct_data
+from timelyfreeze.data import epoch_data, instruct_data, loaders
 from timelyfreeze.data.choice_task import Accuracy
 from timelyfreeze.models import smollm2
 from timelyfreeze.titan.accuracy import ChoiceScorer
@@ -189,7 +189,7 @@ def use_freeze_spec(model_name: str) -> None:
         build_metrics_processor_fn=build_metrics_processor
         if spec.build_metrics_processor_fn is None
         else spec.build_metrics_processor_fn,
-        build_dataloader_fn=epoch_data.build_dataloader
+        build_dataloader_fn=loaders.build_dataloader
         if spec.build_dataloader_fn is build_text_dataloader
         else spec.build_dataloader_fn,
         build_loss_fn=functools.partial(build_loss_fn, inner=spec.build_loss_fn),

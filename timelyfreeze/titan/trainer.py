@@ -28,9 +28,9 @@ from timelyfreeze.config.job_checks import (
 )
 from timelyfreeze.data import corpus, epoch_data, instruct_data
 from timelyfreeze.hooks.stage_hooks import overlap_pairs
+from timelyfreeze.job.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.models import smollm2
 from timelyfreeze.outputs.summary import format_summary
-from timelyfreeze.runtime.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.runtime.runtime import FreezeRuntime
 from timelyfreeze.titan import cpu_shims, precision
 from timelyfreeze.titan import spec as titan_spec

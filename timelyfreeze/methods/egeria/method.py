@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from timelyfreeze.config.fields import check_section
+from timelyfreeze.job.fields import check_section
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Prefix, warmup_of
 from timelyfreeze.methods.egeria import cache as egeria_cache

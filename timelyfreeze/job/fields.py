@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Callable, Literal
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 Rule = tuple[str, Callable[[Any], bool], str]
 """(field, a test its (well-typed) value must pass, what the rule says): ``("ratio", lambda v: 0 <= v <= 1,

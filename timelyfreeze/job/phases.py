@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from timelyfreeze.config.errors import FreezeConfigError
+from timelyfreeze.job.errors import FreezeConfigError
 
 
 @dataclass(frozen=True)
