@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner import plan as plan_mod
+from planner.schedule import meta as meta_mod
 from planner.trace import load as trace_mod
-from planner.trace import meta as meta_mod
 from planner.trace.simulate import synthetic_trace, write_trace
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "formats.md"

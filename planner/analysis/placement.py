@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from planner.plan import Plan
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from planner.schedule.dag import EdgeDelays
-from planner.trace.meta import TraceMeta
+from planner.schedule.meta import TraceMeta
 from planner.trace.simulate import simulate_batch
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from planner.errors import PlannerError
 from planner.schedule.actions import parse_action
-from planner.trace.meta import TraceMeta
+from planner.schedule.meta import TraceMeta
 
 SOURCE = "source"
 SINK = "sink"

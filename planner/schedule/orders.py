@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from planner.errors import PlannerError
 from planner.schedule.actions import Action, pair_action
-from planner.trace.load import TRACE_FORMAT
+from planner.schedule.meta import TRACE_FORMAT
 
 SCHEDULES: tuple[str, ...] = (
     "GPipe",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from planner.errors import PlannerError
 from planner.fileio import replace_atomically, sync_dir
-from planner.trace.meta import META_FILE
+from planner.schedule.meta import META_FILE
 
 SUFFIX = ".tar.gz"
 TRACE_NAME = "trace"

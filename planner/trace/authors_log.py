@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlannerError
+from planner.schedule.meta import TRACE_FORMAT, validate_meta
 from planner.schedule.orders import rank_orders
 from planner.trace.load import Record, Trace
-from planner.trace.meta import TRACE_FORMAT, validate_meta
 from planner.trace.simulate import write_trace
 
 __all__ = [

@@ -5,7 +5,7 @@ one ``actions_rank<r>_replica<d>.jsonl`` per rank for each further data-parallel
 (see ``docs/formats.md``), or the same files packed in a ``trace.tar.gz`` (:mod:`planner.trace.archive`).
 Every problem is reported as a one-line :class:`PlannerError` that names the file (and ``:<line>`` for
 JSONL) and what is wrong.  Unknown extra fields are kept (meta) or ignored (records) for forward
-compatibility.  The metadata and its checks live in :mod:`planner.trace.meta` (``TraceMeta``,
+compatibility.  The metadata and its checks live in :mod:`planner.schedule.meta` (``TraceMeta``,
 ``validate_meta``, imported here for the loaders).
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.fileio import parse_json
 from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
+from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records
-from planner.trace.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 
 __all__ = [
     "META_FILE",
