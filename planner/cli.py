@@ -24,9 +24,9 @@ from planner.gantt import plot_timeline, trace_panels
 from planner.lp.budget import parse_r_max
 from planner.lp.solve import SOLVERS
 from planner.plan import load_plan, plan_from_trace, plan_summary, write_plan
+from planner.rmax_sweep import format_table, plot_sweep, sweep, write_csv
 from planner.schedule.dag import build_dag
 from planner.schedule.orders import rank_orders, schedule_meta
-from planner.sweep import format_table, plot_sweep, sweep, write_csv
 from planner.timing import monitor
 from planner.timing.cliff import apply_cliffs, find_cliffs
 from planner.timing.comm import estimate_edge_delays, summary_line

@@ -4,8 +4,8 @@
     python scripts/sweep.py run --config base.toml --grid grid.toml --out sweeps/s1 [--dry-run]
     python scripts/sweep.py report sweeps/s1
 
-Thin entry point: the logic is ``timelyfreeze.experiments`` (``cli`` for the options, ``grid`` for the
-grid file); ``python -m timelyfreeze.experiments`` does the same.
+Thin entry point, the sweep's one door: the logic is ``timelyfreeze.experiments.sweep`` (``cli`` for the
+options, ``grid`` for the grid file).
 """
 
 import sys

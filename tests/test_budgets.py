@@ -12,9 +12,9 @@ from planner.errors import PlannerError
 from planner.lp.budget import check_r_max, format_r_max, parse_r_max
 from planner.lp.solve import solve_freeze_lp
 from planner.plan import load_plan, make_plan, plan_from_trace, plan_summary, stage_mean_ratios, write_plan
+from planner.rmax_sweep import format_table, plot_sweep, sweep, write_csv
 from planner.schedule.dag import build_dag
 from planner.schedule.orders import schedule_meta
-from planner.sweep import format_table, plot_sweep, sweep, write_csv
 from planner.trace.load import NodeWeights, TraceMeta, validate_meta
 from planner.trace.simulate import synthetic_trace
 from planner.trace.synthetic import synthetic_weights

@@ -23,7 +23,7 @@ from planner.timing.estimate import (
 )
 from planner.trace.load import Trace, node_weights, trace_from_records
 from planner.trace.simulate import synthetic_trace
-from timelyfreeze.plan import solve as planning
+from timelyfreeze.plan import planning
 from timelyfreeze.plan.outcome import PlanFailure
 from timelyfreeze.plan.settings import PlanSettings
 

@@ -222,10 +222,10 @@ def test_gap_table_pools_by_schedule_phase_and_class():
 
 
 def test_runtime_planning_step_switch(tmp_path):
-    """``timelyfreeze.plan.solve.solve`` with ``PlanSettings.gaps`` (``[freeze.advanced] gap_model``): with it, the plan
-    of ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
+    """``timelyfreeze.plan.planning.solve`` with ``PlanSettings.gaps`` (``[freeze.advanced] gap_model``): with it,
+    the plan of ``plan_from_trace(gaps=True)`` and the gap edges handed on for re-plans; without it, neither."""
     from tests.test_estimate import plan_settings
-    from timelyfreeze.plan import solve as planning
+    from timelyfreeze.plan import planning
     from timelyfreeze.plan.outcome import PlanFailure
 
     tr = run_timed("1F1B")

@@ -60,7 +60,7 @@ def test_two_even_paths_are_longer_together_than_either():
 
 def test_the_runtime_planning_step_records_the_factors(tmp_path):
     from tests.test_estimate import plan_settings
-    from timelyfreeze.plan import solve as planning
+    from timelyfreeze.plan import planning
     from timelyfreeze.plan.outcome import PlanFailure
 
     tr = synthetic_trace("1F1B", 2, 4, jitter=0.05, seed=1, steps=3)

@@ -225,7 +225,7 @@ def test_the_reports_timeline_is_the_gantt_commands(tmp_path) -> None:
 
 
 def test_the_runtime_takes_the_plans_durations_and_delays(trace, tmp_path) -> None:
-    from timelyfreeze.runtime.runtime import _plan_f_factor
+    from timelyfreeze.runtime.freeze_runtime import _plan_f_factor
 
     logged: list[str] = []
     f = _plan_f_factor(trace, JOB / "plan.json", logged.append)

@@ -1,4 +1,4 @@
-"""planner.trace.simulate, planner.sweep and planner.gantt (no torch needed)."""
+"""planner.trace.simulate, planner.rmax_sweep and planner.gantt (no torch needed)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import csv
 
 import pytest
 
-import planner.sweep as sweep_mod
+import planner.rmax_sweep as sweep_mod
 from planner.errors import PlannerError
 from planner.gantt import plot_timeline
-from planner.sweep import check_r_values, format_table, plot_sweep, sweep, write_csv
+from planner.rmax_sweep import check_r_values, format_table, plot_sweep, sweep, write_csv
 from planner.trace.load import load_trace, node_weights
 from planner.trace.simulate import simulate_batch, synthetic_trace, write_trace
 

@@ -3,22 +3,18 @@
 Tooling, not runtime: these modules import the runtime (``timelyfreeze.*``, ``planner``), and nothing in the
 runtime imports them (``tests/test_boundaries.py``). Jobs start through ``timelyfreeze.titan.launch``.
 
-``scripts/sweep.py`` and ``scripts/sweep_report.py`` are thin entry points to ``cli``
-(``python -m timelyfreeze.experiments run|report ...`` does the same). One idea per module:
+Three rooms and two modules, one idea each:
 
-- ``grid``: a grid file / grid flags -> jobs (schedule x method x knob value x seed), their ids and knobs;
-- ``command``: one job -> its ``torchrun -m timelyfreeze.train`` command (``launch``) or a fake launcher's;
-- ``runner``: run one job or a resumable sweep: ``job.json`` records, progress/ETA, timeouts, Ctrl-C and SIGTERM;
-- ``results``: read a sweep folder's job outputs into one row per job;
-- ``pareto``: means per configuration over seeds and the loss/throughput Pareto front;
-- ``tta``: time-to-accuracy against the no-freezing run;
-- ``predictions``: the planner's predictions (r_max sweeps, timelines), called in this process;
-- ``plots``: the report's matplotlib figures;
-- ``report``: the report folder: CSV and Markdown tables, plots, warnings;
-- ``cli``: the command lines of ``sweep.py run`` and ``sweep.py report``;
-- ``pretrain``: the pre-trained checkpoint of the fine-tuning setting (``scripts/pretrain.py``);
-- ``runtime_bench`` (with ``runtime_analysis`` and the trainer ``overhead_trainer``), ``compile_bench``: the
-  benchmarks of ``scripts/bench_runtime.py`` and ``scripts/bench_compile.py``.
+- ``sweep/``: grids of jobs and their report (``scripts/sweep.py`` and ``scripts/sweep_report.py`` are its doors):
+  ``grid`` (a grid file or flags -> jobs), ``command`` (a job -> its ``torchrun`` command), ``runner`` (a
+  resumable sweep: ``job.json`` records, progress, timeouts, Ctrl-C), ``results`` (a sweep folder -> one row per
+  job), ``pareto``, ``tta`` (time to accuracy), ``predictions`` (the planner's), ``plots``, ``report``, ``cli``;
+- ``runtime/``: the runtime benchmark (``scripts/bench_runtime.py``): ``bench``, ``analysis`` (what a finished
+  job's dump says), ``overhead_trainer``, ``report``, ``first_plan``, ``span_figures``;
+- ``studies/``: one study a module (compile, Egeria's cache, estimators, the gap model, placement, the GPU check,
+  the SmolLM2 tables), each with its thin script;
+- ``stats``: the intervals and verdicts every report states;
+- ``pretrain``: the pre-trained checkpoint of the fine-tuning setting (``scripts/pretrain.py``).
 
 Method names and knobs come from ``timelyfreeze.config.freeze`` (``METHODS``, ``METHOD_KNOBS``,
 ``PLANNED_METHODS``); nothing here keeps its own list.

@@ -3,7 +3,7 @@ re-planner, the failures, and their part of the checkpoint.
 
 Every rank of every data-parallel replica of the pipeline contributes its measurements, global rank 0
 solves the LP once on their combination (per action, the maximum over replicas:
-``planner.trace.load.node_weights``; ``timelyfreeze.plan.solve`` solves and never raises), and the result
+``planner.trace.load.node_weights``; ``timelyfreeze.plan.planning`` solves and never raises), and the result
 is broadcast, so every rank of every replica freezes by the same plan. The coordinator talks to the
 runtime only through :class:`~timelyfreeze.plan.outcome.PlanUpdate` and
 :class:`~timelyfreeze.plan.outcome.PlanFailure`: it returns one when the plan changes, and the runtime
@@ -26,7 +26,7 @@ from timelyfreeze.job.collectives import JobGroup
 from timelyfreeze.job.errors import FreezeStateError
 from timelyfreeze.job.phases import Phases
 from timelyfreeze.job.run_info import RunInfo
-from timelyfreeze.plan import solve as planning
+from timelyfreeze.plan import planning
 from timelyfreeze.plan.outcome import PlanFailure, PlanUpdate
 from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.plan.settings import PlanSettings

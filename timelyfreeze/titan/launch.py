@@ -4,8 +4,9 @@
 --job.config_file X ...`` (``python -m``, so the venv's torch is the one that runs); ``run`` runs any command
 with its output in a log file, an optional per-line and per-metrics-row callback, and a timeout. Every
 launcher calls these: ``make run`` (``scripts/run_default.py``), the pre-training (``experiments.pretrain``),
-the sweep (``experiments.command``, ``experiments.runner``), the benchmarks (``experiments.runtime_bench``,
-``experiments.compile_bench``) and the torchrun tests (``tests/torchrun_util.py``).
+the sweep (``experiments.sweep.command``, ``experiments.sweep.runner``), the benchmarks
+(``experiments.runtime.bench``, ``experiments.studies.compile_bench``) and the torchrun tests
+(``tests/torchrun_util.py``).
 
 It lives beside the runtime rather than in ``timelyfreeze.experiments``: ``make run`` and the tests launch
 training without being experiments, and the experiments depend on it, never the reverse. Nothing in the

@@ -31,7 +31,7 @@ from timelyfreeze.hooks.stage_hooks import overlap_pairs
 from timelyfreeze.job.run_info import PipelinePart, RunInfo, TrainerHandles
 from timelyfreeze.models import smollm2
 from timelyfreeze.outputs.summary import format_summary
-from timelyfreeze.runtime.runtime import FreezeRuntime
+from timelyfreeze.runtime.freeze_runtime import FreezeRuntime
 from timelyfreeze.titan import cpu_shims, precision
 from timelyfreeze.titan import spec as titan_spec
 from timelyfreeze.titan.torch_fixes import (

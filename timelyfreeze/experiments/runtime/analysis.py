@@ -1,6 +1,6 @@
-"""What a finished runtime-benchmark job's dump says (``runtime_bench``): phase medians, the plan in force
+"""What a finished runtime-benchmark job's dump says (``bench``): phase medians, the plan in force
 after a re-plan, the overhead bench's paired differences, and where the stable error comes from
-(``decompose``; the module docstring of ``runtime_bench`` defines the quantities)."""
+(``decompose``; the module docstring of ``bench`` defines the quantities)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Job kinds, per schedule and repeat:
   time inside the runtime's own code per attached step (the rank that spent most) / median detached step.
   ``--overhead-probe`` (kind ``overhead_probe``): steps cycle attached, detached, *probe* (the hooked stage
   class with listeners that do nothing), detached, detached; the probe's overhead is what the hook mechanism
-  costs. Cycles of odd length (``runtime_analysis.CYCLES``) put every kind on odd and even steps alike.
+  costs. Cycles of odd length (``analysis.CYCLES``) put every kind on odd and even steps alike.
 * ``overhead_masked`` (``--overhead-masked``): the same at ``--r-max`` with the phases jobs' monitoring windows
   and ramp, so that a plan holds its ratios; the detached steps (*masked*) apply the same plan's masks through a
   minimal path, so attached against masked is the runtime's cost at the plan's ratios, not freezing's speed-up;

@@ -1,5 +1,5 @@
-"""Command lines of the experiments (``scripts/sweep.py``, ``scripts/sweep_report.py`` and
-``python -m timelyfreeze.experiments`` call these):
+"""Command lines of the sweep (its one door is ``scripts/sweep.py``; ``scripts/sweep_report.py`` is its report
+alone):
 
     python scripts/sweep.py run  --config base.toml --grid grid.toml --out sweeps/s1
     python scripts/sweep.py run  --config base.toml --out sweeps/s1 --schedule 1F1B \\

@@ -158,7 +158,7 @@ def rmax_data(
 ) -> dict[str, dict[str, Any]]:
     """Per schedule: the TimelyFreeze-family cells (each run's own plan speedup is their ``predicted_speedup``),
     the planner's predicted speedup curves (one per trace of the schedule's runs) and their rows
-    (``planner_rows``: job_id, schedule, seed and ``planner.sweep.SweepRow``'s fields per r_max)."""
+    (``planner_rows``: job_id, schedule, seed and ``planner.rmax_sweep.SweepRow``'s fields per r_max)."""
     fam = [r for r in rows if r["status"] == "ok" and r["method"] in PLANNED_METHODS]
     grid_r = sorted({r["knob_value"] for r in fam})
     r_values = sorted({round(i / 10, 10) for i in range(11)} | set(grid_r))

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 from planner.errors import PlannerError
 from planner.gantt import plot_timeline, trace_panels
 from planner.plan import load_plan
-from planner.sweep import sweep
+from planner.rmax_sweep import sweep
 from planner.trace.load import load_trace, node_weights
 
 
@@ -36,7 +36,7 @@ class Planner:
         self.solver = solver
 
     def sweep(self, trace: Path, r_values: Sequence[float]) -> list[dict[str, Any]]:
-        """The planner's r_max sweep of one trace: a dict per r_max value with ``planner.sweep.SweepRow``'s
+        """The planner's r_max sweep of one trace: a dict per r_max value with ``planner.rmax_sweep.SweepRow``'s
         fields (``r_max``, ``batch_ms``, ``speedup``, ... as floats)."""
 
         def run() -> list[dict[str, Any]]:

@@ -43,8 +43,8 @@ from timelyfreeze.outputs import timeline
 from timelyfreeze.outputs.metrics_log import MetricsLog
 from timelyfreeze.outputs.metrics_row import StepMetrics, describe
 from timelyfreeze.plan.coordinator import PlanChange, PlanCoordinator
+from timelyfreeze.plan.planning import one_line
 from timelyfreeze.plan.settings import PlanSettings
-from timelyfreeze.plan.solve import one_line
 from timelyfreeze.runtime import state as saved_state
 from timelyfreeze.runtime.clock_sync import ClockSync, gather_records, sync_steps
 from timelyfreeze.runtime.state import FreezeStateError, RunState
