@@ -10,7 +10,7 @@ _TEXT = r"\[([^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]"  # a link's text, one level o
 
 def linked_figures(text: str, target: str) -> list[str]:
     """The texts of the links in ``text`` whose target is ``target`` (a regular expression for the path's end,
-    after an optional relative folder path), in order. A link whose text ends in ``.md`` or ``.csv`` names the
-    file rather than quoting a figure, and is left out."""
+    after an optional relative folder path), in order. A link whose text ends in ``.md``, ``.csv``, ``.json``,
+    ``.jsonl`` or ``/`` names the file or folder rather than quoting a figure, and is left out."""
     link = _TEXT + r"\((?:[./\w-]*/)?" + target + r"\)"
-    return [q for q in re.findall(link, text) if not q.endswith((".md", ".csv"))]
+    return [q for q in re.findall(link, text) if not q.endswith((".md", ".csv", ".json", ".jsonl", "/"))]

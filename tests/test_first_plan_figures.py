@@ -16,6 +16,9 @@ from timelyfreeze.experiments.stats import median_ci
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results" / "runtime" / "first-plan"
 TABLE = RESULTS / "first_plan.md"
+QUIET = ROOT / "docs" / "results" / "runtime" / "first-plan-quiet"
+"""The same two parts again on a quiet machine, under a protocol naming the first (issue 49, item 5)."""
+FOLDERS = [RESULTS, QUIET]
 
 
 def test_the_median_interval_takes_the_order_statistics_of_the_sign_test():
@@ -51,30 +54,34 @@ def test_bad_arguments_are_one_error_line(capsys, tmp_path):
     assert err.startswith("error: ") and "\n" not in err
 
 
-def test_the_committed_table_is_what_the_committed_traces_give():
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_the_committed_table_is_what_the_committed_traces_give(folder):
     """Recomputed from each run's trace, plan and metrics: spans from the trace's timestamps, the first plan's
     prediction from plan.json, the F factor through the plan's DAG."""
-    assert fp.table(RESULTS / "jobs") == TABLE.read_text()
+    assert fp.table(folder / "jobs") == (folder / "first_plan.md").read_text()
 
 
-def test_every_readme_figure_linked_to_the_table_is_in_it():
-    table = TABLE.read_text()
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_every_readme_figure_linked_to_the_table_is_in_it(folder):
+    table = (folder / "first_plan.md").read_text()
     quoted = []
     for doc in (ROOT / "README.md", ROOT / "docs" / "results" / "runtime" / "README.md"):
-        quoted += linked_figures(doc.read_text(), r"first-plan/first_plan\.md")
-    assert quoted, "no figure links to first_plan.md"
+        quoted += linked_figures(doc.read_text(), rf"{folder.name}/first_plan\.md")
+    quoted += linked_figures((folder / "README.md").read_text(), r"first_plan\.md")  # its own page's links
+    assert quoted, f"no figure links to {folder.name}/first_plan.md"
     for q in quoted:
         for figure in re.split(r" and |; ", q):
             assert figure.strip() in table, figure
 
 
-def test_the_recomputation_agrees_with_what_the_runtime_wrote():
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_the_recomputation_agrees_with_what_the_runtime_wrote(folder):
     """A committed run's figures from its packed trace against its own summary.json (written at the end of the run
     from the same records)."""
     import json
 
-    jobs = sorted((RESULTS / "jobs").glob("phases_1F1B_*"))
-    assert jobs, f"no committed run under {RESULTS / 'jobs'}"
+    jobs = sorted((folder / "jobs").glob("phases_1F1B_*"))
+    assert jobs, f"no committed run under {folder / 'jobs'}"
     r = fp.run_figures(jobs[0])
     s = json.loads((jobs[0] / "summary.json").read_text())
     # the summary's own figures, written by the runtime at the end of the run, agree with the recomputation
@@ -85,10 +92,8 @@ def test_the_recomputation_agrees_with_what_the_runtime_wrote():
     assert math.isfinite(r["vs_first"])
 
 
-OVERHEAD = RESULTS / "overhead"
-
-
-def test_the_overhead_figures_are_what_the_committed_step_times_give():
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_the_overhead_figures_are_what_the_committed_step_times_give(folder):
     """Each overhead job's figures from its packed ``bench_overhead.json`` equal its result line; the report's
     lines from those figures are in the committed ``bench_runtime.md``, and every README figure linked to it is
     in it."""
@@ -98,30 +103,50 @@ def test_the_overhead_figures_are_what_the_committed_step_times_give():
     from timelyfreeze.experiments.runtime import report as rr
     from timelyfreeze.experiments.runtime.analysis import overhead_figures
 
-    lines = [json.loads(line) for line in (OVERHEAD / "results.jsonl").read_text().splitlines()]
+    overhead = folder / "overhead"
+    lines = [json.loads(line) for line in (overhead / "results.jsonl").read_text().splitlines()]
     rows = []
     for rec in lines:
         steps = json.loads(
-            (OVERHEAD / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
+            (overhead / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
         )
         fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
         assert fig == {k: rec[k] for k in fig}
         rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
-    report = (OVERHEAD / "bench_runtime.md").read_text()
+    report = (overhead / "bench_runtime.md").read_text()
     opts = SimpleNamespace(schedules=sorted({r["schedule"] for r in rows}), r_max=0.6)
     made = [line for line in rr._overhead_means(rows, opts) if line]
     assert made and all(line in report for line in made)
-    quoted = linked_figures((ROOT / "README.md").read_text(), r"first-plan/overhead/bench_runtime\.md")
-    assert quoted, "no README figure links to the overhead results"
+    quoted = linked_figures((ROOT / "README.md").read_text(), rf"{folder.name}/overhead/bench_runtime\.md")
+    quoted += linked_figures((folder / "README.md").read_text(), r"overhead/bench_runtime\.md")
+    assert quoted, "no figure links to the overhead results"
     for q in quoted:
         assert q in report, q
 
 
-def test_every_median_interval_in_the_committed_table_is_labelled_with_its_real_coverage():
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: f.name)
+def test_every_median_interval_in_the_committed_table_is_labelled_with_its_real_coverage(folder):
     """Order statistics 2 and 9 of 10 runs cover 97.9 %, not 95 %: each column head says what its rows hold."""
-    text = TABLE.read_text()
+    text = (folder / "first_plan.md").read_text()
     for section in text.split("### ")[1:-1]:
         runs = int(re.match(r"\S+: (\d+) runs", section).group(1))
         cov = median_ci(range(runs))[3]
         assert f"| median [{100 * cov:.1f} % interval] |" in section
     assert "median [95 % interval]" not in text
+
+
+def test_the_quiet_overhead_in_ms_per_step_is_what_the_result_lines_give():
+    """The direct cost in ms per step (issue 48 item 5 asks for it beside the percentage): mean [95 % t-interval]
+    of each job's median time inside the runtime's own code, per schedule, as the page quotes it."""
+    import json
+
+    from timelyfreeze.experiments.stats import mean_ci
+
+    lines = [json.loads(line) for line in (QUIET / "overhead" / "results.jsonl").read_text().splitlines()]
+    quoted = linked_figures((QUIET / "README.md").read_text(), r"overhead/results\.jsonl")
+    made = []
+    for schedule in ("1F1B", "ZBVZeroBubble"):
+        m, lo, hi, n = mean_ci(r["direct_ms"] for r in lines if r["schedule"] == schedule)
+        assert n == 6
+        made.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}] ms")
+    assert quoted == made

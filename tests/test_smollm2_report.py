@@ -97,3 +97,30 @@ def test_a_folder_without_jobs_is_one_error_line(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_the_pilot_table_sizes_from_the_log_and_the_step_times(tmp_path):
+    from timelyfreeze.experiments.studies.smollm2_table1 import pilot_rows
+
+    pilot = tmp_path / "pilot"
+    for name, right, steps in (("pretrained", "1100", 1), ("1F1B_none", "1111", 12)):
+        tf = pilot / name / "timelyfreeze"
+        tf.mkdir(parents=True)
+        acc = right.count("1") / 4
+        summary = {"val_acc": acc, "val_acc_norm": acc, "val_loss": 2.5, "val_acc_right": right}
+        (tf / "summary.json").write_text(json.dumps(summary))
+        rows = [{"step": k, "step_ms": 1000.0 * (1 + (k >= 11))} for k in range(1, steps + 1)]
+        (tf / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (pilot / "pilot.log").write_text(
+        "pilot: pretrained started 2026-11-28T10:00:00Z, load 0.1 0.1 0.1\n"
+        "pilot: pretrained ended 2026-11-28T10:05:00Z, load 1 1 1\n"
+        "pilot: 1F1B_none started 2026-11-28T10:05:01Z, load 1 1 1\n"
+        "$ a command line\n"
+        "pilot: 1F1B_none ended 2026-11-28T10:12:01Z, load 1 1 1\n"
+    )
+    rows = {r["job"]: r for r in pilot_rows(pilot)}
+    assert rows["pretrained"]["median step (s)"] == "1.00" and rows["pretrained"]["T_fixed (s)"] == "299"
+    none = rows["1F1B_none"]
+    assert none["median step (s)"] == "2.00"  # steps 11 and 12: the config's stable phase
+    assert (none["wall-clock (s)"], none["T_fixed (s)"]) == ("420", str(420 - 14))  # 10 x 1 s + 2 x 2 s of steps
+    assert none["vs pretrained (McNemar)"] == "2 vs 0, p = 0.500"

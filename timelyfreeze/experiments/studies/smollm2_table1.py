@@ -14,13 +14,20 @@ ratio of its stable-phase steps. Writes under ``<out>/report/``:
   (``stats.mcnemar``; two-sided 5 %);
 - ``smollm2.md``: the table; ``figure6.png`` where the folder has more than one r_max (kappa - 1 against the
   accuracy change per r_max, one panel per schedule, each with its intervals).
+
+``--pilot`` reads the pilot's folder instead (``scripts/smollm2_pilot.sh``: a dump per job and ``pilot.log``) and
+writes ``pilot.md``, what the sizing rule reads: per job its step time, wall-clock and ``T_fixed``, its held-out
+figures and its answers against the pretrained model's (``pilot_rows``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import statistics
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -214,10 +221,90 @@ def write_report(out: str | Path) -> Path:
     return path
 
 
+PILOT_LOG = "pilot.log"
+"""The pilot script's own lines (``pilot: <job> started|ended <ISO time>, load ...``) in the pilot folder."""
+PILOT_COLUMNS = [
+    "job",
+    "steps",
+    "median step (s)",
+    "wall-clock (s)",
+    "T_fixed (s)",
+    "accuracy",
+    "acc_norm",
+    "held-out loss",
+    "vs pretrained (McNemar)",
+]
+
+
+def _pilot_times(pilot: Path) -> dict[str, dict[str, datetime]]:
+    times: dict[str, dict[str, datetime]] = {}
+    for line in (pilot / PILOT_LOG).read_text().splitlines():
+        m = re.match(r"pilot: (\S+) (started|ended) (\S+?Z),", line)
+        if m:
+            times.setdefault(m.group(1), {})[m.group(2)] = datetime.fromisoformat(m.group(3).replace("Z", "+00:00"))
+    return times
+
+
+def pilot_rows(pilot: str | Path, first_stable: int = 11) -> list[dict[str, Any]]:
+    """One row per finished job of the pilot folder (``PILOT_COLUMNS``): the median step time over its steps from
+    ``first_stable`` on (the config's stable phase; all steps of a shorter job), its wall-clock from
+    ``pilot.log``, ``T_fixed`` (the wall-clock less its steps' times), its held-out figures, and its answers
+    against the pretrained job's (exact McNemar: questions only it got right vs only the pretrained model did)."""
+    pilot = Path(pilot)
+    times = _pilot_times(pilot)
+    summaries = {}
+    for d in sorted(p for p in pilot.iterdir() if (p / "timelyfreeze" / "summary.json").is_file()):
+        summaries[d.name] = json.loads((d / "timelyfreeze" / "summary.json").read_text())
+    base = (summaries.get("pretrained") or {}).get("val_acc_right")
+    rows = []
+    for name, s in summaries.items():
+        if name not in times or set(times[name]) != {"started", "ended"}:
+            continue
+        steps = {
+            m["step"]: float(m["step_ms"]) / 1000
+            for m in read_metrics(pilot / name / "timelyfreeze" / "metrics.jsonl")
+            if num(m.get("step_ms")) is not None
+        }
+        late = [t for k, t in steps.items() if k >= first_stable] or list(steps.values())
+        wall = (times[name]["ended"] - times[name]["started"]).total_seconds()
+        right = s.get("val_acc_right")
+        versus = ""
+        if base and right and name != "pretrained":
+            b, c, p = mcnemar(right, base)
+            versus = f"{b} vs {c}, p = {p:.3f}"
+        rows.append(
+            {
+                "job": name,
+                "steps": len(steps),
+                "median step (s)": f"{statistics.median(late):.2f}",
+                "wall-clock (s)": f"{wall:.0f}",
+                "T_fixed (s)": f"{wall - sum(steps.values()):.0f}",
+                "accuracy": f"{s['val_acc']:.3f}",
+                "acc_norm": f"{s['val_acc_norm']:.3f}",
+                "held-out loss": f"{s['val_loss']:.3f}",
+                "vs pretrained (McNemar)": versus,
+            }
+        )
+    return rows
+
+
+def pilot_md(pilot: str | Path) -> str:
+    """``pilot.md``: the pilot's table (``pilot_rows``)."""
+    return md_table(pilot_rows(pilot), PILOT_COLUMNS) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="smollm2_report.py", description="The SmolLM2 study's table and Figure 6.")
-    ap.add_argument("out", help="a sweep folder of a SmolLM2 study")
+    ap.add_argument("out", help="a sweep folder of a SmolLM2 study, or with --pilot the pilot's folder")
+    ap.add_argument("--pilot", action="store_true", help="write the pilot's table (pilot.md) into the folder")
     args = ap.parse_args(argv)
+    if args.pilot:
+        if not (Path(args.out) / PILOT_LOG).is_file():
+            print(f"error: {args.out}: no {PILOT_LOG} (not the pilot's folder)", file=sys.stderr)
+            return 2
+        (Path(args.out) / "pilot.md").write_text(pilot_md(args.out))
+        print(Path(args.out) / "pilot.md")
+        return 0
     if not (Path(args.out) / "jobs").is_dir():
         print(f"error: {args.out}: not a sweep folder (no jobs/)", file=sys.stderr)
         return 2
