@@ -32,3 +32,27 @@ def test_the_protocols_setting_is_the_committed_config():
     assert cfg["instruct"] == {"questions": 200, "choices": 4, "distractors": "same_source", "seed": 0}
     assert cfg["freeze"]["replan"] is False and cfg["training"]["steps"] == 24
     assert cfg["training"]["seq_len"] == cfg["validation"]["seq_len"] == 128  # amendment 1
+
+
+def test_the_pilot_table_is_what_the_committed_pilot_jobs_give():
+    """pilot.md, recomputed from the pilot's dumps and pilot.log; every pilot row on the page is in it."""
+    from timelyfreeze.experiments.studies.smollm2_table1 import pilot_md
+
+    text = (PAGE / "pilot" / "pilot.md").read_text()
+    assert pilot_md(PAGE / "pilot") == text
+    page = (PAGE / "README.md").read_text()
+    for job, name in (("1F1B_none", "1F1B, none"), ("ZBVZeroBubble_timelyfreeze", "ZBVZeroBubble, TimelyFreeze 0.8")):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {job} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        # the page's row: the job's name, then its step, wall-clock, T_fixed, accuracy, acc_norm, loss, McNemar
+        assert f"| {name} | {' | '.join(cells[2:])} |" in page
+
+
+def test_the_grids_run_the_sized_steps_on_the_protocols_config():
+    from timelyfreeze.experiments.sweep.grid import expand_grid, load_grid_file
+
+    for grid, jobs in (("smollm2_table1_grid.toml", 42), ("smollm2_rmax_grid.toml", 36)):
+        g = load_grid_file(ROOT / "scripts" / grid)
+        assert Path(g["config"]) == CONFIG and len(expand_grid(g)) == jobs
+        assert g["overrides"]["training.steps"] == 24 and g["schedules"] == ["1F1B", "ZBVZeroBubble"]
+        assert g["overrides"]["optimizer.lr"] == 3e-4  # amendment 2
