@@ -56,3 +56,24 @@ def test_the_grids_run_the_sized_steps_on_the_protocols_config():
         assert Path(g["config"]) == CONFIG and len(expand_grid(g)) == jobs
         assert g["overrides"]["training.steps"] == 24 and g["schedules"] == ["1F1B", "ZBVZeroBubble"]
         assert g["overrides"]["optimizer.lr"] == 3e-4  # amendment 2
+
+
+def test_the_study1_table_so_far_is_what_its_committed_jobs_give():
+    """The partial Table 1 (study1/report/smollm2.md) recomputed from the committed jobs."""
+    from timelyfreeze.experiments.studies.smollm2_table1 import cells, job_rows, md
+
+    study = PAGE / "study1"
+    assert md(cells(job_rows(study))) in (study / "report" / "smollm2.md").read_text()
+
+
+def test_every_readme_figure_of_the_real_model_is_in_its_file():
+    from tests.figures_util import linked_figures
+
+    readme = (ROOT / "README.md").read_text()
+    for target, path in (
+        (r"smollm2-table1/pilot/pilot\.md", PAGE / "pilot" / "pilot.md"),
+        (r"smollm2-table1/study1/report/smollm2\.md", PAGE / "study1" / "report" / "smollm2.md"),
+    ):
+        quoted = [q for q in linked_figures(readme, target) if q != "so far"]
+        text = path.read_text()
+        assert quoted and all(q in text for q in quoted), (path, quoted)
