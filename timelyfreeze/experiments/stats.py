@@ -132,24 +132,32 @@ def verdict(lo: float | None, hi: float | None, null: float, above: str, below: 
     return NO_DIFFERENCE
 
 
+def by_cell(
+    rows: Sequence[dict[str, Any]], quantities: Sequence[str]
+) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """The rows grouped by cell (schedule, method, knob name and value), in first-seen order: per cell its head
+    (those four, ``seeds``, and ``<q>_mean``, ``<q>_lo``, ``<q>_hi`` of each of ``quantities`` over its rows:
+    ``mean_ci``) and its rows. The one grouping every per-cell report uses."""
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["schedule"], r["method"], r["knob_name"], r["knob_value"])].append(r)
+    out = []
+    for (schedule, method, kname, kval), rs in groups.items():
+        c: dict[str, Any] = {"schedule": schedule, "method": method, "knob_name": kname, "knob_value": kval}
+        c["seeds"] = len(rs)
+        for q in quantities:
+            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(r.get(q) for r in rs)
+        out.append((c, rs))
+    return out
+
+
 def cell_stats(paired: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per cell (``CELL_COLUMNS``) from the paired rows of its seeds."""
-    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-    for t in paired:
-        groups[(t["schedule"], t["method"], t["knob_name"], t["knob_value"])].append(t)
     cells = []
-    for (schedule, method, kname, kval), ts in groups.items():
-        c: dict[str, Any] = {
-            "schedule": schedule,
-            "method": method,
-            "knob_name": kname,
-            "knob_value": kval,
-            "seeds": len(ts),
-            "targets": sum(t.get("steps_nf") is not None for t in ts),
-            "reached": sum(t["steps_method"] is not None for t in ts),
-        }
-        for q in QUANTITIES:
-            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(t.get(q) for t in ts)
+    for c, ts in by_cell(paired, QUANTITIES):
+        method = c["method"]
+        c["targets"] = sum(t.get("steps_nf") is not None for t in ts)
+        c["reached"] = sum(t["steps_method"] is not None for t in ts)
         reference = method == NO_FREEZING  # its paired values are 1 and 0 by definition: no verdicts
         c["throughput"] = None if reference else verdict(c["kappa_lo"], c["kappa_hi"], 1.0, "faster", "slower")
         c["accuracy"] = None if reference else verdict(c["dval_lo"], c["dval_hi"], 0.0, "worse", "better")

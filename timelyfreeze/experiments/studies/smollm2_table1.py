@@ -31,7 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from timelyfreeze.experiments.stats import NO_DIFFERENCE, fmt_ci, mcnemar, mean_ci, verdict
+from timelyfreeze.experiments.stats import NO_DIFFERENCE, by_cell, fmt_ci, mcnemar, verdict
 from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import knob_sort_key, load_rows, num, read_metrics
@@ -97,21 +97,9 @@ def _order(r: dict[str, Any]) -> tuple:
 
 def cells(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (schedule, method, knob value) (``CELL_COLUMNS``) from its seeds' job rows."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    for j in jobs:
-        groups.setdefault((j["schedule"], j["method"], j["knob_name"], j["knob_value"]), []).append(j)
     out = []
-    for (schedule, method, kname, kval), js in groups.items():
-        c: dict[str, Any] = {
-            "schedule": schedule,
-            "method": method,
-            "knob_name": kname,
-            "knob_value": kval,
-            "seeds": len(js),
-        }
-        for q in PAIRED:
-            c[f"{q}_mean"], c[f"{q}_lo"], c[f"{q}_hi"], _ = mean_ci(j.get(q) for j in js)
-        if method != NO_FREEZING:
+    for c, js in by_cell(jobs, PAIRED):
+        if c["method"] != NO_FREEZING:
             c["throughput"] = verdict(c["kappa_lo"], c["kappa_hi"], 1.0, "faster", "slower")
             c["accuracy"] = verdict(c["dacc_lo"], c["dacc_hi"], 0.0, "better", "worse")
             c["loss"] = verdict(c["dval_lo"], c["dval_hi"], 0.0, "worse", "better")
