@@ -197,6 +197,30 @@ def test_old_names_still_parse_and_move_with_one_warning_each(tmp_path):
     assert apply_renames(cfg) == []  # nothing left to move
 
 
+def test_help_lists_each_setting_once_in_its_new_home(capsys):
+    """``--help`` (``timelyfreeze.titan.help``) leaves the old ``[freeze]`` names out and shows their new homes;
+    a run still parses the old names (the test above)."""
+    import re
+
+    from timelyfreeze.titan import cpu_shims
+
+    cpu_shims.apply_if_needed()
+    from timelyfreeze.titan.help import print_help
+
+    with pytest.raises(SystemExit) as exit_:
+        print_help(["--job.config_file", "torchtitan_configs/llama3_debug_zbv_cpu.toml", "--help"])
+    assert exit_.value.code in (0, None)
+    out = capsys.readouterr().out
+
+    def flag(section: str, name: str) -> str:
+        return rf"--{re.escape(section)}\.(no[-_])?{name.replace('_', '[-_]')}(?![\w-])"
+
+    assert re.search(flag("freeze", "r_max"), out) and re.search(flag("freeze", "method"), out)
+    for old, home in RENAMED.items():
+        assert not re.search(flag("freeze", old), out), old
+        assert re.search(flag(home, old), out), f"{home}.{old}"
+
+
 def test_an_old_and_a_new_name_that_disagree_are_an_error():
     job = SimpleNamespace(freeze=freeze_with(solver="whole"), experiment=Experiment())
     job.freeze.solver = "region"

@@ -203,6 +203,9 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
     failures = plans.failures
     assert len(failures) == 1 and failures[0].startswith("planning failed") and "step 6" in failures[0]
     assert any("ERROR planning failed" in m for m in logged)
+    record = plans.record_of_run()  # what the summary reads: a copy, typed
+    assert record.failures == failures and record.failures is not plans.failures
+    assert record.replans == [] and record.rescales == [] and record.predicted_batch_ms is None
     summary = {
         "method": "timelyfreeze",
         "schedule": "1F1B",

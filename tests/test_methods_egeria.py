@@ -152,7 +152,8 @@ def test_worker_never_blocks_and_skips_when_busy():
     bound: a loaded machine may run the steps as slowly as it likes."""
     stages = make_stages(4)
     cfg = make_cfg(egeria=EgeriaConfig(eval_every=1, window=2))
-    m = Egeria(cfg, make_ctx(stages, last_loss=1.0))
+    m = Egeria(cfg, make_ctx(stages))
+    m.observe_loss(0, 1.0)
     m.ctrl.bootstrapped = True
     gate, process = threading.Event(), m.worker._process
     m.worker._process = lambda job: (gate.wait(), process(job))[1]
@@ -175,7 +176,8 @@ def test_worker_never_blocks_and_skips_when_busy():
 def test_end_to_end_reading_uses_int8_reference_and_refreshes_every_w():
     stages = make_stages(3, (2,))
     cfg = make_cfg(egeria=EgeriaConfig(eval_every=1, window=2))
-    m = Egeria(cfg, make_ctx(stages, last_loss=1.0))
+    m = Egeria(cfg, make_ctx(stages))
+    m.observe_loss(0, 1.0)
     m.ctrl.bootstrapped = True
     m.ctrl.cur = 2  # block 1, on stage 0
     x = torch.randint(0, 11, (2, 2, 3))
@@ -203,7 +205,9 @@ def test_two_ranks_agree_on_readings_from_the_owner_and_freeze_the_prefix():
     views = make_stages(4, (2,))
     cfg = make_cfg(egeria=EgeriaConfig(eval_every=2, window=2, tolerance_readings=1))
     ls = LockStep(2)
-    ranks = [Egeria(cfg, make_ctx([views[r]], all_gather=ls.gather(r), num_stages=2, last_loss=2.0)) for r in (0, 1)]
+    ranks = [Egeria(cfg, make_ctx([views[r]], all_gather=ls.gather(r), num_stages=2)) for r in (0, 1)]
+    for m in ranks:
+        m.observe_loss(1, 2.0)
     ls.run(*(lambda m=m: m.begin_step(1) for m in ranks))
     assert [m.num_layers for m in ranks] == [6, 6] and [m.n for m in ranks] == [2, 2]
     for m in ranks:

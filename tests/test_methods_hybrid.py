@@ -80,7 +80,7 @@ def _planned(cls, **sections):
     stages = make_stages(4)
     phases = Phases(warmup_end=2, upper_end=3, lower_end=4, ramp_end=6)
     cfg = make_cfg(warmup_steps=2, **sections)
-    m = cls(cfg, make_ctx(stages, phases=phases, last_loss=None))
+    m = cls(cfg, make_ctx(stages, phases=phases))
     m.set_plan({"0B0": 0.5, "0B1": 0.25, "0F0": 0.9})
     return m, stages
 

@@ -273,3 +273,18 @@ def test_min_gain_zero_takes_every_due_replan_and_a_positive_one_weighs_the_gain
     assert takes_effect(-1e-9, -1e-6, 0.0) and takes_effect(0.0, 0.0, 0.0)
     assert takes_effect(0.01, -0.2, 0.01) and takes_effect(-0.2, 0.02, 0.01)
     assert not takes_effect(0.009, 0.009, 0.01) and not takes_effect(-1e-9, 0.0, 0.01)
+
+
+def test_a_drift_report_gives_the_metrics_row_only_what_the_check_measured():
+    """``DriftReport.row_fields``: the fields ``check_drift`` used to write into the row, in the same order."""
+    from timelyfreeze.plan.outcome import DriftReport
+
+    assert DriftReport().row_fields() == {}  # no plan watched: nothing
+    assert DriftReport(replans=0).row_fields() == {"replans": 0}  # a plan, not a stable step
+    watched = DriftReport(watched=True, drift=None, machine_factor=None, rank_factors={}, replans=1)
+    assert watched.row_fields() == {"drift": None, "replans": 1}  # observed, no scales to read
+    full = DriftReport(
+        watched=True, drift=0.1, machine_factor=1.05, rank_factors={"0": 1.0, "1": 1.1}, replan={"step": 5}, replans=2
+    )
+    assert list(full.row_fields()) == ["drift", "machine_factor", "rank_factors", "replan", "replans"]
+    assert DriftReport(watched=True, drift=0.0, rescale={"step": 7}, replans=0).row_fields()["rescale"] == {"step": 7}

@@ -23,6 +23,11 @@ def main(trainer_cls: type | None = None) -> None:
     cpu_shims.apply_if_needed()
     from torchtitan.train import main as titan_main  # deferred: TorchTitan only after the CPU shims
 
+    from timelyfreeze.titan.help import print_help, wants_help
+
+    if wants_help(sys.argv[1:]):
+        print_help(sys.argv[1:])  # the old [freeze] names hidden; exits
+
     from timelyfreeze.job.errors import FreezeConfigError, FreezeStateError
     from timelyfreeze.titan.trainer import TimelyFreezeTrainer
 

@@ -7,12 +7,13 @@ the types and defaults of their new homes, which ``Freeze`` inherits, so a TOML 
 (``--freeze.solver whole``, ``--freeze.no-gap-model``) under an old name still parses; :func:`apply_renames`
 then moves every old name that differs from its default to its new home before anything reads the
 configuration. An old name set to its default moves nothing: the run is the same either way.
+:func:`without_old_names` hides them from ``--help``, which lists each setting once, in its new home.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 from timelyfreeze.job.errors import FreezeConfigError
 
@@ -85,3 +86,30 @@ def _section(job_config: Any, path: str) -> Any:
     for part in path.split("."):
         out = getattr(out, part)
     return out
+
+
+def without_old_names(config_cls: type) -> type:
+    """``config_cls`` (a merged TorchTitan job config) with the old ``[freeze]`` names hidden: used only to print
+    ``--help``, so the help lists each setting once, in its new home. A run parses with ``config_cls`` itself,
+    where the old names still parse (``names_base``). Returns ``config_cls`` unchanged when it has no
+    ``[freeze]`` section (a config without ``custom_config_module``)."""
+    import tyro  # TorchTitan's command-line parser: needed only here
+
+    sections = {f.name: f for f in dataclasses.fields(config_cls)}
+    if "freeze" not in sections:
+        return config_cls
+    freeze_cls = sections["freeze"].type
+    old = [f for f in dataclasses.fields(freeze_cls) if f.name in RENAMED]
+    namespace: dict[str, Any] = {
+        "__annotations__": {f.name: Annotated[f.type, tyro.conf.Suppress] for f in old},
+        "__module__": freeze_cls.__module__,
+        "__qualname__": freeze_cls.__qualname__,
+        "__doc__": freeze_cls.__doc__,
+        **{f.name: f.default for f in old},
+    }
+    hidden = dataclasses.dataclass(type(freeze_cls.__name__, (freeze_cls,), namespace))
+    spec = [
+        (f.name, hidden, dataclasses.field(default_factory=hidden)) if f.name == "freeze" else (f.name, f.type, f)
+        for f in dataclasses.fields(config_cls)
+    ]
+    return dataclasses.make_dataclass(config_cls.__name__, spec, bases=(config_cls,))

@@ -188,7 +188,7 @@ def render(root: type | None = None, extra: dict[str, type] | None = None) -> st
 
 DEPRECATED_INTRO = (
     "These `[freeze]` names still work for one release: a run that uses one logs one `warning:` line naming "
-    "its new place (`timelyfreeze/config/deprecated.py`)."
+    "its new place (`timelyfreeze/config/deprecated.py`). `--help` lists only the new names."
 )
 
 

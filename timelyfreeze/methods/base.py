@@ -13,6 +13,7 @@ same step, so a method may use ``ctx.all_gather`` inside them):
     frozen_tensors(t, s, m)      # once per (local stage, microbatch), in schedule order
     after_backward(t)            # every microbatch done: gradients are in .grad, optimizer not stepped
     after_optimizer_step(t)      # parameters updated
+    observe_loss(t, loss)        # the step's metrics row is made: the job's training loss
 """
 
 from __future__ import annotations
@@ -46,9 +47,6 @@ class MethodContext:
     phases: Phases | None = None
     """The phases the runtime derived from ``[freeze]`` (warm-up, monitoring, ramp, stable); None where
     none were derived (a method built outside a run)."""
-    last_loss: float | None = None
-    """The job's training loss of the last step whose metrics row is made (the runtime sets it at the
-    end of every step, after ``after_optimizer_step``); None before the first and where no rank has one."""
 
 
 class FreezeMethod:
@@ -96,6 +94,10 @@ class FreezeMethod:
 
     def after_optimizer_step(self, step: int) -> None:
         pass
+
+    def observe_loss(self, step: int, loss: float | None) -> None:
+        """The job's training loss of ``step`` (its metrics row's; None where no rank has one), told at the end
+        of the step, after ``after_optimizer_step``."""
 
     # -- the plan (methods with ``monitor_phases``) -------------------------------------------------
     def needs_plan(self, step: int) -> bool:

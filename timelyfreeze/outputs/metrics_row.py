@@ -2,8 +2,10 @@
 ``metrics.jsonl``, ``docs/run-outputs.md``) that every rank builds alike from every rank's numbers.
 
 The runtime gathers ``StepMetrics.local`` over the whole job once per step and hands the gathered list
-to ``row``: the loss summed over data-parallel replicas, the freeze ratio over the elements of every
-stage, microbatch and replica, the slowest rank's step time and each replica's batch time.
+to ``row``, the row's one assembly: the loss summed over data-parallel replicas, the freeze ratio over the
+elements of every stage, microbatch and replica, the slowest rank's step time and each replica's batch
+time, the method's figures summed over the ranks, and the fields of the step's drift check
+(``timelyfreeze.plan.outcome.DriftReport``).
 """
 
 from __future__ import annotations
@@ -81,8 +83,12 @@ class StepMetrics:
         }
 
     # -- the job ---------------------------------------------------------------------------------
-    def row(self, step: int, phase: str, gathered: list[dict], predicted_ms: float | None) -> dict:
-        """The step's metrics row from every rank's ``local`` (global rank order): identical on every rank."""
+    def row(
+        self, step: int, phase: str, gathered: list[dict], predicted_ms: float | None, drift: dict | None = None
+    ) -> dict:
+        """The step's metrics row, its one assembly: from every rank's ``local`` (global rank order), with each
+        method figure (``"method"``, ``FreezeMethod.step_metrics``) summed over the ranks, and the fields of the
+        step's drift check (``DriftReport.row_fields``). Identical on every rank."""
         replicas = self.job.replicas
         losses = [g["loss"] for g in gathered if g["loss"] is not None]
         # TorchTitan's loss is each rank's token-loss sum over the *global* token count: the job's loss is
@@ -106,7 +112,10 @@ class StepMetrics:
         }
         if replicas > 1:
             row["replica_batch_ms"] = [round(b * 1e3, 3) for b in batch_s]
-        return row
+        for g in gathered:
+            for k, v in g.get("method", {}).items():
+                row[k] = row.get(k, 0) + v
+        return row | (drift or {})
 
     def close(self) -> None:
         """Drop the job's process groups (see ``FreezeRuntime.close``)."""

@@ -1,16 +1,17 @@
 """The plan's life in a run: the one owner of the measurements it is made from, the plan in force, the
 re-planner, the failures, and their part of the checkpoint.
 
-Every rank of every data-parallel replica of the pipeline contributes its measurements, global rank 0
-solves the LP once on their combination (per action, the maximum over replicas:
-``planner.trace.load.node_weights``; ``timelyfreeze.plan.planning`` solves and never raises), and the result
-is broadcast, so every rank of every replica freezes by the same plan. The coordinator talks to the
-runtime only through :class:`~timelyfreeze.plan.outcome.PlanUpdate` and
-:class:`~timelyfreeze.plan.outcome.PlanFailure`: it returns one when the plan changes, and the runtime
-hands it to the method. A failure is broadcast the same way: every rank goes on (without freezing, or with
-the plan in force) and keeps it in ``failures`` for the summary. In the stable phase every rank feeds the
-same job-wide drift scales to its ``Replanner`` (``timelyfreeze.plan.replan``), so every rank decides alike
-when a re-plan is due, with no further collective.
+Every rank of every data-parallel replica of the pipeline contributes its measurements, global rank 0 solves
+the LP once on their combination (per action, the maximum over replicas: ``planner.trace.load.node_weights``;
+``timelyfreeze.plan.planning`` solves and never raises), and the result is broadcast, so every rank of every
+replica freezes by the same plan. The coordinator talks to the runtime only through the typed values of
+``timelyfreeze.plan.outcome``: a :class:`~timelyfreeze.plan.outcome.PlanUpdate` or
+:class:`~timelyfreeze.plan.outcome.PlanFailure` when the plan changes, which the runtime hands to the method;
+each stable step's :class:`~timelyfreeze.plan.outcome.DriftReport`; the run's
+:class:`~timelyfreeze.plan.outcome.PlanRecord`. A failure is broadcast the same way: every rank goes on
+(without freezing, or with the plan in force) and keeps it in ``failures`` for the summary. In the stable
+phase every rank feeds the same job-wide drift scales to its ``Replanner`` (``timelyfreeze.plan.replan``), so
+every rank decides alike when a re-plan is due, with no further collective.
 """
 
 from __future__ import annotations
@@ -27,12 +28,9 @@ from timelyfreeze.job.errors import FreezeStateError
 from timelyfreeze.job.phases import Phases
 from timelyfreeze.job.run_info import RunInfo
 from timelyfreeze.plan import planning
-from timelyfreeze.plan.outcome import PlanFailure, PlanUpdate
+from timelyfreeze.plan.outcome import DriftReport, PlanChange, PlanFailure, PlanRecord, PlanUpdate
 from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.plan.settings import PlanSettings
-
-PlanChange = PlanUpdate | PlanFailure | None
-"""What a call that can change the plan returns: the new plan, a failure, or None (nothing changed)."""
 
 STATE_FIELDS: dict[str, tuple[type, ...]] = {
     "monitor_records": (list,),
@@ -112,31 +110,43 @@ class PlanCoordinator:
             return self.replanner.predicted_ms()
         return self.plan_batch_ms["planned"] if self.plan_batch_ms else None
 
-    def check_drift(self, step: int, row: dict, scales: list[dict | None] | None) -> PlanChange:
-        """Add the step's drift to its metrics ``row`` (``scales``: every rank's ``local_scales`` of a
-        watched step, else None), re-plan when one is due (collective), and count the re-plans."""
-        replanner, change = self.replanner, None
-        if scales is not None:
-            job_scales = max_scales(scales)
-            row["drift"] = replanner.observe(job_scales)
-            machine = machine_factor(job_scales)
-            if machine is not None:
-                row["machine_factor"] = machine
-            if factors := rank_factors(job_scales, replanner.ranks):
-                row["rank_factors"] = {str(r): f for r, f in factors.items()}
-            if replanner.due():
-                change = self._replan(step, row)
-            elif (event := replanner.rescale(step)) is not None:
-                row["rescale"] = event
-                self.log(
-                    f"[freeze] uniform change after step {step}: machine factor x{event['machine_factor']:.2f} "
-                    f"(each rank's groups alike, within its swings): plan kept, predicted batch "
-                    f"{event['old_predicted_ms']:.1f} -> "
-                    f"{event['new_predicted_ms']:.1f} ms"
-                )
-        if replanner is not None:
-            row["replans"] = len(replanner.events)
-        return change
+    def check_drift(self, step: int, scales: list[dict | None] | None) -> DriftReport:
+        """The step's drift (``scales``: every rank's ``local_scales`` of a watched step, else None): observed,
+        a re-plan made when one is due (collective), and the re-plans counted."""
+        replanner = self.replanner
+        if scales is None:
+            return DriftReport(replans=len(replanner.events) if replanner is not None else None)
+        job_scales = max_scales(scales)
+        drift = replanner.observe(job_scales)
+        factors = rank_factors(job_scales, replanner.ranks)
+        seen = {
+            "watched": True,
+            "drift": drift,
+            "machine_factor": machine_factor(job_scales),
+            "rank_factors": {str(r): f for r, f in factors.items()} if factors else None,
+        }
+        if replanner.due():
+            change, replan, rescale = self._replan(step)
+            return DriftReport(**seen, replan=replan, rescale=rescale, replans=len(replanner.events), change=change)
+        if (event := replanner.rescale(step)) is not None:
+            self.log(
+                f"[freeze] uniform change after step {step}: machine factor x{event['machine_factor']:.2f} "
+                f"(each rank's groups alike, within its swings): plan kept, predicted batch "
+                f"{event['old_predicted_ms']:.1f} -> "
+                f"{event['new_predicted_ms']:.1f} ms"
+            )
+        return DriftReport(**seen, rescale=event, replans=len(replanner.events))
+
+    def record_of_run(self) -> PlanRecord:
+        """The plan's life over the run, for the summary."""
+        replanner = self.replanner
+        return PlanRecord(
+            predicted_batch_ms=self.plan_batch_ms,
+            failures=list(self.failures),
+            replans=list(replanner.events) if replanner is not None else [],
+            rescales=list(replanner.rescales) if replanner is not None else [],
+            monitoring=self.monitoring,
+        )
 
     def close(self) -> None:
         """Drop the job's process groups (see ``FreezeRuntime.close``)."""
@@ -197,10 +207,11 @@ class PlanCoordinator:
         for w in warnings:
             self.log(f"[freeze] WARNING {w}")
 
-    def _replan(self, step: int, row: dict) -> PlanChange:
+    def _replan(self, step: int) -> tuple[PlanChange, dict | None, dict | None]:
         """Re-plan after ``step``: from the current node weights rescaled by the drifting steps' median
-        scales; the new plan applies from the next step. None where the re-plan is kept (it buys less than
-        ``replan_min_gain``)."""
+        scales; the new plan applies from the next step. Returns (the change: None where the plan in force is
+        kept because the re-plan buys less than ``replan_min_gain``; the re-plan's event where it took effect;
+        the kept plan's event where it did not)."""
         replanner = self.replanner
         weights, scales = replanner.proposed_weights()
         old, kept = replanner.predicted_ms(), self._expected({"planned": replanner.kept_plan_ms(weights)})["planned"]
@@ -213,18 +224,17 @@ class PlanCoordinator:
             result = planning.replan(self.meta, weights, self.settings, path, extra, replanner.edge_ms)
         result = self.job.broadcast(result)
         if isinstance(result, PlanFailure):
-            replanner.window = []
+            replanner.restart_window()
             self.failures.append(f"{result.message} (step {step}); the run kept the plan in force")
             self.log(f"[freeze] ERROR {result.message}; the plan in force stays")
-            return result
+            return result, None, None
         expected = self._expected(result.batch_time_ms)
         new = expected["planned"]
         saves = 1.0 - new / kept if kept > 0 else 0.0
         frees = mean_ratio(replanner.ratios, weights) - mean_ratio(result.freeze_ratios, weights)
         if not takes_effect(saves, frees, self.settings.replan_min_gain):
             why = {"reason": reason, "machine_factor": machine, "saves": saves, "frees": frees}
-            self._keep(step, row, weights, {**expected, "planned": kept}, why)
-            return None
+            return None, None, self._keep(step, weights, {**expected, "planned": kept}, why)
         replanner.install(result.weights, result.freeze_ratios, expected, result.edge_ms)
         event = {
             "step": step,
@@ -236,30 +246,29 @@ class PlanCoordinator:
             "kept_plan_ms": kept,
             "plan": str(path),
         }
-        replanner.events.append(event)
-        row["replan"] = event
+        replanner.replanned(event)
         self.log(
             f"[freeze] re-plan after step {step}: {reason}; predicted batch {old:.1f} -> {new:.1f} ms "
             f"(scales {', '.join(f'{g} x{s:.2f}' for g, s in scales.items())}; {_gain(kept, new)}); {path}"
         )
-        return result
+        return result, event, None
 
-    def _keep(self, step: int, row: dict, weights, batch_ms: dict[str, float], why: dict) -> None:
+    def _keep(self, step: int, weights, batch_ms: dict[str, float], why: dict) -> dict:
         """The due re-plan buys less than ``replan_min_gain``: keep the plan in force under the new weights,
         predicting ``batch_ms`` (``Replanner.keep``); rank 0 renames the candidate plan's file to
-        ``kept_step<N>.json``."""
+        ``kept_step<N>.json``. Returns the logged event."""
         path = self.paths.replan(step)
         candidate = path.with_name(f"kept_step{step}.json")
         if self.job.rank == 0 and path.exists():
             path.replace(candidate)
         event = self.replanner.keep(step, weights, batch_ms, **why, plan=str(candidate))
-        row["rescale"] = event
         self.log(
             f"[freeze] re-plan after step {step} not taken: {why['reason']}; the new plan would save "
             f"{100 * why['saves']:.1f} % of the batch and {why['frees']:+.3f} of freezing (< replan_min_gain "
             f"{self.settings.replan_min_gain:g}): plan kept, predicted batch {event['old_predicted_ms']:.1f} -> "
             f"{batch_ms['planned']:.1f} ms; candidate {candidate}"
         )
+        return event
 
     # -- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -249,6 +249,14 @@ class Replanner:
         self.rescales.append({**event, **why})
         return self.rescales[-1]
 
+    def replanned(self, event: dict[str, Any]) -> None:
+        """A re-plan took effect (``PlanCoordinator``, after ``install``): keep its logged ``event``."""
+        self.events.append(event)
+
+    def restart_window(self) -> None:
+        """A due re-plan failed: the plan in force stays and its window starts again."""
+        self.window = []
+
     def predicted_ms(self) -> float | None:
         """The plan in force's predicted batch time at the machine speed last seen (``rescale``)."""
         return self.batch_ms["planned"] * self.machine if self.batch_ms else None

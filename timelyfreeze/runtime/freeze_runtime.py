@@ -42,7 +42,8 @@ from timelyfreeze.outputs import summary as run_summary
 from timelyfreeze.outputs import timeline
 from timelyfreeze.outputs.metrics_log import MetricsLog
 from timelyfreeze.outputs.metrics_row import StepMetrics, describe
-from timelyfreeze.plan.coordinator import PlanChange, PlanCoordinator
+from timelyfreeze.plan.coordinator import PlanCoordinator
+from timelyfreeze.plan.outcome import PlanChange
 from timelyfreeze.plan.planning import one_line
 from timelyfreeze.plan.settings import PlanSettings
 from timelyfreeze.runtime import state as saved_state
@@ -97,8 +98,9 @@ class FreezeRuntime:
         self.writer: TraceWriter | None = None
         self.state = RunState()
         """The runtime's own part of a checkpoint (``state_dict``); the plan's part is the coordinator's."""
+        self.plan_settings = PlanSettings.from_config(cfg, self.num_stages)
         self.plans = PlanCoordinator(
-            PlanSettings.from_config(cfg, self.num_stages),
+            self.plan_settings,
             info,
             self.num_stages,
             self.method.monitor_phases,
@@ -186,12 +188,11 @@ class FreezeRuntime:
         if step in self._sync_at:  # before any plan is made from the window's records
             self._measure_clocks(step)
         self._apply(self.plans.after_gather(step, self.state.meta, self.method.needs_plan(step)))
-        row = self.meter.row(step, phase, gathered, self.plans.predicted_ms())
-        for g in gathered:
-            for k, v in g["method"].items():
-                row[k] = row.get(k, 0) + v
-        self._apply(self.plans.check_drift(step, row, [g["scales"] for g in gathered] if watch else None))
-        self.ctx.last_loss = row["loss"]
+        predicted = self.plans.predicted_ms()  # the plan's prediction for this step, before a re-plan after it
+        drift = self.plans.check_drift(step, [g["scales"] for g in gathered] if watch else None)
+        self._apply(drift.change)
+        row = self.meter.row(step, phase, gathered, predicted, drift.row_fields())
+        self.method.observe_loss(step, row["loss"])
         self.state.history.append(row)
         self.metrics.append(row)
         self.log(describe(row))
@@ -230,10 +231,11 @@ class FreezeRuntime:
 
     def _measure_clocks(self, step: int) -> None:
         """Measure every clock's offset to rank 0's (collective; nothing when one clock serves every rank) and
-        put them in ``meta`` (``clock_sync``), which the plans and ``meta.json`` carry from then on."""
+        put them in a new ``meta`` (``clock_sync``), which ``meta.json`` carries from then on and the plans
+        from the next ``after_gather`` (the dict they hold is never changed under them)."""
         if self.clocks.measure(step) is None or self.state.meta is None:
             return
-        self.state.meta["clock_sync"] = self.clocks.meta()
+        self.state.meta = {**self.state.meta, "clock_sync": self.clocks.meta()}
         if self.job.rank == 0 and self.cfg.advanced.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
@@ -311,7 +313,7 @@ class FreezeRuntime:
         if self.job.rank != 0:
             return None
         trace = _gathered_trace(self.state.meta, records, self.job.places, self.log)
-        state, plans, r_max = self.state, self.plans, self.plans.settings.r_max
+        state, plans, r_max = self.state, self.plans.record_of_run(), self.plan_settings.r_max
         summary = run_summary.build(
             history=state.history,
             steady_phases=self.method.steady_phases({h["phase"] for h in state.history}),
@@ -329,15 +331,15 @@ class FreezeRuntime:
             }
             | ({"r_max_per_stage": list(r_max)} if isinstance(r_max, tuple) else {})
             | ({"stop_at_val_loss": self.info.stop_at_val_loss} if self.info.stop_at_val_loss > 0 else {}),
-            predicted_batch_ms=plans.plan_batch_ms,
+            predicted_batch_ms=plans.predicted_batch_ms,
             val_curve=state.val_curve,
             acc_curve=state.acc_curve,
             method_summary=self.method.summary(),
             failures=plans.failures,
-            replans=plans.replanner.events if plans.replanner is not None else [],
+            replans=plans.replans,
             trace=trace,
             monitoring=plans.monitoring,
-            rescales=plans.replanner.rescales if plans.replanner is not None else [],
+            rescales=plans.rescales,
             f_factor_dag=_plan_f_factor(trace, self.paths.plan, self.log) if trace is not None else None,
         )
         if compiled is not None:

@@ -131,6 +131,8 @@ class Egeria(FreezeMethod):
         self.num_layers: int | None = None
         self._loss_sum = 0.0
         self._loss_count = 0
+        self._last_loss: float | None = None
+        """The job's training loss of the last step whose metrics row was made (``observe_loss``)."""
         self._capture: StageCapture | None = None
         self._evals_since_refresh: dict[int, int] = {}
         self._ref_generation: dict[int, int] = {}
@@ -252,8 +254,12 @@ class Egeria(FreezeMethod):
         else:
             self.skipped_busy += 1
 
+    def observe_loss(self, step: int, loss: float | None) -> None:
+        """Keep the job's loss of ``step``: the next ``after_optimizer_step`` adds it to the evaluation window."""
+        self._last_loss = loss
+
     def after_optimizer_step(self, step: int) -> None:
-        loss = self.ctx.last_loss
+        loss = self._last_loss  # the previous step's: this step's row is not made yet
         if loss is not None:
             self._loss_sum += float(loss)
             self._loss_count += 1
