@@ -113,7 +113,7 @@ class StepMetrics:
         if replicas > 1:
             row["replica_batch_ms"] = [round(b * 1e3, 3) for b in batch_s]
         for g in gathered:
-            for k, v in g.get("method", {}).items():
+            for k, v in g["method"].items():
                 row[k] = row.get(k, 0) + v
         return row | (drift or {})
 
