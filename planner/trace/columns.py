@@ -64,6 +64,15 @@ def set_columns(trace, cols: Columns) -> None:
 def _build(trace) -> Columns:
     names = trace.meta.all_actions()
     index = {a: i for i, a in enumerate(names)}
+    phase_index: dict[str, int] = {}
+    code = phase_index.setdefault  # a phase's index: the next one at its first record
+    rows = [(index[r.action], code(r.phase, len(phase_index)), r.step, r.ms, r.replica, r.rank) for r in trace.records]
+    return from_rows(names, list(phase_index), rows)
+
+
+def from_rows(names: list[str], phases: list[str], rows: list[tuple]) -> Columns:
+    """The columns of records given as ``(action index, phase index, step, ms, replica, rank)`` rows, in record
+    order (``planner.trace.load`` collects them as it reads a trace's files)."""
     kinds: list[str] = []
     kind_index: dict[str, int] = {}
     stage = np.empty(len(names), dtype=np.int64)
@@ -75,14 +84,11 @@ def _build(trace) -> Columns:
             k = kind_index[act.kind] = len(kinds)
             kinds.append(act.kind)
         stage[i], kind[i] = act.stage, k
-    phase_index: dict[str, int] = {}
-    code = phase_index.setdefault  # a phase's index: the next one at its first record
-    rows = [(index[r.action], code(r.phase, len(phase_index)), r.step, r.ms, r.replica, r.rank) for r in trace.records]
-    table = np.array(rows, dtype=np.float64).reshape(len(rows), 6)  # one pass over the records; integers stay exact
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), 6)  # integers stay exact (below 2**53)
     ints = table[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return Columns(
         names=names,
-        phases=list(phase_index),
+        phases=phases,
         kinds=kinds,
         action=ints[:, 0].copy(),
         phase=ints[:, 1].copy(),
