@@ -247,3 +247,80 @@ def test_runtime_planning_step_uses_the_estimator(tmp_path):
         assert json.loads(path.read_text())["estimator"] == name
     bad = planning.solve(meta, recs, plan_settings(estimator="mean"), tmp_path / "trace", tmp_path / "x.json")
     assert isinstance(bad, PlanFailure) and bad.message.startswith("planning failed: estimator 'mean'")
+
+
+def _rule_group_by_group(trace: Trace) -> dict:
+    """The ``pooled`` rule as the module docstring words it, one group and one action at a time in plain Python:
+    the reference the columnar estimator must equal float for float."""
+    import statistics
+
+    from planner.schedule.actions import FREEZABLE_KINDS, parse_action
+
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for rec in trace.records:
+        act = parse_action(rec.action)
+        if rec.phase == "upper" or (rec.phase == "lower" and act.kind in FREEZABLE_KINDS):
+            groups.setdefault((rec.replica, act.stage, act.kind, rec.phase), {}).setdefault(rec.action, []).append(
+                rec.ms
+            )
+    out = {}
+    for (d, _, _, phase), samples in groups.items():
+        everything = [x for xs in samples.values() for x in xs]
+        pooled = float(statistics.median(everything))
+        sigma = MAD_TO_SIGMA * float(statistics.median([abs(x - pooled) for x in everything]))
+        se_pooled = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(everything))
+        for a, xs in samples.items():
+            own = float(statistics.median(xs))
+            se_own = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(xs))
+            if abs(own - pooled) > max(3.0 * se_own, 0.02 * abs(pooled)):
+                out[d, a, phase] = (own, se_own, len(xs), True, pooled)
+            else:
+                out[d, a, phase] = (pooled, se_pooled, len(everything), False, pooled)
+    return out
+
+
+@pytest.mark.parametrize("schedule,replicas", [("1F1B", 1), ("ZBVZeroBubble", 2), ("DualPipeV", 1)])
+def test_the_columnar_pooled_rule_gives_the_group_by_group_floats(schedule, replicas):
+    import random
+
+    rng = random.Random(5)
+    jitter = {}
+
+    def ms(d, a, phase, k):  # noise, a few outliers, odd and even sample counts (steps 4 and 5 below)
+        from planner.schedule.actions import parse_action
+
+        x = BASE.get(parse_action(a).kind, 15.0) * rng.choice(NOISE) * (0.6 if phase == "lower" else 1.0)
+        return x * (3.0 if rng.random() < 0.03 else 1.0) + jitter.setdefault(a, rng.random())
+
+    for steps in (4, 5):
+        trace = make_trace(ms, schedule=schedule, pp=2, n=8, steps=steps, replicas=replicas)
+        got = {k: dataclasses.astuple(e) for k, e in pooled_estimates(trace).items()}
+        assert got == _rule_group_by_group(trace)
+
+
+def test_group_medians_are_statistics_medians():
+    import random
+    import statistics
+
+    import numpy as np
+
+    from planner.trace.columns import group_ids, group_medians
+
+    rng = random.Random(3)
+    keys = np.array([rng.randrange(7) for _ in range(200)])
+    sub = np.array([rng.randrange(3) for _ in range(200)])
+    values = np.array([rng.choice([rng.random(), 0.1, 0.3]) for _ in range(200)])  # ties too
+    gid, first = group_ids(keys, sub)
+    med, count = group_medians(gid, values, len(first))
+    for g, f in enumerate(first):
+        xs = [float(v) for k, s, v in zip(keys, sub, values) if k == keys[f] and s == sub[f]]
+        assert med[g] == statistics.median(xs) and count[g] == len(xs)
+    assert sorted(zip(keys[first].tolist(), sub[first].tolist())) == list(zip(keys[first], sub[first]))
+
+
+def test_a_trace_without_records_names_the_first_missing_record():
+    meta = schedule_meta("1F1B", 2, 2)
+    empty = trace_from_records(meta, {0: [], 1: []}, source="mem")
+    for estimator in ESTIMATORS:
+        with pytest.raises(PlannerError, match=r"mem/actions_rank0.jsonl: action '0F0' has no record with phase 'upper'"):
+            estimate_weights(empty, estimator)

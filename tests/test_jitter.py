@@ -78,3 +78,37 @@ def test_the_runtime_planning_step_records_the_factors(tmp_path):
         assert (recorded is not None) == jitter and result.jitter == recorded
         if jitter:
             assert recorded["steps"] == 6 and set(recorded) == {"steps", "no_freeze", "all_frozen", "planned"}
+
+
+def _residuals_record_by_record(trace: Trace, phases=("upper", "lower")) -> list[dict[str, float]]:
+    """The residual rule as the module docstring words it, one record at a time: the reference of the columnar
+    :func:`residual_steps`, float for float."""
+    actions = set(trace.meta.all_actions())
+    by_phase: dict[str, dict[int, dict[str, float]]] = {phase: {} for phase in phases}
+    for rec in trace.records:
+        if rec.phase in by_phase and rec.replica == 0:
+            step = by_phase[rec.phase].setdefault(rec.step, {})
+            step[rec.action] = step.get(rec.action, 0.0) + rec.ms
+    out = []
+    for phase in phases:
+        full = [v for v in by_phase[phase].values() if set(v) == actions]
+        if len(full) < 2:
+            continue
+        med = {a: statistics.median(v[a] for v in full) for a in actions}
+        for v in full:
+            rel = {a: v[a] / med[a] if med[a] > 0 else 1.0 for a in actions}
+            level = statistics.median(rel.values())
+            out.append({a: r / level for a, r in rel.items()} if level > 0 else rel)
+    return out
+
+
+@pytest.mark.parametrize("steps", [3, 4])
+def test_the_columnar_residuals_are_the_record_by_record_floats(steps):
+    tr = synthetic_trace("ZBVZeroBubble", 2, 4, jitter=0.1, seed=3, steps=steps)
+    recs = list(tr.records)
+    recs += [replace(r, ms=0.25) for r in tr.records[::7] if r.step == 2]  # a second record of some actions
+    recs = [r for r in recs if not (r.step == steps + 1 and r.action == recs[0].action)]  # one step incomplete
+    recs += [replace(r, replica=1, ms=r.ms * 2) for r in tr.records]  # another replica: not read
+    mixed = Trace(replace(tr.meta, replicas=2), recs[::-1], tr.source)  # records in another order
+    assert residual_steps(mixed) == _residuals_record_by_record(mixed)
+    assert residual_steps(tr) == _residuals_record_by_record(tr)

@@ -189,14 +189,26 @@ def check_accuracy(run, steps: int) -> None:
 )
 def test_full_cycle_pp2(tmp_path, config, schedule, num_stages):
     tensorboard = schedule == "Interleaved1F1B"  # one run checks the TensorBoard output
-    # ZBV (its last stage on rank 0) trains on the instruction data and scores the held-out accuracy
+    # ZBV (its last stage on rank 0) trains on the instruction data and scores the held-out accuracy, as a
+    # time-to-accuracy run of at most 16 steps whose target every validation reaches: it stops at step 14, its
+    # first validation past the LR schedule's 14 steps, and scores the accuracy there (accuracy_freq 28 names
+    # no step it runs: FreezeMetricsProcessor.score_at_stop)
     instruct = INSTRUCT_ARGS if schedule == "ZBVZeroBubble" else []
-    run = torchrun(
-        config, tmp_path / "run", *short_cycle(WARMUP, MONITOR, RAMP, STABLE), *instruct, tensorboard=tensorboard
-    )
+    cycle = short_cycle(WARMUP, MONITOR, RAMP, STABLE)
+    steps = WARMUP + 2 * MONITOR + RAMP + STABLE
+    if instruct:
+        at = cycle.index("--training.steps")
+        cycle[at + 1] = str(steps + 2)
+        instruct = [
+            *instruct,
+            *("--lr_scheduler.total_steps", str(steps), "--experiment.stop_at_val_loss", "100"),
+            *("--instruct.accuracy_freq", str(2 * steps)),
+        ]
+    run = torchrun(config, tmp_path / "run", *cycle, *instruct, tensorboard=tensorboard)
     plan, trace = check_full_cycle(run, schedule, num_stages)
     if instruct:
-        check_accuracy(run, WARMUP + 2 * MONITOR + RAMP + STABLE)
+        check_accuracy(run, steps)
+        assert f"step {steps} reaches stop_at_val_loss" in run.log and run.summary()["steps"] == steps
     if tensorboard:
         check_tensorboard(run.dump, WARMUP + 2 * MONITOR + RAMP + STABLE)
     if schedule == "ZBVZeroBubble":

@@ -58,6 +58,22 @@ def test_the_grids_run_the_sized_steps_on_the_protocols_config():
         assert g["overrides"]["optimizer.lr"] == 3e-4  # amendment 2
 
 
+def test_the_time_to_accuracy_grid_is_its_protocols():
+    """docs/results/smollm2-tta/README.md: Study 1's setting, 3 arms x 2 schedules x 3 seeds, every freezing job
+    extended to at most 48 steps, the held-out loss every 2 steps and the accuracy only where a job ends."""
+    from timelyfreeze.experiments.sweep.grid import expand_grid, load_grid_file
+
+    g = load_grid_file(ROOT / "scripts" / "smollm2_tta_grid.toml")
+    jobs = expand_grid(g)
+    assert Path(g["config"]) == CONFIG and len(jobs) == 18 and g["seeds"] == [0, 1, 2]
+    assert {j.method for j in jobs} == {"none", "timelyfreeze", "random"}
+    assert all((j.extend is None) == (j.method == "none") for j in jobs) and g["extend_to_target"] == 2.0
+    over = g["overrides"]
+    assert over["training.steps"] == 24 and over["optimizer.lr"] == 3e-4 and over["validation.freq"] == 2
+    assert over["instruct.accuracy_freq"] > 2 * over["training.steps"]
+    assert (ROOT / "docs" / "results" / "smollm2-tta" / "README.md").is_file()
+
+
 def test_the_study1_table_so_far_is_what_its_committed_jobs_give():
     """The partial Table 1 (study1/report/smollm2.md) recomputed from the committed jobs."""
     from timelyfreeze.experiments.studies.smollm2_table1 import cells, job_rows, md

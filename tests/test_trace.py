@@ -424,11 +424,21 @@ def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     lines[2] = "   " + lines[2] + "  "
     lines.insert(3, "")
     path.write_text("\n".join(lines) + "\n")
-    fast = load_trace(root).records
+    loaded = load_trace(root)
+    fast = loaded.records
     monkeypatch.setattr(trace_mod, "_fast_records", lambda *a: None)
-    slow = load_trace(root).records
+    slow_trace = load_trace(root)
+    slow = slow_trace.records
     assert fast == slow and len(fast) == sum(len(v) for v in recs.values())
     assert fast[1].ms == 3.0 and fast[1].start_ms == 12.0
+    # the columns read with the records (planner.trace.columns) are those built from the records afterwards
+    from planner.trace.columns import columns
+
+    assert getattr(loaded, "_columns", None) is not None and getattr(slow_trace, "_columns", None) is None
+    a, b = columns(loaded), columns(slow_trace)
+    assert a.names == b.names and a.phases == b.phases and a.kinds == b.kinds
+    for field in ("action", "phase", "step", "ms", "replica", "rank", "stage", "kind"):
+        assert getattr(a, field).tolist() == getattr(b, field).tolist(), field
 
 
 @pytest.mark.parametrize(

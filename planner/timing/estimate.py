@@ -32,12 +32,14 @@ the node weights of either estimator. Importing this module does not import torc
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.errors import PlannerError
-from planner.schedule.actions import FREEZABLE_KINDS, parse_action
-from planner.trace.load import NodeWeights, Trace, combine_replicas, median_of, node_weights
+from planner.schedule.actions import FREEZABLE_KINDS
+from planner.trace.columns import columns, group_ids, group_medians
+from planner.trace.load import NodeWeights, PhaseEstimates, Trace, combine_replicas, node_weights
 
 ESTIMATORS: tuple[str, ...] = ("median", "pooled")
 """Every node-weight estimator name (the CLI's ``--estimator`` and ``[freeze.advanced] estimator`` read it)."""
@@ -79,72 +81,82 @@ def check_estimator(estimator: str) -> str:
     return estimator
 
 
-def _group_rule(samples: dict[str, list[float]]) -> dict[str, tuple[float, float, int, bool, float]]:
-    """The ``pooled`` rule on one group: action -> its samples in, action -> the fields of its :class:`Estimate`
-    out (value, se, n, own, pooled)."""
-    everything = [x for xs in samples.values() for x in xs]
-    pooled = median_of(everything)
-    sigma = MAD_TO_SIGMA * median_of([abs(x - pooled) for x in everything])
-    se_pooled = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(everything))
-    shared = (pooled, se_pooled, len(everything), False, pooled)
-    out: dict[str, tuple[float, float, int, bool, float]] = {}
-    for a, xs in samples.items():
-        own = median_of(xs)
-        se_own = MEDIAN_SE_FACTOR * sigma / math.sqrt(len(xs))
-        if abs(own - pooled) > max(EFFECT_SE_MULTIPLE * se_own, EFFECT_MIN_SHARE * abs(pooled)):
-            out[a] = (own, se_own, len(xs), True, pooled)
-        else:
-            out[a] = shared
-    return out
+@dataclass(frozen=True)
+class _Table:
+    """The ``pooled`` rule's result per (replica, action, phase) with records, as arrays: ``replica``, ``action``
+    (index into ``names``), ``phase`` (index into ``phases``; ``lower``: whether it is ``lower``), and the
+    :class:`Estimate` fields."""
+
+    names: list[str]
+    phases: list[str]
+    replica: np.ndarray
+    action: np.ndarray
+    phase: np.ndarray
+    lower: np.ndarray
+    value: np.ndarray
+    se: np.ndarray
+    n: np.ndarray
+    own: np.ndarray
+    pooled: np.ndarray
+
+    def keys(self) -> list[tuple[int, str, str]]:
+        names, phases = self.names, self.phases
+        return [
+            (d, names[a], phases[p])
+            for d, a, p in zip(self.replica.tolist(), self.action.tolist(), self.phase.tolist())
+        ]
 
 
-def _groups(trace: Trace) -> dict[tuple[int, int, str, str], dict[str, list[float]]]:
-    """The samples of the ``pooled`` rule: per (replica, stage, kind, phase), action -> its ms."""
-    groups: dict[tuple[int, int, str, str], dict[str, list[float]]] = {}
-    info = {}  # every record's action is one of these: its stage, kind, and whether freezing shrinks it
-    for a in trace.meta.all_actions():
-        act = parse_action(a)
-        info[a] = (act.stage, act.kind, act.kind in FREEZABLE_KINDS)
-    for rec in trace.records:
-        phase, action = rec.phase, rec.action
-        if phase != "upper" and phase != "lower":
-            continue
-        stage, kind, freezable = info[action]
-        if phase == "lower" and not freezable:
-            continue
-        key = (rec.replica, stage, kind, phase)
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = {}
-        got = group.get(action)
-        if got is None:
-            group[action] = [rec.ms]
-        else:
-            got.append(rec.ms)
-    return groups
+def _pooled_table(trace: Trace) -> _Table:
+    """The ``pooled`` rule (module docstring) on every group of ``trace`` at once, over its columns
+    (:mod:`planner.trace.columns`): each group's samples sorted once, so every median is the float
+    ``statistics.median`` gives (``tests/test_estimate.py`` holds it to the rule written group by group)."""
+    c = columns(trace)
+    upper, lower = c.phase_code("upper"), c.phase_code("lower")
+    freezable = c.kind_mask(FREEZABLE_KINDS)[c.action]
+    keep = np.flatnonzero((c.phase == upper) | ((c.phase == lower) & freezable))
+    d, a, ph, ms = c.replica[keep], c.action[keep], c.phase[keep], c.ms[keep]
+    group, group_first = group_ids(d, c.stage[a], c.kind[a], ph)
+    n_groups = len(group_first)
+    pooled, count = group_medians(group, ms, n_groups)
+    mad, _ = group_medians(group, np.abs(ms - pooled[group]), n_groups)
+    sigma = MAD_TO_SIGMA * mad
+    se_pooled = MEDIAN_SE_FACTOR * sigma / np.sqrt(count)
+    key, first = group_ids(d, a, ph)
+    own, n = group_medians(key, ms, len(first))
+    g = group[first]
+    se_own = MEDIAN_SE_FACTOR * sigma[g] / np.sqrt(n)
+    kept = np.abs(own - pooled[g]) > np.maximum(EFFECT_SE_MULTIPLE * se_own, EFFECT_MIN_SHARE * np.abs(pooled[g]))
+    return _Table(
+        names=c.names,
+        phases=c.phases,
+        replica=d[first],
+        action=a[first],
+        phase=ph[first],
+        lower=ph[first] == lower,
+        value=np.where(kept, own, pooled[g]),
+        se=np.where(kept, se_own, se_pooled[g]),
+        n=np.where(kept, n, count[g]),
+        own=kept,
+        pooled=pooled[g],
+    )
 
 
 def pooled_estimates(trace: Trace) -> dict[tuple[int, str, str], Estimate]:
     """``(replica, action, phase) -> Estimate`` of the ``pooled`` rule (module docstring), before the
     clamp and the combination over replicas, for every (replica, action, phase) that has records. Phase
     ``upper`` for every action, ``lower`` for the freezable kinds (B, W, OVERLAP_F_B)."""
-    return {
-        (d, a, phase): Estimate(*fields)
-        for (d, _, _, phase), group in _groups(trace).items()
-        for a, fields in _group_rule(group).items()
-    }
+    t = _pooled_table(trace)
+    fields = zip(t.value.tolist(), t.se.tolist(), t.n.tolist(), t.own.tolist(), t.pooled.tolist())
+    return {k: Estimate(*f) for k, f in zip(t.keys(), fields)}
 
 
 def pooled_weights(trace: Trace) -> NodeWeights:
     """Node weights of the ``pooled`` estimator, combined over replicas (and missing records reported)
     exactly as :func:`planner.trace.load.node_weights` combines medians (the values of :func:`pooled_estimates`,
     without building an :class:`Estimate` per action)."""
-    values = {
-        (d, a, phase): fields[0]
-        for (d, _, _, phase), group in _groups(trace).items()
-        for a, fields in _group_rule(group).items()
-    }
-    return combine_replicas(trace, values)
+    t = _pooled_table(trace)
+    return combine_replicas(trace, PhaseEstimates(t.replica, t.action, t.lower, t.value))
 
 
 def estimate_weights(trace: Trace, estimator: str = DEFAULT_ESTIMATOR) -> NodeWeights:

@@ -27,37 +27,52 @@ from __future__ import annotations
 import statistics
 
 import networkx as nx
+import numpy as np
 
 from planner.schedule.dag import EdgeDelays, longest_path
 from planner.timing.comm import SAMPLE_PHASES
+from planner.trace.columns import columns, group_ids
 from planner.trace.load import Trace
 
 __all__ = ["expected_factor", "jitter_factors", "residual_steps"]
 
 
 def residual_steps(trace: Trace, phases: tuple[str, ...] = SAMPLE_PHASES) -> list[dict[str, float]]:
-    """Every complete step of ``phases`` (replica 0) as ``{action: residual}`` (module docstring)."""
-    actions = set(trace.meta.all_actions())
-    by_phase: dict[str, dict[int, dict[str, float]]] = {phase: {} for phase in phases}
-    for rec in trace.records:  # one pass for every phase
-        steps = by_phase.get(rec.phase)
-        if steps is not None and rec.replica == 0:
-            step = steps.get(rec.step)
-            if step is None:
-                step = steps[rec.step] = {}
-            step[rec.action] = step.get(rec.action, 0.0) + rec.ms
+    """Every complete step of ``phases`` (replica 0) as ``{action: residual}`` (module docstring), over the
+    trace's columns (:mod:`planner.trace.columns`): an action with several records in a step counts their sum."""
+    c = columns(trace)
+    n_actions = len(c.names)
     out = []
     for phase in phases:
-        steps = by_phase[phase]
-        full = [v for v in steps.values() if set(v) == actions]
+        code = c.phase_code(phase)
+        rows = np.flatnonzero((c.phase == code) & (c.replica == 0)) if code >= 0 else np.zeros(0, dtype=np.int64)
+        if not len(rows):
+            continue
+        step, action = c.step[rows], c.action[rows]
+        cell, first = group_ids(step, action)  # (step, action): the sum of its records, in record order
+        total = np.bincount(cell, weights=c.ms[rows], minlength=len(first))
+        steps, seen = np.unique(step[first], return_counts=True)
+        full = steps[seen == n_actions]  # a step with a record of every action
         if len(full) < 2:
             continue
-        med = {a: statistics.median(v[a] for v in full) for a in actions}
-        for v in full:
-            rel = {a: v[a] / med[a] if med[a] > 0 else 1.0 for a in actions}
-            level = statistics.median(rel.values())
-            out.append({a: r / level for a, r in rel.items()} if level > 0 else rel)
+        full = full[np.argsort([int(np.flatnonzero(step == k)[0]) for k in full])]  # in the order they ran
+        table = np.empty((len(full), n_actions))
+        for i, k in enumerate(full):
+            at = step[first] == k
+            table[i, action[first][at]] = total[at]
+        med = _column_medians(table)
+        rel = np.where(med > 0, table / np.where(med > 0, med, 1.0), 1.0)
+        level = _column_medians(rel.T)
+        for row, lv in zip(rel, level.tolist()):
+            out.append(dict(zip(c.names, (row / lv if lv > 0 else row).tolist())))
     return out
+
+
+def _column_medians(table: np.ndarray) -> np.ndarray:
+    """Each column's median as ``statistics.median`` computes it (the middle value, or the mean of the two)."""
+    v = np.sort(table, axis=0)
+    n = v.shape[0]
+    return v[(n - 1) // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def expected_factor(

@@ -33,14 +33,18 @@ Rules (``docs/formats.md``, "F-anchored monitoring windows"):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.schedule.actions import parse_action
 from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
-from planner.trace.load import Record, Trace, median_of
+from planner.trace.columns import Columns, columns, group_ids, group_medians, set_columns
+from planner.trace.load import Record, Trace
 
 REFERENCE = "upper"
 """The window every other one is brought to."""
@@ -52,30 +56,27 @@ ANCHOR_KINDS = ("F", "I")
 
 @dataclass
 class _Windows:
-    """The monitoring records grouped once (:func:`_windows`): ``(step, ms)`` per (replica, action, window), each
-    key's median ms, and every action's kind and group (stage and kind)."""
+    """The monitoring records grouped once (:func:`_windows`) over the trace's columns (``c``): ``rows``, the
+    window records' rows; ``key``, each such record's (replica, action, window) key; per key its ``replica``,
+    ``action`` and ``window`` (indices into ``c.names`` and ``c.phases``) and its median ``med`` (ms)."""
 
-    samples: dict[tuple[int, str, str], list[tuple[int, float]]]
-    med: dict[tuple[int, str, str], float]
-    kind: dict[str, str]
-    group: dict[str, str]
+    c: Columns
+    rows: np.ndarray
+    key: np.ndarray
+    replica: np.ndarray
+    action: np.ndarray
+    window: np.ndarray
+    med: np.ndarray
 
 
 def _windows(trace: Trace) -> _Windows:
-    samples: dict[tuple[int, str, str], list[tuple[int, float]]] = {}
-    for rec in trace.records:
-        if rec.phase in WINDOWS:
-            key = (rec.replica, rec.action, rec.phase)
-            got = samples.get(key)
-            if got is None:
-                samples[key] = [(rec.step, rec.ms)]
-            else:
-                got.append((rec.step, rec.ms))
-    med = {k: median_of([ms for _, ms in v]) for k, v in samples.items()}
-    acts = {a: parse_action(a) for a in trace.meta.all_actions()}  # every record's action is one of these
-    return _Windows(
-        samples, med, {a: x.kind for a, x in acts.items()}, {a: f"{x.stage}{x.kind}" for a, x in acts.items()}
-    )
+    c = columns(trace)
+    codes = [c.phase_code(w) for w in WINDOWS]
+    rows = np.flatnonzero(np.isin(c.phase, codes))
+    d, a, ph = c.replica[rows], c.action[rows], c.phase[rows]
+    key, first = group_ids(d, a, ph)
+    med, _ = group_medians(key, c.ms[rows], len(first))
+    return _Windows(c, rows, key, d[first], a[first], ph[first], med)
 
 
 def group_key(action: str) -> str:
@@ -91,20 +92,23 @@ def window_factors(trace: Trace, window: str = "lower") -> list[float]:
 
 def _window_factors(w: _Windows, replicas: int, window: str) -> list[float]:
     """Per replica, the median over the F/I groups of the median over each group's actions of ``window``'s
-    median ms over the reference's."""
-    groups: list[dict[str, list[float]]] = [{} for _ in range(replicas)]
-    med, kind, group = w.med, w.kind, w.group
-    for (d, action, phase), ms in med.items():
-        if phase != window or kind[action] not in ANCHOR_KINDS:
-            continue
-        ref = med.get((d, action, REFERENCE))
-        if ref:
-            groups[d].setdefault(group[action], []).append(ms / ref)
-    out = []
-    for by_group in groups:
-        per_group = [statistics.median(v) for v in by_group.values()]
-        out.append(float(statistics.median(per_group)) if per_group else 1.0)
-    return out
+    median ms over the reference's (an action without a reference record, or with a reference of 0 ms, left
+    out)."""
+    c, code, ref_code = w.c, w.c.phase_code(window), w.c.phase_code(REFERENCE)
+    if code < 0 or ref_code < 0:
+        return [1.0] * replicas
+    ref = np.full((replicas, len(c.names)), np.nan)
+    up = w.window == ref_code
+    ref[w.replica[up], w.action[up]] = w.med[up]
+    sel = np.flatnonzero((w.window == code) & c.kind_mask(ANCHOR_KINDS)[w.action])
+    r = ref[w.replica[sel], w.action[sel]]
+    ok = ~np.isnan(r) & (r != 0)
+    sel, r = sel[ok], r[ok]
+    d, a = w.replica[sel], w.action[sel]
+    group, first = group_ids(d, c.stage[a], c.kind[a])
+    per_group, _ = group_medians(group, w.med[sel] / r, len(first))
+    per_replica, count = group_medians(d[first], per_group, replicas)
+    return [float(m) if n else 1.0 for m, n in zip(per_replica.tolist(), count.tolist())]
 
 
 def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
@@ -118,7 +122,18 @@ def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
         else r
         for r in trace.records
     ]
-    return Trace(trace.meta, records, trace.source)
+    out = Trace(trace.meta, records, trace.source)
+    c = getattr(trace, "_columns", None)
+    if c is not None:  # the same division over the columns the trace already has
+        ms = c.ms.copy()
+        for phase, per_replica in factors.items():
+            code = c.phase_code(phase)
+            for d, f in enumerate(per_replica):
+                if code >= 0 and f > 0:
+                    at = (c.phase == code) & (c.replica == d)
+                    ms[at] = c.ms[at] / f
+        set_columns(out, dataclasses.replace(c, ms=ms))
+    return out
 
 
 def _step_scales(
@@ -127,25 +142,18 @@ def _step_scales(
     """Per (replica, window, step) of the monitoring windows, every group's scale (the median over its
     records of ``ms`` over the median of the record's replica, action and window); and group -> rank."""
     w = _windows(trace) if w is None else w
-    scales: dict[tuple[int, str, int], dict[str, list[float]]] = {}
-    med, group = w.med, w.group
-    for key, recs in w.samples.items():
-        m = med[key]
-        if not m:
-            continue
-        d, action, phase = key
-        g = group[action]
-        for step, ms in recs:
-            at = (d, phase, step)
-            by_group = scales.get(at)
-            if by_group is None:
-                by_group = scales[at] = {}
-            got = by_group.get(g)
-            if got is None:
-                by_group[g] = [ms / m]
-            else:
-                got.append(ms / m)
-    per_step = {k: {g: median_of(v) for g, v in groups.items()} for k, groups in scales.items()}
+    c = w.c
+    m = w.med[w.key]
+    ok = m != 0
+    rows = w.rows[ok]
+    a = c.action[rows]
+    d, ph, st, stage, kind = c.replica[rows], c.phase[rows], c.step[rows], c.stage[a], c.kind[a]
+    group, first = group_ids(d, ph, st, stage, kind)
+    scale, _ = group_medians(group, c.ms[rows] / m[ok], len(first))
+    per_step: dict[tuple[int, str, int], dict[str, float]] = {}
+    at = zip(d[first].tolist(), ph[first].tolist(), st[first].tolist(), stage[first].tolist(), kind[first].tolist())
+    for (dd, p, k, s, kd), v in zip(at, scale.tolist()):
+        per_step.setdefault((dd, c.phases[p], k), {})[f"{s}{c.kinds[kd]}"] = v
     return per_step, group_ranks(trace.meta.rank_orders)
 
 

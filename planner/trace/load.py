@@ -15,10 +15,11 @@ import json
 import json.scanner
 import math
 import os
-import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from planner.errors import PlannerError
 from planner.fileio import parse_json
@@ -26,17 +27,18 @@ from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
 from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records
+from planner.trace.columns import columns, from_rows, group_ids, group_medians, set_columns
 
 __all__ = [
     "META_FILE",
     "TRACE_FORMAT",
     "NodeWeights",
+    "PhaseEstimates",
     "Record",
     "Trace",
     "TraceMeta",
     "combine_replicas",
     "load_trace",
-    "median_of",
     "node_weights",
     "rank_file_name",
     "trace_from_records",
@@ -75,7 +77,7 @@ class Trace:
     source: str
 
 
-def _validate_record(obj: Any, where: str, rank: int, rank_actions: set[str], replica: int = 0) -> Record:
+def _validate_record(obj: Any, where: str, rank: int, rank_actions: Collection[str], replica: int = 0) -> Record:
     """Check one JSONL record; ``where`` is ``<file>:<line>``."""
     if not isinstance(obj, dict):
         raise PlannerError(f"{where}: expected a JSON object, got {type(obj).__name__}")
@@ -171,10 +173,14 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         need = f"pp_degree={m.pp_degree}, replicas={m.replicas} need one file per rank and replica"
 
     records: list[Record] = []
+    names = m.all_actions()
+    index = {a: i for i, a in enumerate(names)}
+    rows: list[tuple] | None = []  # the records' columns as they are read (None once a file is read line by line)
+    phases: dict[str, int] = {}
     for d in range(m.replicas):
         for r in range(m.pp_degree):
             fname = os.path.join(root, rank_file_name(r, d))
-            acts = set(m.rank_orders[r])
+            acts = {a: index[a] for a in m.rank_orders[r]}
             raw = read(rank_file_name(r, d))
             if raw is None:
                 raise PlannerError(f"{fname}: missing ({need})")
@@ -182,10 +188,11 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 lines = raw.decode("utf-8").splitlines()
             except UnicodeDecodeError as e:
                 raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
-            fast = _fast_records(lines, r, acts, d)
+            fast = _fast_records(lines, r, acts, d, rows, phases)
             if fast is not None:
                 records.extend(fast)
                 continue
+            rows = None
             for lineno, line in enumerate(lines, start=1):  # something is off: find it, line by line
                 if not line.strip():
                     continue
@@ -195,7 +202,10 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 except json.JSONDecodeError as e:
                     raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
                 records.append(_validate_record(obj, where, r, acts, d))
-    return Trace(m, align_records(m, records), root)
+    trace = Trace(m, align_records(m, records), root)
+    if rows is not None:
+        set_columns(trace, from_rows(names, list(phases), rows))
+    return trace
 
 
 def _read_file_in(root: str) -> Callable[[str], bytes | None]:
@@ -218,13 +228,24 @@ _SCAN = json.scanner.make_scanner(json.JSONDecoder())
 """One JSON value from a position of a string: (value, end); the C scanner where available."""
 
 
-def _fast_records(lines: list[str], rank: int, rank_actions: set[str], replica: int) -> list[Record] | None:
+def _fast_records(
+    lines: list[str],
+    rank: int,
+    rank_actions: dict[str, int],
+    replica: int,
+    rows: list[tuple] | None = None,
+    phases: dict[str, int] | None = None,
+) -> list[Record] | None:
     """The records of one file when every line is a well-formed record (what the runtime writes), parsed by
     the JSON module's scanner directly and checked inline; None at the first doubt, and :func:`load_trace`
     then checks line by line with :func:`_validate_record` to name the problem (the same result, about twice
-    as fast on a 100k-action trace)."""
+    as fast on a 100k-action trace). ``rank_actions``: the rank's actions and their index in the trace's
+    ``meta.all_actions()``; with ``rows`` (and ``phases``, phase -> index in order of first appearance) each
+    record's columns (:func:`planner.trace.columns.from_rows`) are appended too."""
     out = []
     isfinite, scan = math.isfinite, _SCAN
+    code = None if phases is None else phases.setdefault
+    got: list[tuple] = []
     for line in lines:
         if not line or line.isspace():
             continue
@@ -258,6 +279,10 @@ def _fast_records(lines: list[str], rank: int, rank_actions: set[str], replica: 
         elif "start_ms" in obj:  # an explicit null: the line-by-line check words the error
             return None
         out.append(Record(step, action, float(ms), phase, float(fr), rank, replica, start))
+        if code is not None:
+            got.append((rank_actions[action], code(phase, len(phases)), step, ms, replica, rank))
+    if rows is not None:
+        rows.extend(got)
     return out
 
 
@@ -283,55 +308,58 @@ def node_weights(trace: Trace) -> NodeWeights:
     every replica's predicted batch time for the same ratios. Planning on the replica that is critical now
     would ignore that another replica becomes critical once it is sped up. One replica: plain medians.
     """
-    samples: dict[tuple[int, str, str], list[float]] = {}
-    for rec in trace.records:
-        phase = rec.phase
-        if phase == "upper" or phase == "lower":
-            key = (rec.replica, rec.action, phase)
-            got = samples.get(key)
-            if got is None:
-                samples[key] = [rec.ms]
-            else:
-                got.append(rec.ms)
-    return combine_replicas(trace, {k: median_of(v) for k, v in samples.items()})
+    c = columns(trace)
+    upper, lower = c.phase_code("upper"), c.phase_code("lower")
+    rows = np.flatnonzero((c.phase == upper) | (c.phase == lower))
+    d, a, ph = c.replica[rows], c.action[rows], c.phase[rows]
+    key, first = group_ids(d, a, ph)
+    med, _ = group_medians(key, c.ms[rows], len(first))
+    return combine_replicas(trace, PhaseEstimates(d[first], a[first], ph[first] == lower, med))
 
 
-def median_of(xs: list[float]) -> float:
-    """statistics.median, without its overhead for the one- and two-sample lists most actions have."""
-    n = len(xs)
-    if n == 1:
-        return float(xs[0])
-    if n == 2:
-        return (xs[0] + xs[1]) / 2.0
-    return float(statistics.median(xs))
+@dataclass(frozen=True)
+class PhaseEstimates:
+    """One estimate (ms) per (replica, action, phase) with records, phases ``upper`` and ``lower``, as arrays of
+    one length: ``replica``, ``action`` (index into the trace's ``meta.all_actions()``), ``lower`` (True:
+    ``lower``, False: ``upper``) and ``value``."""
+
+    replica: np.ndarray
+    action: np.ndarray
+    lower: np.ndarray
+    value: np.ndarray
 
 
-def combine_replicas(trace: Trace, estimate: dict[tuple[int, str, str], float]) -> NodeWeights:
-    """Node weights from one estimate (ms) per ``(replica, action, phase)``: per replica ``w_max`` is the
+def combine_replicas(trace: Trace, estimate: PhaseEstimates) -> NodeWeights:
+    """Node weights from one estimate per ``(replica, action, phase)``: per replica ``w_max`` is the
     ``upper`` estimate and ``w_min`` the ``lower`` one clamped to ``w_max`` (B, W and pairs; other kinds get
     ``w_min = w_max``); across replicas, the per-action maximum of each (see :func:`node_weights`). A
     missing estimate is a one-line :class:`PlannerError` naming the replica's file. Every estimator
     (``planner.timing.estimate``) ends here."""
-    w_min: dict[str, float] = {}
-    w_max: dict[str, float] = {}
+    names = trace.meta.all_actions()
+    freezable = columns(trace).kind_mask(FREEZABLE_KINDS)
+    hi = np.full((trace.meta.replicas, len(names)), np.nan)
+    lo = hi.copy()
+    up, low = ~estimate.lower, estimate.lower
+    hi[estimate.replica[up], estimate.action[up]] = estimate.value[up]
+    lo[estimate.replica[low], estimate.action[low]] = estimate.value[low]
+    if np.isnan(hi).any() or np.isnan(lo[:, freezable]).any():
+        _missing_estimate(trace, ~np.isnan(hi), ~np.isnan(lo), freezable)
+    lo = np.where(freezable, np.minimum(lo, hi), hi)
+    return NodeWeights(dict(zip(names, lo.max(axis=0).tolist())), dict(zip(names, hi.max(axis=0).tolist())))
+
+
+def _missing_estimate(trace: Trace, has_hi: np.ndarray, has_lo: np.ndarray, freezable: np.ndarray) -> None:
+    """The one-line error of the first missing estimate, replica by replica, rank by rank, in execution order."""
+    index = {a: i for i, a in enumerate(trace.meta.all_actions())}
     for d in range(trace.meta.replicas):
         for r in sorted(trace.meta.rank_orders):
             fname = os.path.join(trace.source, rank_file_name(r, d))
             for a in trace.meta.rank_orders[r]:
-                if (d, a, "upper") not in estimate:
+                i = index[a]
+                if not has_hi[d, i]:
                     raise PlannerError(f"{fname}: action {a!r} has no record with phase 'upper' (needed for w_max)")
-                hi = estimate[d, a, "upper"]
-                if action_kind(a) in FREEZABLE_KINDS:
-                    if (d, a, "lower") not in estimate:
-                        raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")
-                    lo = min(estimate[d, a, "lower"], hi)
-                else:
-                    lo = hi
-                if d == 0:
-                    w_min[a], w_max[a] = lo, hi
-                else:
-                    w_min[a], w_max[a] = max(w_min[a], lo), max(w_max[a], hi)
-    return NodeWeights(w_min, w_max)
+                if freezable[i] and not has_lo[d, i]:
+                    raise PlannerError(f"{fname}: action {a!r} has no record with phase 'lower' (needed for w_min)")
 
 
 def phase_stage_ratios(trace: Trace, phase: str = "stable") -> list[float]:

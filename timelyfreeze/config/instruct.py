@@ -42,9 +42,17 @@ class Instruct:
 
     questions: int = 0
     """Held-out accuracy: score this many multiple-choice questions built from the held-out pairs (the prompt,
-    and as options its own response and ``choices - 1`` responses of other held-out pairs) at every validation
-    and at the end, by log-likelihood as lm-eval-harness does. Needs ``[validation] enable``. 0 (the default):
+    and as options its own response and ``choices - 1`` responses of other held-out pairs) by log-likelihood as
+    lm-eval-harness does, at the steps ``accuracy_freq`` says. Needs ``[validation] enable``. 0 (the default):
     no accuracy."""
+
+    accuracy_freq: int = 0
+    """Score the held-out accuracy at every ``accuracy_freq``-th step, a multiple of ``[validation] freq`` (the
+    steps that validate); 0 (the default): at every validation. Either way also at the last step and at the step
+    where ``[experiment] stop_at_val_loss`` stops the run, never at TorchTitan's extra validation of step 1. A
+    scoring costs ``questions x choices`` forwards (minutes on a CPU) where the held-out loss costs seconds: a
+    time-to-accuracy run that checks its loss often sets it above ``[training] steps`` to score only where it
+    ends."""
 
     choices: int = 4
     """Options per question (chance level ``1 / choices``)."""
@@ -68,6 +76,7 @@ class Instruct:
                 ),
                 ("turn", lambda v: v.index("{role}") < v.index("{content}"), "must put {role} before {content}"),
                 ("questions", lambda v: v >= 0, "must be an integer >= 0"),
+                ("accuracy_freq", lambda v: v >= 0, "must be an integer >= 0"),
                 ("choices", lambda v: v >= 2, "must be an integer >= 2"),
             ),
         )

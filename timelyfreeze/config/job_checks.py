@@ -128,9 +128,16 @@ def check_stop_rule(cfg: Experiment, validation) -> None:
 
 
 def check_instruct(cfg: Instruct, validation) -> None:
-    """``[instruct]``'s own rules, then: the held-out accuracy is scored at validations, so validation must run."""
+    """``[instruct]``'s own rules, then: the held-out accuracy is scored at validations, so validation must run,
+    and ``accuracy_freq`` must name validation steps."""
     cfg.validate("instruct")
     if cfg.questions > 0 and not getattr(validation, "enable", False):
         raise FreezeConfigError(
             f"[instruct] questions = {cfg.questions} needs validation: set [validation] enable = true"
+        )
+    freq = getattr(validation, "freq", 1)
+    if cfg.questions > 0 and cfg.accuracy_freq % freq:
+        raise FreezeConfigError(
+            f"[instruct] accuracy_freq = {cfg.accuracy_freq} must be a multiple of [validation] freq = {freq} "
+            "(the accuracy is scored at validations)"
         )

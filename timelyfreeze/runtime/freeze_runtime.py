@@ -239,6 +239,11 @@ class FreezeRuntime:
         if self.job.rank == 0 and self.cfg.advanced.trace:
             TraceWriter.write_meta(self.paths.trace, self.state.meta)
 
+    def gathered_val_loss(self, loss: float) -> float:
+        """The validation loss as the last stage's rank of replica 0 has it (TorchTitan's other pipeline ranks
+        hold -1), on every rank: a collective, like :meth:`record_validation`."""
+        return float(self.job.all_gather(float(loss))[self.job.places.index((0, self.stage_to_rank[-1]))])
+
     def record_validation(self, step: int, loss: float, accuracy: Accuracy | None = None) -> None:
         """Called by every rank after validation (collective): keeps the loss, and the held-out accuracy when
         it was scored, of the last stage's rank of replica 0 (TorchTitan's validator already reduces the loss

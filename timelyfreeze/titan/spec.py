@@ -87,16 +87,20 @@ class FixedBatchValidator(Validator):
         return super().should_validate(step) or (self.scorer is not None and step == self.job_config.training.steps)
 
     def scores_accuracy(self, step: int) -> bool:
-        """Whether a validation at ``step`` scores the held-out accuracy too: at every ``[validation] freq``-th
-        step and at the last, never at TorchTitan's extra validation of step 1 (a scoring costs questions x
-        choices forwards: minutes, where the held-out loss costs seconds)."""
-        return self.scorer is not None and (
-            step % self.job_config.validation.freq == 0 or step == self.job_config.training.steps
-        )
+        """Whether a validation at ``step`` scores the held-out accuracy before its loss: at every ``[instruct]
+        accuracy_freq``-th step (0: every ``[validation] freq``-th) and at the last, never at TorchTitan's extra
+        validation of step 1 (a scoring costs questions x choices forwards: minutes, where the held-out loss
+        costs seconds). The step where a time-to-accuracy run stops scores it after its loss (the trainer's
+        ``FreezeMetricsProcessor.score_at_stop``)."""
+        if self.scorer is None:
+            return False
+        every = self.job_config.instruct.accuracy_freq or self.job_config.validation.freq
+        return step % every == 0 or step == self.job_config.training.steps
 
     def validate(self, model_parts, step, *args, **kwargs):
         if self.scores_accuracy(step) and isinstance(self.metrics_processor, FreezeMetricsProcessor):
             self.metrics_processor.pending_accuracy = self.scorer.score(self, model_parts)
+            self.metrics_processor.scored = True
         if self._start is not None:
             self.validation_dataloader.dataset.load_state_dict(copy.deepcopy(self._start))
         return super().validate(model_parts, step, *args, **kwargs)
@@ -105,15 +109,25 @@ class FixedBatchValidator(Validator):
 class FreezeMetricsProcessor(MetricsProcessor):
     """TorchTitan's ``MetricsProcessor``; ``log_validation`` first calls every ``on_validation(step, loss,
     accuracy)`` (``accuracy``: the validator's ``pending_accuracy``, an ``Accuracy`` on the rank that scored it,
-    else None)."""
+    else None).
+
+    ``scored``: whether the validation being logged scored the accuracy (the validator sets it; only the last
+    stage's rank holds the result). When it did not, ``score_at_stop(step, loss)``, where set, may score it
+    now: the trainer's, which scores once on every rank together when this validation's loss stops a
+    time-to-accuracy run (``[experiment] stop_at_val_loss``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.on_validation: list[Callable[[int, float, Accuracy | None], None]] = []
         self.pending_accuracy: Accuracy | None = None
+        self.scored = False
+        self.score_at_stop: Callable[[int, float], Accuracy | None] | None = None
 
     def log_validation(self, loss, step, *args, **kwargs):
-        acc, self.pending_accuracy = self.pending_accuracy, None
+        acc, scored = self.pending_accuracy, self.scored
+        self.pending_accuracy, self.scored = None, False
+        if not scored and self.score_at_stop is not None:
+            acc = self.score_at_stop(step, float(loss))
         if acc is not None:
             logger.info(
                 f"validate step: {step:2}  accuracy: {acc.acc:.4f}  acc_norm: {acc.acc_norm:.4f}  "

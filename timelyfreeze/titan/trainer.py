@@ -112,6 +112,8 @@ class TimelyFreezeTrainer(Trainer):
         self.freeze_rt = self._build_freeze_runtime(job_config, phases)
         if titan_spec.has_freeze_builders(self.metrics_processor):
             self.metrics_processor.on_validation.append(self.freeze_rt.record_validation)
+            if self.freeze_rt.info.stop_at_val_loss > 0 and getattr(self.validator, "scorer", None) is not None:
+                self.metrics_processor.score_at_stop = self._score_at_stop
         elif self.freeze_rt.info.stop_at_val_loss > 0:
             raise FreezeConfigError(
                 f"[experiment] stop_at_val_loss with [model] name = {job_config.model.name!r}: its TrainSpec brings "
@@ -179,15 +181,29 @@ class TimelyFreezeTrainer(Trainer):
         rt = self.freeze_rt
         if rt is None or rt.info.stop_at_val_loss <= 0:
             return True
-        floor = self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
         val_curve = rt.state.val_curve
-        if target_reached(val_curve, self.step, floor, rt.info.stop_at_val_loss):
+        if target_reached(val_curve, self.step, self._stop_floor(), rt.info.stop_at_val_loss):
             logger.info(
                 f"[freeze] validation loss {val_curve[-1][1]:.4f} <= stop_at_val_loss "
                 f"{rt.info.stop_at_val_loss!r} at step {self.step}: target reached, stopping"
             )
             return False
         return True
+
+    def _stop_floor(self) -> int:
+        """The steps a time-to-accuracy run trains before its stop rule applies: the LR schedule's length."""
+        return self.job_config.lr_scheduler.total_steps or self.job_config.training.steps
+
+    def _score_at_stop(self, step: int, loss: float):
+        """``FreezeMetricsProcessor.score_at_stop``: the held-out accuracy when the validation of ``step`` (loss
+        ``loss`` on this rank; the last stage's counts, gathered) stops the run by ``stop_at_val_loss``, scored
+        once by every rank together; None otherwise (the run goes on; every rank decides alike)."""
+        rt = self.freeze_rt
+        gathered = [[step, rt.gathered_val_loss(loss)]]
+        if not target_reached(gathered, step, self._stop_floor(), rt.info.stop_at_val_loss):
+            return None
+        logger.info(f"[freeze] step {step} reaches stop_at_val_loss: scoring the held-out accuracy where the run ends")
+        return self.validator.scorer.score(self.validator, self.model_parts)
 
     def _pp_stages(self) -> list:
         sched = self.pp_schedule

@@ -1,7 +1,9 @@
 """The SmolLM2 studies' reports (docs/results/smollm2-table1/README.md): the paper's Table 1 and Figure 6 on a
-real pretrained model, as that protocol computes them.
+real pretrained model, as that protocol computes them, and the accuracy side of the time-to-accuracy study
+(docs/results/smollm2-tta/README.md).
 
-Reads a sweep folder (``scripts/smollm2_table1_grid.toml`` or ``scripts/smollm2_rmax_grid.toml``). Every ok job is
+Reads a sweep folder (``scripts/smollm2_table1_grid.toml``, ``scripts/smollm2_rmax_grid.toml`` or
+``scripts/smollm2_tta_grid.toml``; a time-to-accuracy job's accuracy and loss are read where it ends). Every ok job is
 paired with the no-freezing job of its schedule and seed (``tta.tta_rows``: ``kappa``, the stable throughput
 over that job's; ``speedup_in_run``; ``predicted_speedup``); beside those, ``dacc`` and ``dval`` (its held-out
 accuracy and held-out loss minus that job's, both read at the last step) and ``ratio_stable``, the mean freeze
@@ -196,7 +198,7 @@ def write_report(out: str | Path) -> Path:
         f"# {Path(out).name}: the SmolLM2 study's table",
         "",
         f"{len(jobs)} ok jobs. Each quantity: mean [95 % Student-t interval] over seeds, paired with the same "
-        "seed's no-freezing job (protocol: docs/results/smollm2-table1/README.md). Paired (McNemar): questions "
+        "seed's no-freezing job ([the study's protocol](../../README.md)). Paired (McNemar): questions "
         "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %.",
         "",
         md(cs),

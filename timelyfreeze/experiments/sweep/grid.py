@@ -5,9 +5,9 @@ Grid file::
     config = "torchtitan_configs/debug.toml"    # base TOML (relative to the grid file; --config wins)
     schedules = ["1F1B", "GPipe"]
     seeds = [0, 1]
+    extend_to_target = 2.0                      # time to accuracy: see timelyfreeze.experiments.sweep.extend
     [overrides]                                 # --section.field overrides for every job
     "training.steps" = 40
-    extend_to_target = 2.0                      # time to accuracy: see timelyfreeze.experiments.sweep.extend
     [methods]
     none = true                                 # no knob: one job per (schedule, seed)
     timelyfreeze = [0.4, 0.8]                   # the knob values (here r_max)
