@@ -322,5 +322,5 @@ def test_a_trace_without_records_names_the_first_missing_record():
     meta = schedule_meta("1F1B", 2, 2)
     empty = trace_from_records(meta, {0: [], 1: []}, source="mem")
     for estimator in ESTIMATORS:
-        with pytest.raises(PlannerError, match=r"mem/actions_rank0.jsonl: action '0F0' has no record with phase 'upper'"):
+        with pytest.raises(PlannerError, match=r"actions_rank0.jsonl: action '0F0' has no record with phase 'upper'"):
             estimate_weights(empty, estimator)
