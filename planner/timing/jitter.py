@@ -52,10 +52,11 @@ def residual_steps(trace: Trace, phases: tuple[str, ...] = SAMPLE_PHASES) -> lis
         cell, first = group_ids(step, action)  # (step, action): the sum of its records, in record order
         total = np.bincount(cell, weights=c.ms[rows], minlength=len(first))
         steps, seen = np.unique(step[first], return_counts=True)
-        full = steps[seen == n_actions]  # a step with a record of every action
-        if len(full) < 2:
+        _, ran = np.unique(step, return_index=True)  # each step's first record (the same sorted steps)
+        complete = seen == n_actions  # a step with a record of every action
+        if complete.sum() < 2:
             continue
-        full = full[np.argsort([int(np.flatnonzero(step == k)[0]) for k in full])]  # in the order they ran
+        full = steps[complete][np.argsort(ran[complete])]  # in the order they ran
         table = np.empty((len(full), n_actions))
         for i, k in enumerate(full):
             at = step[first] == k

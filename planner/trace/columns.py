@@ -22,7 +22,7 @@ class Columns:
 
     ``action``: index into ``names`` (``meta.all_actions()``); ``phase``: index into ``phases`` (the trace's
     phase names, in order of first appearance); ``stage``/``kind``: per action (index into ``names``) its stage
-    and its kind's index into ``kinds``; ``start_ms``: NaN where a record has none."""
+    and its kind's index into ``kinds``."""
 
     names: list[str]
     phases: list[str]

@@ -244,7 +244,7 @@ def _fast_records(
     record's columns (:func:`planner.trace.columns.from_rows`) are appended too."""
     out = []
     isfinite, scan = math.isfinite, _SCAN
-    code = None if phases is None else phases.setdefault
+    code = None if rows is None or phases is None else phases.setdefault
     got: list[tuple] = []
     for line in lines:
         if not line or line.isspace():

@@ -242,14 +242,18 @@ class FreezeRuntime:
     def gathered_val_loss(self, loss: float) -> float:
         """The validation loss as the last stage's rank of replica 0 has it (TorchTitan's other pipeline ranks
         hold -1), on every rank: a collective, like :meth:`record_validation`."""
-        return float(self.job.all_gather(float(loss))[self.job.places.index((0, self.stage_to_rank[-1]))])
+        return float(self._of_last_stage(self.job.all_gather(float(loss))))
+
+    def _of_last_stage(self, gathered: list):
+        """The entry of the last stage's rank of replica 0 in a list gathered from every rank."""
+        return gathered[self.job.places.index((0, self.stage_to_rank[-1]))]
 
     def record_validation(self, step: int, loss: float, accuracy: Accuracy | None = None) -> None:
         """Called by every rank after validation (collective): keeps the loss, and the held-out accuracy when
         it was scored, of the last stage's rank of replica 0 (TorchTitan's validator already reduces the loss
         over the data-parallel ranks; every replica scores the same accuracy)."""
         gathered = self.job.all_gather((float(loss), accuracy.row() if accuracy is not None else None))
-        loss, acc = gathered[self.job.places.index((0, self.stage_to_rank[-1]))]
+        loss, acc = self._of_last_stage(gathered)
         self.state.val_curve = [v for v in self.state.val_curve if v[0] < step] + [[step, float(loss)]]
         row = {"step": step, "val_loss": float(loss)}
         if acc is not None:

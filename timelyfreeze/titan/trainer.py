@@ -198,9 +198,11 @@ class TimelyFreezeTrainer(Trainer):
         """``FreezeMetricsProcessor.score_at_stop``: the held-out accuracy when the validation of ``step`` (loss
         ``loss`` on this rank; the last stage's counts, gathered) stops the run by ``stop_at_val_loss``, scored
         once by every rank together; None otherwise (the run goes on; every rank decides alike)."""
-        rt = self.freeze_rt
+        rt, floor = self.freeze_rt, self._stop_floor()
+        if step < floor:  # the same on every rank: no gather needed before the floor
+            return None
         gathered = [[step, rt.gathered_val_loss(loss)]]
-        if not target_reached(gathered, step, self._stop_floor(), rt.info.stop_at_val_loss):
+        if not target_reached(gathered, step, floor, rt.info.stop_at_val_loss):
             return None
         logger.info(f"[freeze] step {step} reaches stop_at_val_loss: scoring the held-out accuracy where the run ends")
         return self.validator.scorer.score(self.validator, self.model_parts)
