@@ -5,7 +5,9 @@ real pretrained model, as that protocol computes them, and the accuracy side of 
 Reads a sweep folder (``scripts/smollm2_table1_grid.toml``, ``scripts/smollm2_rmax_grid.toml`` or
 ``scripts/smollm2_tta_grid.toml``; a time-to-accuracy job's accuracy and loss are read where it ends). Every ok job is
 paired with the no-freezing job of its schedule and seed (``tta.tta_rows``: ``kappa``, the stable throughput
-over that job's; ``speedup_in_run``; ``predicted_speedup``); beside those, ``dacc`` and ``dval`` (its held-out
+over that job's; ``speedup_in_run``; ``predicted_speedup``); ``kappa_fwd``, kappa with the machine's speed taken out
+by the forward actions' times over the same steps, and ``tta_ratio_fwd``, ``tta``'s time-to-accuracy ratio with it
+taken out (``yardstick``: added after Study 1, read beside kappa and ``tta_ratio``); beside those, ``dacc`` and ``dval`` (its held-out
 accuracy and held-out loss minus that job's, both read at the last step) and ``ratio_stable``, the mean freeze
 ratio of its stable-phase steps. Writes under ``<out>/report/``:
 
@@ -38,10 +40,11 @@ from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import knob_sort_key, load_rows, num, read_metrics
 from timelyfreeze.experiments.sweep.tta import tta_rows
+from timelyfreeze.experiments.sweep.yardstick import kappa_fwd, tta_ratio_fwd
 
 ARMS = ("none", "timelyfreeze", "apf", "autofreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze", "random")
 """Table 1's arms in the protocol's order (a method outside it sorts after them)."""
-PAIRED = ("kappa", "speedup_in_run", "predicted_speedup", "ratio_stable", "dacc", "dval")
+PAIRED = ("kappa", "kappa_fwd", "speedup_in_run", "predicted_speedup", "ratio_stable", "dacc", "dval", "tta_ratio_fwd")
 JOB_COLUMNS = ["job_id", "schedule", "method", "knob_name", "knob_value", "seed", "val_acc", "val_loss", *PAIRED]
 CELL_COLUMNS = (
     ["schedule", "method", "knob_name", "knob_value", "seeds"]
@@ -82,6 +85,8 @@ def job_rows(out: str | Path) -> list[dict[str, Any]]:
         nf = base.get((r["schedule"], r["seed"]))
         row = {c: t.get(c) for c in JOB_COLUMNS} | {"val_acc": r["val_acc"], "val_loss": r["val_loss"]}
         row["ratio_stable"] = stable_ratio(r["_dir"])
+        row["kappa_fwd"] = kappa_fwd(r, nf) if nf is not None else None
+        row["tta_ratio_fwd"] = tta_ratio_fwd(r, nf, num(t.get("tta_ratio"))) if nf is not None else None
         row["_right"] = _answers(r["_dir"])
         row["_none_right"] = _answers(nf["_dir"]) if nf is not None else None
         if nf is not None and num(r["val_acc"]) is not None and num(nf["val_acc"]) is not None:
@@ -126,6 +131,7 @@ def md(cs: list[dict[str, Any]]) -> str:
                 "arm": f"{c['method']} {knob}".strip(),
                 "seeds": c["seeds"],
                 "kappa": fmt_ci(c["kappa_mean"], c["kappa_lo"], c["kappa_hi"]),
+                "κ, machine speed out": fmt_ci(c["kappa_fwd_mean"], c["kappa_fwd_lo"], c["kappa_fwd_hi"]),
                 "in-run speed-up": fmt_ci(c["speedup_in_run_mean"], c["speedup_in_run_lo"], c["speedup_in_run_hi"]),
                 "predicted": fmt_ci(c["predicted_speedup_mean"], c["predicted_speedup_lo"], c["predicted_speedup_hi"]),
                 "stable freeze ratio": fmt_ci(c["ratio_stable_mean"], c["ratio_stable_lo"], c["ratio_stable_hi"]),
@@ -199,7 +205,10 @@ def write_report(out: str | Path) -> Path:
         "",
         f"{len(jobs)} ok jobs. Each quantity: mean [95 % Student-t interval] over seeds, paired with the same "
         "seed's no-freezing job ([the study's protocol](../../README.md)). Paired (McNemar): questions "
-        "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %.",
+        "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %. "
+        "κ, machine speed out: the step-time ratio over the arm's stable steps with each job's forward-action time "
+        "over those steps as the yardstick of machine speed (`timelyfreeze/experiments/sweep/yardstick.py`; added "
+        "after Study 1's ZBV references ran slow, read beside κ, not in its place).",
         "",
         md(cs),
         "",
