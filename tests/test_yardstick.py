@@ -53,3 +53,14 @@ def test_without_a_trace_or_common_steps_there_is_no_kappa_fwd(tmp_path):
     arm = _job(tmp_path, "arm", 1.0, 1000.0, PHASES)
     assert kappa_fwd(arm, _job(tmp_path, "bare", 1.0, 1000.0, ["train"] * 6, trace=False)) is None
     assert kappa_fwd(arm, _job(tmp_path, "short", 1.0, 1000.0, ["train"] * 4)) is None  # no step 5 or 6
+
+
+def test_kind_times_sum_each_ranks_actions_of_a_kind_per_step_and_take_the_median(tmp_path):
+    from timelyfreeze.experiments.sweep.yardstick import kind_times
+
+    job = _job(tmp_path, "a", 1.5, 1000.0, PHASES)
+    got = kind_times(job["_trace"], [1, 2])  # the upper-bound steps: nothing frozen
+    assert set(got) == {(0, "F"), (0, "B"), (1, "F"), (1, "B")}
+    assert got[(0, "F")] == pytest.approx(4 * 1.5) and got[(1, "F")] == pytest.approx(4 * 1.5)
+    assert got[(0, "B")] == pytest.approx(4 * 2.0)  # synthetic_trace's b_ms, stage scale 1
+    assert kind_times(job["_trace"], [9]) == {}

@@ -7,15 +7,17 @@ Reads a sweep folder (``scripts/smollm2_table1_grid.toml``, ``scripts/smollm2_rm
 paired with the no-freezing job of its schedule and seed (``tta.tta_rows``: ``kappa``, the stable throughput
 over that job's; ``speedup_in_run``; ``predicted_speedup``); ``kappa_fwd``, kappa with the machine's speed taken out
 by the forward actions' times over the same steps, and ``tta_ratio_fwd``, ``tta``'s time-to-accuracy ratio with it
-taken out (``yardstick``: added after Study 1, read beside kappa and ``tta_ratio``); beside those, ``dacc`` and ``dval`` (its held-out
-accuracy and held-out loss minus that job's, both read at the last step) and ``ratio_stable``, the mean freeze
-ratio of its stable-phase steps. Writes under ``<out>/report/``:
+taken out (``yardstick``: added after Study 1, read beside kappa and ``tta_ratio``); beside those, ``dacc`` and
+``dval`` (its held-out accuracy and held-out loss minus that job's, both read at the last step) and
+``ratio_stable``, the mean freeze ratio of its stable-phase steps. Writes under ``<out>/report/``:
 
 - ``smollm2_jobs.csv``: one row per job (``JOB_COLUMNS``);
 - ``smollm2_cells.csv``: per (schedule, method, knob), the mean and 95 % Student-t interval over seeds of each
   paired quantity (``stats.mean_ci``), the verdicts the intervals resolve, and the pooled paired test of the
   accuracy: every seed's per-question answers against the same seed's no-freezing answers, pooled, exact McNemar
   (``stats.mcnemar``; two-sided 5 %);
+- ``smollm2_actions.csv`` and ``actions.md``: per job, per rank and action kind, its time in the warm-up steps
+  every arm runs unfrozen and in its steady steps (``action_rows``);
 - ``smollm2.md``: the table; ``figure6.png`` where the folder has more than one r_max (kappa - 1 against the
   accuracy change per r_max, one panel per schedule, each with its intervals).
 
@@ -40,7 +42,7 @@ from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import knob_sort_key, load_rows, num, read_metrics
 from timelyfreeze.experiments.sweep.tta import tta_rows
-from timelyfreeze.experiments.sweep.yardstick import kappa_fwd, tta_ratio_fwd
+from timelyfreeze.experiments.sweep.yardstick import kappa_fwd, kind_times, steady_steps, tta_ratio_fwd
 
 ARMS = ("none", "timelyfreeze", "apf", "autofreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze", "random")
 """Table 1's arms in the protocol's order (a method outside it sorts after them)."""
@@ -51,6 +53,10 @@ CELL_COLUMNS = (
     + [f"{q}_{s}" for q in PAIRED for s in ("mean", "lo", "hi")]
     + ["throughput", "accuracy", "loss", "questions", "only_arm_right", "only_none_right", "mcnemar_p", "paired"]
 )
+WARMUP_WINDOW = (2, 3, 4)
+"""Steps that every arm of the SmolLM2 studies runs with nothing frozen (their warm-up is 4 steps; step 1 carries the
+start-up): the window where any two jobs' action times differ only by the machine and the process, not freezing."""
+ACTION_COLUMNS = ["job_id", "schedule", "method", "knob_value", "seed", "window", "rank", "kind", "ms"]
 ALPHA = 0.05
 """The pooled McNemar test's two-sided level (the protocol's)."""
 
@@ -191,6 +197,39 @@ def plot_figure6(cs: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def action_rows(out: str | Path) -> list[dict[str, Any]]:
+    """Per ok job with a trace, per window (``WARMUP_WINDOW``, and its steady steps), per (rank, action kind): the
+    median over the window's steps of the summed time of that rank's actions of that kind (``ACTION_COLUMNS``)."""
+    rows = []
+    for r in sorted((r for r in load_rows(out) if r["status"] == "ok" and r["_trace"] is not None), key=_order):
+        steady = steady_steps(read_metrics(r["_dir"] / "dump" / "timelyfreeze" / "metrics.jsonl"))
+        for window, steps in (("warm-up 2-4", WARMUP_WINDOW), ("steady", steady)):
+            for (rank, kind), ms in kind_times(r["_trace"], steps).items():
+                rows.append({c: r.get(c) for c in ACTION_COLUMNS[:5]} | {"window": window, "rank": rank, "kind": kind})
+                rows[-1]["ms"] = round(ms, 1)
+    return rows
+
+
+def actions_md(rows: list[dict[str, Any]]) -> str:
+    """``action_rows`` as one table per schedule: a row per job and window, a column per (rank, kind), in seconds."""
+    out = []
+    for schedule in dict.fromkeys(r["schedule"] for r in rows):
+        mine = [r for r in rows if r["schedule"] == schedule]
+        cols = sorted({(r["rank"], r["kind"]) for r in mine})
+        table: dict[tuple, dict[str, Any]] = {}
+        for r in mine:
+            arm = f"{r['method']}" + ("" if r["knob_value"] is None else f" {r['knob_value']:g}")
+            row = table.setdefault((r["job_id"], r["window"]), {"arm": arm, "seed": r["seed"], "window": r["window"]})
+            row[f"rank {r['rank']} {r['kind']}"] = f"{r['ms'] / 1e3:.2f}"
+        out += [
+            f"## {schedule}",
+            "",
+            md_table(list(table.values()), ["arm", "seed", "window"] + [f"rank {k} {kind}" for k, kind in cols]),
+            "",
+        ]
+    return "\n".join(out)
+
+
 def write_report(out: str | Path) -> Path:
     """Write ``<out>/report/smollm2_{jobs,cells}.csv``, ``smollm2.md`` and (where it applies) ``figure6.png``;
     returns the Markdown file's path."""
@@ -215,6 +254,15 @@ def write_report(out: str | Path) -> Path:
     ]
     if plot_figure6(cs, report / "figure6.png"):
         text += ["![Figure 6](figure6.png)", ""]
+    actions = action_rows(out)
+    write_csv(report / "smollm2_actions.csv", actions, ACTION_COLUMNS)
+    (report / "actions.md").write_text(
+        f"# {Path(out).name}: where each job's time went\n\nPer job, per window, per rank and action kind: the median "
+        "over the window's steps of the step's summed action time, in seconds (replica 0's trace; "
+        f"`smollm2_actions.csv` has the ms). Warm-up 2-4: steps {list(WARMUP_WINDOW)}, nothing frozen in any arm; "
+        "steady: the arm's stable phase (every step for no freezing).\n\n" + actions_md(actions)
+    )
+    text += ["Where each job's time went, per rank and action kind: [actions.md](actions.md).", ""]
     path = report / "smollm2.md"
     path.write_text("\n".join(text))
     return path

@@ -1,4 +1,5 @@
-"""The machine's speed read off forward actions, and a job's throughput ratio with it taken out.
+"""A job's speed read off its actions' times: the machine's speed by its forward actions, a job's throughput ratio
+with it taken out, and where a job's time went, per rank and action kind.
 
 Freezing leaves every forward action as it is (it drops weight-gradient work, which only the backward does), so
 the forward actions of two jobs over the same steps differ only by how fast the machine ran each: their time is
@@ -42,18 +43,36 @@ def steady_steps(metrics: list[dict[str, Any]]) -> list[int]:
     return stable or [m["step"] for m in rows if m["phase"] not in TRANSIENT_PHASES]
 
 
-@lru_cache(maxsize=64)
-def _forward_records(trace: str) -> dict[str, dict[int, list[float]]]:
-    """Per forward action of replica 0, its times by step (a trace folder or archive; {} where it cannot be read)."""
+@lru_cache(maxsize=256)
+def _records(trace: str) -> tuple[tuple[int, str, str, int, float], ...]:
+    """Replica 0's records of a trace (folder or archive) as (rank, kind, action, step, ms); () where it cannot be
+    read."""
     try:
         records = load_trace(trace).records
     except PlannerError:
-        return {}
+        return ()
+    return tuple((r.rank, action_kind(r.action), r.action, r.step, r.ms) for r in records if r.replica == 0)
+
+
+def _forward_records(trace: str) -> dict[str, dict[int, list[float]]]:
+    """Per forward action of replica 0, its times by step."""
     out: dict[str, dict[int, list[float]]] = {}
-    for rec in records:
-        if rec.replica == 0 and action_kind(rec.action) == "F":
-            out.setdefault(rec.action, {}).setdefault(rec.step, []).append(rec.ms)
+    for _, kind, action, step, ms in _records(trace):
+        if kind == "F":
+            out.setdefault(action, {}).setdefault(step, []).append(ms)
     return out
+
+
+def kind_times(trace: str | Path, steps: Collection[int]) -> dict[tuple[int, str], float]:
+    """Per (rank, action kind), the median over ``steps`` of the step's summed time (ms) of that rank's actions of
+    that kind (replica 0): where a job's time went, rank by rank. Steps without records are left out."""
+    want = set(steps)
+    per_step: dict[tuple[int, str], dict[int, float]] = {}
+    for rank, kind, _, step, ms in _records(str(trace)):
+        if step in want:
+            sums = per_step.setdefault((rank, kind), {})
+            sums[step] = sums.get(step, 0.0) + ms
+    return {k: statistics.median(v.values()) for k, v in sorted(per_step.items())}
 
 
 def forward_ms(trace: str | Path, steps: Collection[int]) -> float | None:
@@ -76,8 +95,11 @@ def kappa_fwd(job: dict[str, Any], none: dict[str, Any]) -> float | None:
     None without both traces, step times or common steady steps."""
     if job.get("_trace") is None or none.get("_trace") is None:
         return None
-    steps = [s for s in steady_steps(read_metrics(job["_dir"] / "dump" / "timelyfreeze" / "metrics.jsonl"))
-             if s in none["_step_ms"] and s in job["_step_ms"]]
+    steps = [
+        s
+        for s in steady_steps(read_metrics(job["_dir"] / "dump" / "timelyfreeze" / "metrics.jsonl"))
+        if s in none["_step_ms"] and s in job["_step_ms"]
+    ]
     if not steps:
         return None
     f_job, f_none = forward_ms(job["_trace"], steps), forward_ms(none["_trace"], steps)
