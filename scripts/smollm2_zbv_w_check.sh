@@ -26,6 +26,6 @@ job() {  # name, env assignment (or -), then the job's own flags
   rm -rf "$dump/checkpoint"
 }
 job 1_none - --freeze.method none
-job 2_none_mmap32m GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432 --freeze.method none
+job 2_none_mmap32m GLIBC_TUNABLES=glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456 --freeze.method none
 job 3_autofreeze - --freeze.method autofreeze --freeze.autofreeze.percentile 80
 job 4_none - --freeze.method none
