@@ -4,7 +4,7 @@
 # repository root: bash scripts/smollm2_zbv_w_check.sh. Four short jobs in a fixed order (10 steps, no validation,
 # no scoring); each job's dump goes to <dir>/<n>_<name>/ (its run.log beside it), checkpoints deleted; a finished job
 # (summary.json present) is skipped, so the script resumes. Start and end lines go to <dir>/check.log.
-set -euo pipefail
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CONFIG=torchtitan_configs/smollm2_135m_instruct_cpu.toml
@@ -19,7 +19,7 @@ job() {  # name, env assignment (or -), then the job's own flags
   local pre=(env PYTHONPATH=.)
   if [ "$env" != - ]; then pre+=("$env"); fi
   "${pre[@]}" "$PY" scripts/run_default.py --config "$CONFIG" --job.dump_folder "$dump" \
-    --parallelism.pipeline_parallel_schedule ZBVZeroBubble --training.steps 10 --validation.enable false \
+    --parallelism.pipeline_parallel_schedule ZBVZeroBubble --training.steps 10 --validation.no-enable --instruct.questions 0 \
     --optimizer.lr 3e-4 --lr_scheduler.warmup_steps 4 --freeze.warmup_steps 4 --freeze.monitor_steps 2 \
     --freeze.ramp_steps 2 --freeze.seed 0 "$@" >"$dump/run.log" 2>&1
   echo "check: $name ended $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/check.log"
