@@ -82,6 +82,24 @@ def test_the_study1_table_so_far_is_what_its_committed_jobs_give():
     assert md(cells(job_rows(study))) in (study / "report" / "smollm2.md").read_text()
 
 
+def test_where_each_study1_jobs_time_went_is_what_its_committed_traces_give():
+    """study1/report/actions.md (per job, rank and action kind) recomputed from the committed traces."""
+    from timelyfreeze.experiments.studies.smollm2_table1 import action_rows, actions_md
+
+    assert actions_md(action_rows(PAGE / "study1")) in (PAGE / "study1" / "report" / "actions.md").read_text()
+
+
+def test_the_zbv_weight_gradient_check_is_what_its_committed_jobs_give():
+    """dev-zbv-weight-grad/results.md recomputed from the check's committed dumps: its four jobs, in order."""
+    from timelyfreeze.experiments.studies.zbv_w_check import COLUMNS, rows
+    from timelyfreeze.experiments.sweep.report import md_table
+
+    folder = PAGE / "dev-zbv-weight-grad"
+    got = rows(folder)
+    assert [r["job"] for r in got] == ["1_none", "2_none_mmap32m", "3_autofreeze", "4_none"]
+    assert md_table(got, COLUMNS) in (folder / "results.md").read_text()
+
+
 def test_every_readme_figure_of_the_real_model_is_in_its_file():
     from tests.figures_util import linked_figures
 

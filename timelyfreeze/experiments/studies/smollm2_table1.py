@@ -5,15 +5,19 @@ real pretrained model, as that protocol computes them, and the accuracy side of 
 Reads a sweep folder (``scripts/smollm2_table1_grid.toml``, ``scripts/smollm2_rmax_grid.toml`` or
 ``scripts/smollm2_tta_grid.toml``; a time-to-accuracy job's accuracy and loss are read where it ends). Every ok job is
 paired with the no-freezing job of its schedule and seed (``tta.tta_rows``: ``kappa``, the stable throughput
-over that job's; ``speedup_in_run``; ``predicted_speedup``); beside those, ``dacc`` and ``dval`` (its held-out
-accuracy and held-out loss minus that job's, both read at the last step) and ``ratio_stable``, the mean freeze
-ratio of its stable-phase steps. Writes under ``<out>/report/``:
+over that job's; ``speedup_in_run``; ``predicted_speedup``); ``kappa_fwd``, kappa with the machine's speed taken out
+by the forward actions' times over the same steps, and ``tta_ratio_fwd``, ``tta``'s time-to-accuracy ratio with it
+taken out (``yardstick``: added after Study 1, read beside kappa and ``tta_ratio``); beside those, ``dacc`` and
+``dval`` (its held-out accuracy and held-out loss minus that job's, both read at the last step) and
+``ratio_stable``, the mean freeze ratio of its stable-phase steps. Writes under ``<out>/report/``:
 
 - ``smollm2_jobs.csv``: one row per job (``JOB_COLUMNS``);
 - ``smollm2_cells.csv``: per (schedule, method, knob), the mean and 95 % Student-t interval over seeds of each
   paired quantity (``stats.mean_ci``), the verdicts the intervals resolve, and the pooled paired test of the
   accuracy: every seed's per-question answers against the same seed's no-freezing answers, pooled, exact McNemar
   (``stats.mcnemar``; two-sided 5 %);
+- ``smollm2_actions.csv`` and ``actions.md``: per job, per rank and action kind, its time in the warm-up steps
+  every arm runs unfrozen and in its steady steps (``action_rows``);
 - ``smollm2.md``: the table; ``figure6.png`` where the folder has more than one r_max (kappa - 1 against the
   accuracy change per r_max, one panel per schedule, each with its intervals).
 
@@ -38,16 +42,21 @@ from timelyfreeze.experiments.sweep.grid import NO_FREEZING
 from timelyfreeze.experiments.sweep.report import md_table, write_csv
 from timelyfreeze.experiments.sweep.results import knob_sort_key, load_rows, num, read_metrics
 from timelyfreeze.experiments.sweep.tta import tta_rows
+from timelyfreeze.experiments.sweep.yardstick import kappa_fwd, kind_times, steady_steps, tta_ratio_fwd
 
 ARMS = ("none", "timelyfreeze", "apf", "autofreeze", "timelyfreeze_apf", "timelyfreeze_autofreeze", "random")
 """Table 1's arms in the protocol's order (a method outside it sorts after them)."""
-PAIRED = ("kappa", "speedup_in_run", "predicted_speedup", "ratio_stable", "dacc", "dval")
+PAIRED = ("kappa", "kappa_fwd", "speedup_in_run", "predicted_speedup", "ratio_stable", "dacc", "dval", "tta_ratio_fwd")
 JOB_COLUMNS = ["job_id", "schedule", "method", "knob_name", "knob_value", "seed", "val_acc", "val_loss", *PAIRED]
 CELL_COLUMNS = (
     ["schedule", "method", "knob_name", "knob_value", "seeds"]
     + [f"{q}_{s}" for q in PAIRED for s in ("mean", "lo", "hi")]
     + ["throughput", "accuracy", "loss", "questions", "only_arm_right", "only_none_right", "mcnemar_p", "paired"]
 )
+WARMUP_WINDOW = (2, 3, 4)
+"""Steps that every arm of the SmolLM2 studies runs with nothing frozen (their warm-up is 4 steps; step 1 carries the
+start-up): the window where any two jobs' action times differ only by the machine and the process, not freezing."""
+ACTION_COLUMNS = ["job_id", "schedule", "method", "knob_value", "seed", "window", "rank", "kind", "ms"]
 ALPHA = 0.05
 """The pooled McNemar test's two-sided level (the protocol's)."""
 
@@ -82,6 +91,8 @@ def job_rows(out: str | Path) -> list[dict[str, Any]]:
         nf = base.get((r["schedule"], r["seed"]))
         row = {c: t.get(c) for c in JOB_COLUMNS} | {"val_acc": r["val_acc"], "val_loss": r["val_loss"]}
         row["ratio_stable"] = stable_ratio(r["_dir"])
+        row["kappa_fwd"] = kappa_fwd(r, nf) if nf is not None else None
+        row["tta_ratio_fwd"] = tta_ratio_fwd(r, nf, num(t.get("tta_ratio"))) if nf is not None else None
         row["_right"] = _answers(r["_dir"])
         row["_none_right"] = _answers(nf["_dir"]) if nf is not None else None
         if nf is not None and num(r["val_acc"]) is not None and num(nf["val_acc"]) is not None:
@@ -126,6 +137,7 @@ def md(cs: list[dict[str, Any]]) -> str:
                 "arm": f"{c['method']} {knob}".strip(),
                 "seeds": c["seeds"],
                 "kappa": fmt_ci(c["kappa_mean"], c["kappa_lo"], c["kappa_hi"]),
+                "κ, machine speed out": fmt_ci(c["kappa_fwd_mean"], c["kappa_fwd_lo"], c["kappa_fwd_hi"]),
                 "in-run speed-up": fmt_ci(c["speedup_in_run_mean"], c["speedup_in_run_lo"], c["speedup_in_run_hi"]),
                 "predicted": fmt_ci(c["predicted_speedup_mean"], c["predicted_speedup_lo"], c["predicted_speedup_hi"]),
                 "stable freeze ratio": fmt_ci(c["ratio_stable_mean"], c["ratio_stable_lo"], c["ratio_stable_hi"]),
@@ -185,6 +197,39 @@ def plot_figure6(cs: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def action_rows(out: str | Path) -> list[dict[str, Any]]:
+    """Per ok job with a trace, per window (``WARMUP_WINDOW``, and its steady steps), per (rank, action kind): the
+    median over the window's steps of the summed time of that rank's actions of that kind (``ACTION_COLUMNS``)."""
+    rows = []
+    for r in sorted((r for r in load_rows(out) if r["status"] == "ok" and r["_trace"] is not None), key=_order):
+        steady = steady_steps(read_metrics(r["_dir"] / "dump" / "timelyfreeze" / "metrics.jsonl"))
+        for window, steps in (("warm-up 2-4", WARMUP_WINDOW), ("steady", steady)):
+            for (rank, kind), ms in kind_times(r["_trace"], steps).items():
+                rows.append({c: r.get(c) for c in ACTION_COLUMNS[:5]} | {"window": window, "rank": rank, "kind": kind})
+                rows[-1]["ms"] = round(ms, 1)
+    return rows
+
+
+def actions_md(rows: list[dict[str, Any]]) -> str:
+    """``action_rows`` as one table per schedule: a row per job and window, a column per (rank, kind), in seconds."""
+    out = []
+    for schedule in dict.fromkeys(r["schedule"] for r in rows):
+        mine = [r for r in rows if r["schedule"] == schedule]
+        cols = sorted({(r["rank"], r["kind"]) for r in mine})
+        table: dict[tuple, dict[str, Any]] = {}
+        for r in mine:
+            arm = f"{r['method']}" + ("" if r["knob_value"] is None else f" {r['knob_value']:g}")
+            row = table.setdefault((r["job_id"], r["window"]), {"arm": arm, "seed": r["seed"], "window": r["window"]})
+            row[f"rank {r['rank']} {r['kind']}"] = f"{r['ms'] / 1e3:.2f}"
+        out += [
+            f"## {schedule}",
+            "",
+            md_table(list(table.values()), ["arm", "seed", "window"] + [f"rank {k} {kind}" for k, kind in cols]),
+            "",
+        ]
+    return "\n".join(out)
+
+
 def write_report(out: str | Path) -> Path:
     """Write ``<out>/report/smollm2_{jobs,cells}.csv``, ``smollm2.md`` and (where it applies) ``figure6.png``;
     returns the Markdown file's path."""
@@ -199,13 +244,25 @@ def write_report(out: str | Path) -> Path:
         "",
         f"{len(jobs)} ok jobs. Each quantity: mean [95 % Student-t interval] over seeds, paired with the same "
         "seed's no-freezing job ([the study's protocol](../../README.md)). Paired (McNemar): questions "
-        "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %.",
+        "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %. "
+        "κ, machine speed out: the step-time ratio over the arm's stable steps with each job's forward-action time "
+        "over those steps as the yardstick of machine speed (`timelyfreeze/experiments/sweep/yardstick.py`; added "
+        "after Study 1's ZBV references ran slow, read beside κ, not in its place).",
         "",
         md(cs),
         "",
     ]
     if plot_figure6(cs, report / "figure6.png"):
         text += ["![Figure 6](figure6.png)", ""]
+    actions = action_rows(out)
+    write_csv(report / "smollm2_actions.csv", actions, ACTION_COLUMNS)
+    (report / "actions.md").write_text(
+        f"# {Path(out).name}: where each job's time went\n\nPer job, per window, per rank and action kind: the median "
+        "over the window's steps of the step's summed action time, in seconds (replica 0's trace; "
+        f"`smollm2_actions.csv` has the ms). Warm-up 2-4: steps {list(WARMUP_WINDOW)}, nothing frozen in any arm; "
+        "steady: the arm's stable phase (every step for no freezing).\n\n" + actions_md(actions)
+    )
+    text += ["Where each job's time went, per rank and action kind: [actions.md](actions.md).", ""]
     path = report / "smollm2.md"
     path.write_text("\n".join(text))
     return path
