@@ -218,7 +218,8 @@ def actions_md(rows: list[dict[str, Any]]) -> str:
         cols = sorted({(r["rank"], r["kind"]) for r in mine})
         table: dict[tuple, dict[str, Any]] = {}
         for r in mine:
-            arm = f"{r['method']}" + ("" if r["knob_value"] is None else f" {r['knob_value']:g}")
+            knob = r["knob_value"]
+            arm = r["method"] + ("" if knob is None else f" {knob:g}" if isinstance(knob, float) else f" {knob}")
             row = table.setdefault((r["job_id"], r["window"]), {"arm": arm, "seed": r["seed"], "window": r["window"]})
             row[f"rank {r['rank']} {r['kind']}"] = f"{r['ms'] / 1e3:.2f}"
         out += [
