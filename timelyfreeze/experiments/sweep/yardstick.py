@@ -17,8 +17,10 @@ The time-to-accuracy ratio (``tta``: the job's training time to the target over 
 same treatment in ``tta_ratio_fwd``: ``tta_ratio x F_nf / F_job``, each F over the job's own steps but the first
 (its start-up), since the two runs' step ranges differ.
 
-Added after Study 1 of docs/results/smollm2-table1/README.md found ZBV's no-freezing references slow in their
-forward actions as well; it is read beside the protocol's ``kappa``, never in its place.
+Added after the runs of Study 1 of docs/results/smollm2-table1/README.md, whose jobs ran hours apart with forward
+actions up to a third slower in some than in others; read beside the protocol's ``kappa``, never in its place.
+What the forwards do not see (rank 0's weight-gradient time varied 1.8-4.0 s per step between ZBV jobs doing the
+same work: that page's correction) stays in both.
 """
 
 from __future__ import annotations
