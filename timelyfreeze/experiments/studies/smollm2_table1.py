@@ -248,7 +248,7 @@ def write_report(out: str | Path) -> Path:
         "only the arm got right vs only no freezing got right, every seed pooled, exact two-sided test at 5 %. "
         "κ, machine speed out: the step-time ratio over the arm's stable steps with each job's forward-action time "
         "over those steps as the yardstick of machine speed (`timelyfreeze/experiments/sweep/yardstick.py`; added "
-        "after Study 1's ZBV references ran slow, read beside κ, not in its place).",
+        "after Study 1's runs, read beside κ, not in its place).",
         "",
         md(cs),
         "",

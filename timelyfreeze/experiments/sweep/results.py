@@ -145,15 +145,20 @@ UNFROZEN_PHASES = ("warmup", "upper")
 TRANSIENT_PHASES = ("warmup", "upper", "lower", "progressive", "bootstrap")
 
 
+def steady_rows(metrics: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """The step rows with a number in ``field`` of the run's steady phase: ``stable``, or for a run without one
+    (step-level methods, no freezing) every step outside the transient phases."""
+    rows = [m for m in metrics if "phase" in m and num(m.get(field)) is not None]
+    return [m for m in rows if m["phase"] == "stable"] or [m for m in rows if m["phase"] not in TRANSIENT_PHASES]
+
+
 def in_run_speedup(metrics: list[dict[str, Any]]) -> float | None:
     """Median batch time of the run's own unfrozen steps (warm-up after step 1, upper-bound monitoring)
-    over the median of its steady steps (``stable``, or for step-level methods every step after the
-    transient phases). Both sides come from the same job, so machine drift between jobs cancels."""
+    over the median of its steady steps (:func:`steady_rows`). Both sides come from the same job, so machine
+    drift between jobs cancels."""
     rows = [m for m in metrics if "phase" in m and num(m.get("batch_ms")) is not None]
     base = [m["batch_ms"] for m in rows if m["phase"] in UNFROZEN_PHASES and m["step"] > 1]
-    stable = [m["batch_ms"] for m in rows if m["phase"] == "stable"]
-    if not stable:
-        stable = [m["batch_ms"] for m in rows if m["phase"] not in TRANSIENT_PHASES]
+    stable = [m["batch_ms"] for m in steady_rows(metrics, "batch_ms")]
     if not base or not stable:
         return None
     return statistics.median(base) / statistics.median(stable)

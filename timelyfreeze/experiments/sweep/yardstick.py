@@ -34,15 +34,12 @@ from typing import Any
 from planner.errors import PlannerError
 from planner.schedule.actions import action_kind
 from planner.trace.load import load_trace
-from timelyfreeze.experiments.sweep.results import TRANSIENT_PHASES, num, read_metrics
+from timelyfreeze.experiments.sweep.results import read_metrics, steady_rows
 
 
 def steady_steps(metrics: list[dict[str, Any]]) -> list[int]:
-    """The steps of the run's steady phase: ``stable``, or for a run without one (step-level methods, no
-    freezing) every step outside the transient phases; the rule of ``results.in_run_speedup``."""
-    rows = [m for m in metrics if "phase" in m and num(m.get("step_ms")) is not None]
-    stable = [m["step"] for m in rows if m["phase"] == "stable"]
-    return stable or [m["step"] for m in rows if m["phase"] not in TRANSIENT_PHASES]
+    """The steps of the run's steady phase that have a step time (``results.steady_rows``)."""
+    return [m["step"] for m in steady_rows(metrics, "step_ms")]
 
 
 @lru_cache(maxsize=256)
@@ -56,8 +53,10 @@ def _records(trace: str) -> tuple[tuple[int, str, str, int, float], ...]:
     return tuple((r.rank, action_kind(r.action), r.action, r.step, r.ms) for r in records if r.replica == 0)
 
 
+@lru_cache(maxsize=256)
 def _forward_records(trace: str) -> dict[str, dict[int, list[float]]]:
-    """Per forward action of replica 0, its times by step."""
+    """Per forward action of replica 0, its times by step (cached: a reference's trace serves every arm it pairs
+    with)."""
     out: dict[str, dict[int, list[float]]] = {}
     for _, kind, action, step, ms in _records(trace):
         if kind == "F":
