@@ -210,19 +210,32 @@ def test_resume_under_fsdp2(tmp_path):
 # back in `make test` (issue 48 item 6): the suite ran 13:10 on a fresh clone without it, and its 4-rank cycle
 # takes about 47 s on two cores
 def test_tp2_x_pp2_short_cycle(tmp_path):
-    run = torchrun(
-        "llama3_debug_1f1b_cpu.toml",
-        tmp_path / "run",
-        *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
-        *SMALL,
-        "--parallelism.tensor_parallel_degree",
-        "2",
-        "--parallelism.data_parallel_shard_degree",
-        "1",
-        nproc=4,
-        timeout=600,
-    )
+    def launch(name: str):
+        return torchrun(
+            "llama3_debug_1f1b_cpu.toml",
+            tmp_path / name,
+            *short_cycle(WARMUP, MONITOR, RAMP, STABLE),
+            *SMALL,
+            "--parallelism.tensor_parallel_degree",
+            "2",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            nproc=4,
+            timeout=600,
+        )
+
+    run = launch("run")
+    if run.rc != 0 and _gloo_collective_segfault(run.log):
+        run = launch("run_again")  # once: see _gloo_collective_segfault
     check_replicated_cycle(run, "1F1B", 2, replicas=2)
+
+
+def _gloo_collective_segfault(log: str) -> bool:
+    """True when a rank died of a segmentation fault inside one of torch's functional collectives (TP's DTensor
+    all-gather on gloo). Seen once on 2026-11-29 (rank 0, step 1, the first backward's all_gather_single; the
+    same clone's run before it passed): a crash in torch's native code, not in this project's, so the launch is
+    repeated once and everything is asserted on the repeated run; a second such crash fails the test."""
+    return "Fatal Python error: Segmentation fault" in log and "_functional_collectives.py" in log
 
 
 @pytest.mark.slow  # the rule is unit-tested (tests/test_config.py) and one error line from every rank is checked
