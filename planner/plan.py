@@ -369,7 +369,7 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     else:
         lines.append("mean freeze ratio per stage: no freezable actions")
     if plan.budget_sensitivity is not None:
-        lines.append(sensitivity_line(plan))
+        lines.append(sensitivity_line(plan, means))
     try:
         path = plan.critical_path
         if path is None:
@@ -397,12 +397,12 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
     return "\n".join(lines)
 
 
-def sensitivity_line(plan: Plan) -> str:
+def sensitivity_line(plan: Plan, means: dict[int, float] | None = None) -> str:
     """One line: per stage, ms of batch time one more 0.01 of its ``r_max`` saves, e.g.
     ``budget sensitivity (ms of batch time saved per +0.01 of r_max): stage 0: 3.2, stage 1: 0 (slack)``.
     A zero says why: ``slack`` (more budget buys nothing now), ``r_max 1`` (everything may be frozen
-    already) or ``nothing to freeze``."""
-    means = stage_mean_ratios(plan)
+    already) or ``nothing to freeze``. ``means``: :func:`stage_mean_ratios` of ``plan``, when the caller has it."""
+    means = stage_mean_ratios(plan) if means is None else means
     parts = []
     for s, ms in sorted((plan.budget_sensitivity or {}).items()):
         if ms > 0:

@@ -27,7 +27,7 @@ from planner.schedule.actions import parse_action
 from planner.schedule.dag import build_dag, indexed_longest_path
 from planner.timing import monitor
 from planner.trace.load import load_trace
-from planner.trace.simulate import synthetic_trace
+from planner.trace.simulate import synthetic_trace, write_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "data" / "planner_golden.json"
@@ -191,6 +191,16 @@ class _CountingList(list):
         return super().__iter__()
 
 
+def test_planning_a_loaded_trace_without_start_times_builds_no_record(tmp_path) -> None:
+    """A well-formed trace is read into columns, and every default planning step reads those: its records (an
+    object per line, most of a 100k-action load) are built only when asked for, and are then the same."""
+    tr = _zbv_trace()
+    loaded = load_trace(write_trace(tr, tmp_path / "t"))
+    plan_from_trace(loaded, 0.5, **SWITCHES)
+    assert loaded._records is None and not loaded.has_start_times()
+    assert loaded.records == tr.records
+
+
 def test_the_monitoring_summary_reads_the_records_once() -> None:
     trace = _zbv_trace()
     trace.records = _CountingList(trace.records)
@@ -251,3 +261,45 @@ def test_one_line_members_are_what_the_json_encoder_writes() -> None:
         "(0F3;3B1)OVERLAP_F_B": {"w_min": 1.0},
     }
     assert list(_members(mapping)) == [f"  {enc(k)}: {enc(v)}" for k, v in mapping.items()]
+
+
+def test_plain_fields_are_parse_actions_fields_or_none() -> None:
+    """The bulk reader of action names gives parse_action's fields for canonical plain names, and None for
+    anything it cannot vouch for (parse_action then decides, name by name)."""
+    from planner.schedule.actions import plain_fields
+
+    names = ["0F0", "12B345", "3I7", "3W7", "10F0"]
+    stage, kind, mb = plain_fields(names)
+    assert [(s, k, m) for s, k, m in zip(stage, kind, mb)] == [
+        (a.stage, a.kind, a.microbatch) for a in map(parse_action, names)
+    ]
+    for bad in ([], ["01F0"], ["1F01"], ["(0F3;3B1)OVERLAP_F_B"], ["1F0\n1B0", "x"], ["1F0", ""], ["1X0"], ["１F0"]):
+        assert plain_fields(bad) is None, bad
+
+
+def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
+    """validate_meta checks plain names over arrays; wherever that check passes, the loop passes too, and wherever
+    the loop finds a problem, the array check does not pass (so the loop names it)."""
+    from planner.errors import PlannerError
+    from planner.schedule.meta import _check_actions, _plain_actions_hold
+
+    meta = _zbv_trace().meta
+    ro, s2r, ns, nm = meta.rank_orders, meta.stage_to_rank, meta.num_stages, meta.num_microbatches
+    assert _plain_actions_hold(ro, s2r, ns, nm)
+
+    def err(msg: str) -> PlannerError:
+        return PlannerError(msg)
+
+    first = ro[0][0]
+    broken = [
+        {**ro, 0: ro[0][1:]},  # an action missing
+        {**ro, 0: ro[0] + [first]},  # listed twice
+        {**ro, 0: ro[0] + [f"{ns}F0"]},  # stage out of range
+        {**ro, 0: ro[0] + [f"0F{nm}"]},  # microbatch out of range
+        {**ro, 0: ro[1], 1: ro[0]},  # on the wrong ranks
+        {**ro, 0: [a.replace("I", "B") for a in ro[0]]},  # a B beside a W
+    ]
+    for orders in broken:
+        assert not _plain_actions_hold(orders, s2r, ns, nm)
+        with pytest.raises(PlannerError):
+            _check_actions(orders, s2r, ns, nm, err)

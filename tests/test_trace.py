@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from planner.errors import PlannerError
@@ -413,7 +414,7 @@ def test_bad_hosts_value(tmp_path, value) -> None:
 
 
 def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
-    """load_trace parses a well-formed file in one pass (``_fast_records``); the line-by-line path gives the
+    """load_trace parses a well-formed file in one pass (``_fast_rows``); the line-by-line path gives the
     same records, and odd but valid lines (blank, indented, trailing spaces, ints for floats) load either way."""
     import planner.trace.load as trace_mod
 
@@ -427,23 +428,29 @@ def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     path.write_text("\n".join(lines) + "\n")
     loaded = load_trace(root)
     fast = loaded.records
-    monkeypatch.setattr(trace_mod, "_fast_records", lambda *a: None)
+    monkeypatch.setattr(trace_mod, "_fast_rows", lambda *a: False)
     slow_trace = load_trace(root)
     slow = slow_trace.records
     assert fast == slow and len(fast) == sum(len(v) for v in recs.values())
     assert fast[1].ms == 3.0 and fast[1].start_ms == 12.0
-    # a clean trace's columns (planner.trace.columns) come with its records from the read; they are those
-    # built from the records afterwards (a file read line by line, as rank 1's here, leaves them to that)
+    # a clean trace is read into columns (planner.trace.columns) and its records are built from them when asked;
+    # both are those built from the records afterwards (a file read line by line, as rank 1's here, gives the
+    # records, and the columns follow from them)
     from planner.trace.columns import columns
 
     monkeypatch.undo()
     assert getattr(loaded, "_columns", None) is None and getattr(slow_trace, "_columns", None) is None
     clean = load_trace(write_trace(tmp_path / "clean", good_meta(), recs))
     assert getattr(clean, "_columns", None) is not None
+    assert clean._records is None  # no Record until one is asked for
     a, b = columns(clean), columns(Trace(clean.meta, clean.records, clean.source))
     assert a.names == b.names and a.phases == b.phases and a.kinds == b.kinds
-    for field in ("action", "phase", "step", "ms", "replica", "rank", "stage", "kind"):
+    for field in ("action", "phase", "step", "ms", "replica", "rank", "freeze_ratio", "stage", "kind"):
         assert getattr(a, field).tolist() == getattr(b, field).tolist(), field
+    assert np.array_equal(a.start_ms, b.start_ms, equal_nan=True)
+    monkeypatch.setattr(trace_mod, "_fast_rows", lambda *a: False)
+    assert clean.records == load_trace(clean.source).records  # built from the columns = checked line by line
+    assert all(type(x.ms) is float and type(x.step) is int for x in clean.records)
 
 
 @pytest.mark.parametrize(

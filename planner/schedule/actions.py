@@ -78,6 +78,23 @@ def parse_action(name: str) -> Action:
     return pair_action(int(p.group(1)), int(p.group(2)), int(p.group(3)), int(p.group(4)))
 
 
+_PLAIN_LINES = re.compile(r"^(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)$", re.MULTILINE | re.ASCII)
+
+
+def plain_fields(names: list[str]) -> tuple[list[int], list[str], list[int]] | None:
+    """Stage, kind and microbatch of every name when each is a plain action in canonical form (``str`` of its
+    :class:`Action`, e.g. ``"2B5"``), read by one regular-expression scan over all of them; None when any is not
+    (a pair, a non-canonical or a bad name: :func:`parse_action` then says what each is). The fields
+    :func:`parse_action` gives, without an object per name: a 100k-action batch is read in a few hundredths of a
+    second."""
+    text = "\n".join(names)
+    found = _PLAIN_LINES.findall(text)
+    if len(found) != len(names) or text.count("\n") != len(names) - 1 or not names:
+        return None  # (a name with a line break in it could pass as two)
+    stage, kind, microbatch = zip(*found)
+    return list(map(int, stage)), list(kind), list(map(int, microbatch))
+
+
 def action_kind(name: str) -> str:
     """The kind of an action name (``"2B5"`` -> ``"B"``), with :func:`parse_action`'s checks and errors."""
     return parse_action(name).kind

@@ -9,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from planner.errors import PlannerError
-from planner.schedule.actions import parse_action
+from planner.schedule.actions import parse_action, plain_fields
 
 TRACE_FORMAT = "timelyfreeze-trace/1"
 META_FILE = "meta.json"
@@ -159,6 +161,27 @@ def _check_clock_sync(sync: Any, pp: int, err: Callable[[str], PlannerError]) ->
                 raise err(f"{where}.{name} must be a list of pp_degree={pp} finite numbers (errors >= 0), got {v!r}")
 
 
+def _plain_actions_hold(rank_orders: dict[int, list[str]], s2r: list[int], n_stages: int, n_mb: int) -> bool:
+    """True when every action is a canonical plain name (no pair) and :func:`_check_actions`'s rules all hold,
+    checked over arrays (a 100k-action batch in a few hundredths of a second, a tenth of the loop's time); False
+    when anything is off or when there are pairs (the loop then decides, and names what is wrong)."""
+    names = [a for r in sorted(rank_orders) for a in rank_orders[r]]
+    fields = plain_fields(names)
+    if fields is None or len(set(names)) != len(names):
+        return False
+    stage = np.array(fields[0], dtype=np.int64)
+    code = {"F": 0, "B": 1, "I": 2, "W": 3}
+    kind = np.array([code[k] for k in fields[1]], dtype=np.int64)
+    mb = np.array(fields[2], dtype=np.int64)
+    rank = np.repeat(sorted(rank_orders), [len(rank_orders[r]) for r in sorted(rank_orders)])
+    if stage.max() >= n_stages or mb.max() >= n_mb or not np.array_equal(np.asarray(s2r)[stage], rank):
+        return False
+    counts = np.bincount((stage * n_mb + mb) * 4 + kind, minlength=n_stages * n_mb * 4).reshape(-1, 4)
+    full = (counts == (1, 1, 0, 0)).all(axis=1)  # F and B
+    split = (counts == (1, 0, 1, 1)).all(axis=1)  # F, I and W
+    return bool((full | split).all())
+
+
 def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[int, list[str]]:
     """``rank_orders`` with integer rank keys in ``0..pp-1`` (an empty order for a rank not listed)."""
     if not isinstance(ro, dict):
@@ -190,7 +213,10 @@ def _check_actions(
 ) -> None:
     """Every action well-formed, in range, on the rank that owns its stage and listed once; each (stage,
     microbatch) with exactly one F and either one B or one I plus one W (a pair's parts count as the F and
-    the B they run)."""
+    the B they run). Checked over arrays when every name is a plain action (:func:`_plain_actions_hold`);
+    otherwise, or when something is wrong, action by action, which names the first problem."""
+    if _plain_actions_hold(rank_orders, s2r, n_stages, n_mb):
+        return
     seen: set[str] = set()
     kinds: dict[tuple[int, int], list[str]] = {}
     for r in sorted(rank_orders):

@@ -78,7 +78,7 @@ def _batches(trace: Trace) -> dict[tuple[int, int], dict[str, tuple[float, float
 def estimate_edge_delays(trace: Trace, dag: nx.DiGraph | None = None) -> EdgeDelays:
     """Delay (ms) of every cross-rank edge of the batch DAG by the rule of the module docstring; ``{}``
     when no record has ``start_ms``.  ``dag``: ``build_dag(trace.meta)``, when the caller has it."""
-    if all(rec.start_ms is None for rec in trace.records):
+    if not trace.has_start_times():
         return {}
     meta = trace.meta
     if dag is None:

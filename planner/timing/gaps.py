@@ -149,7 +149,7 @@ def gap_samples(
 ) -> list[GapSample]:
     """Every gap between consecutive actions of a rank in the batches of ``phases`` (None: every phase),
     free or not (module docstring); ``cross``: the cross-rank delays (default: estimated from the trace)."""
-    if all(rec.start_ms is None for rec in trace.records):
+    if not trace.has_start_times():
         return []  # (a gap needs two start times)
     meta = trace.meta
     if dag is None:

@@ -43,8 +43,8 @@ import numpy as np
 from planner.schedule.actions import parse_action
 from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
-from planner.trace.columns import Columns, columns, group_ids, group_medians, set_columns
-from planner.trace.load import Record, Trace
+from planner.trace.columns import Columns, columns, group_ids, group_medians
+from planner.trace.load import Trace
 
 REFERENCE = "upper"
 """The window every other one is brought to."""
@@ -113,27 +113,17 @@ def _window_factors(w: _Windows, replicas: int, window: str) -> list[float]:
 
 def anchored(trace: Trace, factors: dict[str, list[float]]) -> Trace:
     """A copy of ``trace`` whose records of each window in ``factors`` (``{window: per-replica factor}``) are
-    divided by their replica's factor; other records (and ``start_ms``) are unchanged."""
-    records = [
-        Record(
-            r.step, r.action, r.ms / factors[r.phase][r.replica], r.phase, r.freeze_ratio, r.rank, r.replica, r.start_ms
-        )
-        if r.phase in factors and factors[r.phase][r.replica] > 0
-        else r
-        for r in trace.records
-    ]
-    out = Trace(trace.meta, records, trace.source)
-    c = getattr(trace, "_columns", None)
-    if c is not None:  # the same division over the columns the trace already has
-        ms = c.ms.copy()
-        for phase, per_replica in factors.items():
-            code = c.phase_code(phase)
-            for d, f in enumerate(per_replica):
-                if code >= 0 and f > 0:
-                    at = (c.phase == code) & (c.replica == d)
-                    ms[at] = c.ms[at] / f
-        set_columns(out, dataclasses.replace(c, ms=ms))
-    return out
+    divided by their replica's factor; other records (and ``start_ms``) are unchanged. Made from the columns
+    (``Trace.from_columns``): its records are built only if someone reads them."""
+    c = columns(trace)
+    ms = c.ms.copy()
+    for phase, per_replica in factors.items():
+        code = c.phase_code(phase)
+        for d, f in enumerate(per_replica):
+            if code >= 0 and f > 0:
+                at = (c.phase == code) & (c.replica == d)
+                ms[at] = c.ms[at] / f
+    return Trace.from_columns(trace.meta, dataclasses.replace(c, ms=ms), trace.source)
 
 
 def _step_scales(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.schedule.actions import parse_action
+from planner.schedule.actions import parse_action, plain_fields
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class Columns:
 
     ``action``: index into ``names`` (``meta.all_actions()``); ``phase``: index into ``phases`` (the trace's
     phase names, in order of first appearance); ``stage``/``kind``: per action (index into ``names``) its stage
-    and its kind's index into ``kinds``."""
+    and its kind's index into ``kinds``; ``start_ms`` NaN where a record has none."""
 
     names: list[str]
     phases: list[str]
@@ -33,6 +33,8 @@ class Columns:
     ms: np.ndarray
     replica: np.ndarray
     rank: np.ndarray
+    freeze_ratio: np.ndarray
+    start_ms: np.ndarray
     stage: np.ndarray
     kind: np.ndarray
 
@@ -48,7 +50,8 @@ class Columns:
 
 def columns(trace) -> Columns:
     """The columns of ``trace`` (a ``planner.trace.load.Trace``), built on first use and kept on the trace (a
-    trace is not changed after it is made: ``planner.timing.monitor.anchored`` makes a new one)."""
+    trace's records are not changed in place: ``planner.timing.monitor.anchored`` makes a new trace, and setting
+    ``records`` drops the columns built from the old ones)."""
     got = getattr(trace, "_columns", None)
     if got is None:
         got = _build(trace)
@@ -66,25 +69,19 @@ def _build(trace) -> Columns:
     index = {a: i for i, a in enumerate(names)}
     phase_index: dict[str, int] = {}
     code = phase_index.setdefault  # a phase's index: the next one at its first record
-    rows = [(index[r.action], code(r.phase, len(phase_index)), r.step, r.ms, r.replica, r.rank) for r in trace.records]
+    rows = [
+        (index[r.action], code(r.phase, len(phase_index)), r.step, r.ms, r.replica, r.rank, r.freeze_ratio, r.start_ms)
+        for r in trace.records
+    ]
     return from_rows(names, list(phase_index), rows)
 
 
 def from_rows(names: list[str], phases: list[str], rows: list[tuple]) -> Columns:
-    """The columns of records given as ``(action index, phase index, step, ms, replica, rank)`` rows, in record
-    order (``planner.trace.load`` collects them as it reads a trace's files)."""
-    kinds: list[str] = []
-    kind_index: dict[str, int] = {}
-    stage = np.empty(len(names), dtype=np.int64)
-    kind = np.empty(len(names), dtype=np.int64)
-    for i, a in enumerate(names):
-        act = parse_action(a)
-        k = kind_index.get(act.kind)
-        if k is None:
-            k = kind_index[act.kind] = len(kinds)
-            kinds.append(act.kind)
-        stage[i], kind[i] = act.stage, k
-    table = np.array(rows, dtype=np.float64).reshape(len(rows), 6)  # integers stay exact (below 2**53)
+    """The columns of records given as ``(action index, phase index, step, ms, replica, rank, freeze_ratio,
+    start_ms)`` rows (``start_ms`` None or NaN: none), in record order (``planner.trace.load`` collects them as it reads
+    a trace's files)."""
+    stage, kind, kinds = _stage_kind(names)
+    table = np.array(rows, dtype=np.float64).reshape(len(rows), 8)  # integers stay exact (below 2**53); None: NaN
     ints = table[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return Columns(
         names=names,
@@ -96,9 +93,26 @@ def from_rows(names: list[str], phases: list[str], rows: list[tuple]) -> Columns
         ms=table[:, 3].copy(),
         replica=ints[:, 3].copy(),
         rank=ints[:, 4].copy(),
+        freeze_ratio=table[:, 6].copy(),
+        start_ms=table[:, 7].copy(),
         stage=stage,
         kind=kind,
     )
+
+
+def _stage_kind(names: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Per action its stage and its kind's index into the kinds (in order of first appearance), and the kinds."""
+    plain = plain_fields(names)
+    if plain is not None:
+        stages, kind_names, _ = plain
+    else:
+        acts = [parse_action(a) for a in names]
+        stages, kind_names = [a.stage for a in acts], [a.kind for a in acts]
+    kinds = list(dict.fromkeys(kind_names))
+    code = {k: i for i, k in enumerate(kinds)}
+    stage = np.array(stages, dtype=np.int64).reshape(len(names))
+    kind = np.array([code[k] for k in kind_names], dtype=np.int64).reshape(len(names))
+    return stage, kind, kinds
 
 
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

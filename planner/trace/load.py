@@ -26,8 +26,8 @@ from planner.fileio import parse_json
 from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
 from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
-from planner.trace.clocks import align_records
-from planner.trace.columns import columns, from_rows, group_ids, group_medians, set_columns
+from planner.trace.clocks import align_records, samples
+from planner.trace.columns import Columns, columns, from_rows, group_ids, group_medians, set_columns
 
 __all__ = [
     "META_FILE",
@@ -68,13 +68,61 @@ class Record:
     start_ms: float | None = None  # start on the host's monotonic clock (ms), when the trace has it
 
 
-@dataclass
 class Trace:
-    """A whole trace: metadata plus every record of every rank and replica; ``source`` names where it came from."""
+    """A whole trace: metadata plus every record of every rank and replica; ``source`` names where it came from.
 
-    meta: TraceMeta
-    records: list[Record]
-    source: str
+    ``Trace(meta, records, source)`` holds the records given. A trace made from its columns
+    (:meth:`from_columns`: what :func:`load_trace` reads a well-formed trace into, and what
+    :func:`planner.timing.monitor.anchored` makes) builds its :class:`Record` list on first use of ``records``:
+    planning reads only the columns (:mod:`planner.trace.columns`), so a 100k-action plan never makes an object
+    per line. Setting ``records`` replaces them (and drops columns built from the old ones)."""
+
+    def __init__(self, meta: TraceMeta, records: list[Record] | None, source: str) -> None:
+        self.meta = meta
+        self._records = records
+        self.source = source
+
+    @classmethod
+    def from_columns(cls, meta: TraceMeta, cols: Columns, source: str) -> Trace:
+        """The trace whose records are ``cols`` (:class:`planner.trace.columns.Columns`, in record order)."""
+        trace = cls(meta, None, source)
+        set_columns(trace, cols)
+        return trace
+
+    @property
+    def records(self) -> list[Record]:
+        if self._records is None:
+            self._records = _records_of(columns(self))
+        return self._records
+
+    @records.setter
+    def records(self, records: list[Record]) -> None:
+        self._records = records
+        self.__dict__.pop("_columns", None)
+
+    def has_start_times(self) -> bool:
+        """Whether any record has ``start_ms`` (read from the columns when the trace has them)."""
+        c = self.__dict__.get("_columns")
+        if c is not None:
+            return bool(np.isfinite(c.start_ms).any())
+        return any(rec.start_ms is not None for rec in self.records)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Trace):
+            return NotImplemented
+        return (self.meta, self.source, self.records) == (other.meta, other.source, other.records)
+
+    def __repr__(self) -> str:
+        return f"Trace(source={self.source!r}, schedule={self.meta.schedule!r}, {len(self.records)} records)"
+
+
+def _records_of(c: Columns) -> list[Record]:
+    """The records of columns ``c``, in their order (``start_ms`` NaN: none)."""
+    names, phases = c.names, c.phases
+    starts = [None if s != s else s for s in c.start_ms.tolist()]
+    cols = (c.step.tolist(), c.action.tolist(), c.ms.tolist(), c.phase.tolist(), c.freeze_ratio.tolist())
+    at = zip(*cols, c.rank.tolist(), c.replica.tolist(), starts)
+    return [Record(st, names[a], ms, phases[p], fr, rk, d, s) for st, a, ms, p, fr, rk, d, s in at]
 
 
 def _validate_record(obj: Any, where: str, rank: int, rank_actions: Collection[str], replica: int = 0) -> Record:
@@ -172,15 +220,14 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     else:
         need = f"pp_degree={m.pp_degree}, replicas={m.replicas} need one file per rank and replica"
 
-    records: list[Record] = []
     names = m.all_actions()
     index = {a: i for i, a in enumerate(names)}
-    rows: list[tuple] | None = []  # the records' columns as they are read (None once a file is read line by line)
+    rows: list[tuple] = []  # the records' columns as the files are read (planner.trace.columns.from_rows)
     phases: dict[str, int] = {}
+    slow: list[Record] | None = None  # the records checked line by line, from the first file not read fast
     for d in range(m.replicas):
         for r in range(m.pp_degree):
             fname = os.path.join(root, rank_file_name(r, d))
-            acts = {a: index[a] for a in m.rank_orders[r]}
             raw = read(rank_file_name(r, d))
             if raw is None:
                 raise PlannerError(f"{fname}: missing ({need})")
@@ -188,24 +235,32 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 lines = raw.decode("utf-8").splitlines()
             except UnicodeDecodeError as e:
                 raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
-            fast = _fast_records(lines, r, acts, d, rows, phases)
-            if fast is not None:
-                records.extend(fast)
+            if slow is None and _fast_rows(lines, r, {a: index[a] for a in m.rank_orders[r]}, d, rows, phases):
                 continue
-            rows = None
-            for lineno, line in enumerate(lines, start=1):  # something is off: find it, line by line
-                if not line.strip():
-                    continue
-                where = f"{fname}:{lineno}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
-                records.append(_validate_record(obj, where, r, acts, d))
-    trace = Trace(m, align_records(m, records), root)
-    if rows is not None:
-        set_columns(trace, from_rows(names, list(phases), rows))
-    return trace
+            slow = [] if slow is None else slow
+            slow.extend(_checked_records(fname, lines, r, set(m.rank_orders[r]), d))
+    cols = from_rows(names, list(phases), rows)
+    if slow is not None:  # something was off but no error: the files read fast, then the others
+        return Trace(m, align_records(m, _records_of(cols) + slow), root)
+    if samples(m):  # start times to bring onto rank 0's clock: the records now, columns from them when asked
+        return Trace(m, align_records(m, _records_of(cols)), root)
+    return Trace.from_columns(m, cols, root)
+
+
+def _checked_records(fname: str, lines: list[str], rank: int, rank_actions: set[str], replica: int) -> list[Record]:
+    """The records of one file's lines checked line by line (:func:`_validate_record`), which names the first
+    problem (``<file>:<line>``): what :func:`load_trace` does once a file is not what the runtime writes."""
+    records: list[Record] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{fname}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PlannerError(f"{where}: invalid JSON: {e.msg}") from None
+        records.append(_validate_record(obj, where, rank, rank_actions, replica))
+    return records
 
 
 def _read_file_in(root: str) -> Callable[[str], bytes | None]:
@@ -228,23 +283,23 @@ _SCAN = json.scanner.make_scanner(json.JSONDecoder())
 """One JSON value from a position of a string: (value, end); the C scanner where available."""
 
 
-def _fast_records(
+def _fast_rows(
     lines: list[str],
     rank: int,
     rank_actions: dict[str, int],
     replica: int,
-    rows: list[tuple] | None = None,
-    phases: dict[str, int] | None = None,
-) -> list[Record] | None:
-    """The records of one file when every line is a well-formed record (what the runtime writes), parsed by
-    the JSON module's scanner directly and checked inline; None at the first doubt, and :func:`load_trace`
-    then checks line by line with :func:`_validate_record` to name the problem (the same result, about twice
-    as fast on a 100k-action trace). ``rank_actions``: the rank's actions and their index in the trace's
-    ``meta.all_actions()``; with ``rows`` (and ``phases``, phase -> index in order of first appearance) each
-    record's columns (:func:`planner.trace.columns.from_rows`) are appended too."""
-    out = []
-    isfinite, scan = math.isfinite, _SCAN
-    code = None if rows is None or phases is None else phases.setdefault
+    rows: list[tuple],
+    phases: dict[str, int],
+) -> bool:
+    """Append the columns of one file's records to ``rows`` (:func:`planner.trace.columns.from_rows`) when every
+    line is a well-formed record (what the runtime writes), parsed by the JSON module's scanner directly and
+    checked inline; False at the first doubt (``rows`` then unchanged), and :func:`load_trace` checks that file
+    and the ones after it line by line with :func:`_validate_record` to name the problem (the same records,
+    several times as fast on a 100k-action trace, and no :class:`Record` until one is asked for).
+    ``rank_actions``: the rank's actions and their index in the trace's ``meta.all_actions()``; ``phases``:
+    phase -> index, in order of first appearance (grown here)."""
+    isfinite, scan, nan = math.isfinite, _SCAN, math.nan
+    code = phases.setdefault
     got: list[tuple] = []
     for line in lines:
         if not line or line.isspace():
@@ -252,14 +307,14 @@ def _fast_records(
         try:
             obj, end = scan(line, 0)
         except (StopIteration, ValueError):
-            return None
+            return False
         if type(obj) is not dict or (end != len(line) and not line[end:].isspace()):
-            return None
+            return False
         try:
             step, action, ms, phase, fr = obj["step"], obj["action"], obj["ms"], obj["phase"], obj["freeze_ratio"]
         except KeyError:
-            return None
-        start = obj.get("start_ms")
+            return False
+        start = obj.get("start_ms", nan)
         if (
             type(step) is not int
             or type(action) is not str
@@ -270,20 +325,12 @@ def _fast_records(
             or not phase
             or type(fr) not in (int, float)
             or not 0.0 <= fr <= 1.0
-        ):
-            return None
-        if start is not None:
-            if type(start) not in (int, float) or not isfinite(start):
-                return None
-            start = float(start)
-        elif "start_ms" in obj:  # an explicit null: the line-by-line check words the error
-            return None
-        out.append(Record(step, action, float(ms), phase, float(fr), rank, replica, start))
-        if code is not None:
-            got.append((rank_actions[action], code(phase, len(phases)), step, ms, replica, rank))
-    if rows is not None:
-        rows.extend(got)
-    return out
+            or (start is not nan and (type(start) not in (int, float) or not isfinite(start)))
+        ):  # (an explicit null start: the line-by-line check words the error)
+            return False
+        got.append((rank_actions[action], code(phase, len(phases)), step, ms, replica, rank, fr, start))
+    rows.extend(got)
+    return True
 
 
 @dataclass
