@@ -11,6 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "results" / "smollm2-table1"
+TTA = ROOT / "docs" / "results" / "smollm2-tta"
 CONFIG = ROOT / "torchtitan_configs" / "smollm2_135m_instruct_cpu.toml"
 
 
@@ -107,7 +108,38 @@ def test_every_readme_figure_of_the_real_model_is_in_its_file():
     for target, path in (
         (r"smollm2-table1/pilot/pilot\.md", PAGE / "pilot" / "pilot.md"),
         (r"smollm2-table1/study1/report/smollm2\.md", PAGE / "study1" / "report" / "smollm2.md"),
+        (r"smollm2-tta/study3/report/report\.md", TTA / "study3" / "report" / "report.md"),
+        (r"smollm2-tta/study3/report/smollm2\.md", TTA / "study3" / "report" / "smollm2.md"),
     ):
         quoted = [q for q in linked_figures(readme, target) if q != "so far"]
         text = path.read_text()
         assert quoted and all(q in text for q in quoted), (path, quoted)
+
+
+def test_the_time_to_accuracy_study_is_what_its_committed_jobs_give():
+    """Study 3 (docs/results/smollm2-tta/): its 18 jobs, the per-cell time-to-accuracy table of report.md and the
+    SmolLM2 table of smollm2.md recomputed from the committed jobs, and the secondary reading with the machine's
+    speed out (amendment 1) that its Results quote from smollm2_cells.csv."""
+    import csv
+
+    from timelyfreeze.experiments.stats import cell_stats, fmt_ci
+    from timelyfreeze.experiments.studies.smollm2_table1 import cells, job_rows, md
+    from timelyfreeze.experiments.sweep.report import md_cells
+    from timelyfreeze.experiments.sweep.results import load_rows
+    from timelyfreeze.experiments.sweep.tta import tta_rows
+
+    study = TTA / "study3"
+    rows = load_rows(study)
+    assert len(rows) == 18 and {r["status"] for r in rows} == {"ok"}
+    assert md_cells(cell_stats(tta_rows(rows))) in (study / "report" / "report.md").read_text()
+    got = cells(job_rows(study))
+    assert md(got) in (study / "report" / "smollm2.md").read_text()
+    with open(study / "report" / "smollm2_cells.csv", newline="") as f:
+        written = list(csv.DictReader(f))
+    results = (TTA / "README.md").read_text()
+    for c, w in zip(got, written, strict=True):
+        assert (c["schedule"], c["method"]) == (w["schedule"], w["method"])
+        fwd = fmt_ci(c["tta_ratio_fwd_mean"], c["tta_ratio_fwd_lo"], c["tta_ratio_fwd_hi"])
+        assert fwd == fmt_ci(*(float(w[f"tta_ratio_fwd_{k}"]) for k in ("mean", "lo", "hi")))
+        if c["method"] != "none":
+            assert fwd in results, (c["schedule"], c["method"], fwd)
