@@ -52,15 +52,21 @@ def columns(trace) -> Columns:
     """The columns of ``trace`` (a ``planner.trace.load.Trace``), built on first use and kept on the trace (a
     trace's records are not changed in place: ``planner.timing.monitor.anchored`` makes a new trace, and setting
     ``records`` drops the columns built from the old ones)."""
-    got = getattr(trace, "_columns", None)
+    got = kept_columns(trace)
     if got is None:
         got = _build(trace)
         set_columns(trace, got)
     return got
 
 
-def set_columns(trace, cols: Columns) -> None:
-    """Keep ``cols`` as ``trace``'s columns (for a trace made from another's, whose columns follow from its)."""
+def kept_columns(trace) -> Columns | None:
+    """The columns kept on ``trace``; None when none are built yet."""
+    return getattr(trace, "_columns", None)
+
+
+def set_columns(trace, cols: Columns | None) -> None:
+    """Keep ``cols`` as ``trace``'s columns (for a trace made from another's, whose columns follow from its);
+    None drops them (they are built afresh on next use)."""
     object.__setattr__(trace, "_columns", cols)
 
 

@@ -27,7 +27,15 @@ from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
 from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records, samples
-from planner.trace.columns import Columns, columns, from_rows, group_ids, group_medians, set_columns
+from planner.trace.columns import (
+    Columns,
+    columns,
+    from_rows,
+    group_ids,
+    group_medians,
+    kept_columns,
+    set_columns,
+)
 
 __all__ = [
     "META_FILE",
@@ -98,11 +106,11 @@ class Trace:
     @records.setter
     def records(self, records: list[Record]) -> None:
         self._records = records
-        self.__dict__.pop("_columns", None)
+        set_columns(self, None)
 
     def has_start_times(self) -> bool:
         """Whether any record has ``start_ms`` (read from the columns when the trace has them)."""
-        c = self.__dict__.get("_columns")
+        c = kept_columns(self)
         if c is not None:
             return bool(np.isfinite(c.start_ms).any())
         return any(rec.start_ms is not None for rec in self.records)
