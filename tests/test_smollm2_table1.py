@@ -132,8 +132,13 @@ def test_the_time_to_accuracy_study_is_what_its_committed_jobs_give():
     rows = load_rows(study)
     assert len(rows) == 18 and {r["status"] for r in rows} == {"ok"}
     assert md_cells(cell_stats(tta_rows(rows))) in (study / "report" / "report.md").read_text()
-    got = cells(job_rows(study))
+    jobs = job_rows(study)
+    got = cells(jobs)
     assert md(got) in (study / "report" / "smollm2.md").read_text()
+    # the Results' reading that the seed moves only the freezing draws: every no-freezing job the same accuracy and
+    # target held-out loss
+    assert {r["val_acc"] for r in jobs if r["method"] == "none"} == {0.495}
+    assert {round(t["target_loss"], 3) for t in tta_rows(rows) if t["method"] != "none"} == {2.525}
     with open(study / "report" / "smollm2_cells.csv", newline="") as f:
         written = list(csv.DictReader(f))
     results = (TTA / "README.md").read_text()
