@@ -4,17 +4,20 @@ it, summarise it."""
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from planner.errors import PlannerError
-from planner.fileio import read_json, write_json_atomically
+from planner.fileio import Rows, read_json, write_json_atomically
 from planner.lp.budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from planner.lp.problem import Problem, build_problem
 from planner.lp.solve import solve_problem
-from planner.schedule.actions import FREEZABLE_KINDS, parse_action
+from planner.schedule.actions import FREEZABLE_KINDS, parse_action, plain_fields
 from planner.schedule.dag import BatchDag, EdgeDelays, build_dag, longest_path
 from planner.timing import monitor
 from planner.timing.cliff import apply_cliffs, find_cliffs
@@ -27,6 +30,7 @@ from planner.trace.load import NodeWeights, Trace, TraceMeta
 PLAN_FORMAT = "timelyfreeze-plan/1"
 _TOL = 1e-9  # relative tolerance of load-time checks
 _ACTION_FIELDS = ("w_min", "w_max", "start", "duration", "freeze_ratio")
+_ACTION_ROW = operator.attrgetter(*_ACTION_FIELDS)
 _PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
 _BATCH_TIME_FIELDS = ("no_freeze", "all_frozen", "planned")
 _SOLVER_FIELDS = ("name", "status", "seconds")
@@ -68,6 +72,10 @@ class Plan:
     critical_path: list[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
+        return self._json({a: dict(zip(_ACTION_FIELDS, _ACTION_ROW(p))) for a, p in self.actions.items()})
+
+    def _json(self, actions: Any) -> dict[str, Any]:
+        """:meth:`to_json` with ``actions`` as the value of its ``actions`` field."""
         d: dict[str, Any] = dict(self.extra)
         d.update(
             {
@@ -77,7 +85,7 @@ class Plan:
                 "num_microbatches": self.num_microbatches,
                 "r_max": self.r_max if isinstance(self.r_max, (int, float)) else list(self.r_max),
                 "batch_time_ms": dict(self.batch_time_ms),
-                "actions": {a: {k: getattr(p, k) for k in _ACTION_FIELDS} for a, p in self.actions.items()},
+                "actions": actions,
                 "solver": dict(self.solver),
             }
         )
@@ -113,12 +121,15 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
     """The plan of one built problem (:func:`make_plan` has the arguments)."""
     weights, budget = problem.weights, problem.r_max
     sol = solve_problem(problem, solver=solver, gap=gap)
-    freezable = weights.freezable
-    actions: dict[str, ActionPlan] = {}
-    for a in problem.meta.all_actions():
-        hi, lo, d = weights.w_max[a], weights.w_min[a], sol.durations[a]
-        ratio = (hi - d) / (hi - lo) if a in freezable else 0.0
-        actions[a] = ActionPlan(float(lo), float(hi), float(sol.starts[a]), float(d), min(1.0, max(0.0, ratio)))
+    names = problem.meta.all_actions()
+    hi, lo, d, start = (
+        np.fromiter(map(m.__getitem__, names), np.float64, len(names))
+        for m in (weights.w_max, weights.w_min, sol.durations, sol.starts)
+    )
+    frz = np.fromiter(map(weights.freezable.__contains__, names), bool, len(names))
+    ratio = np.zeros(len(names))
+    ratio[frz] = np.minimum(1.0, np.maximum(0.0, (hi[frz] - d[frz]) / (hi[frz] - lo[frz])))
+    actions = dict(zip(names, map(ActionPlan, lo.tolist(), hi.tolist(), start.tolist(), d.tolist(), ratio.tolist())))
     return Plan(
         schedule=problem.meta.schedule,
         num_stages=problem.num_stages,
@@ -198,17 +209,20 @@ def plan_from_trace(
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write atomically (temp file in the same directory, fsync, ``os.replace``); a failure is a
     one-line PlannerError naming ``path``."""
-    write_json_atomically(path, plan.to_json(), one_line="actions")
+    rows = Rows(list(plan.actions), _ACTION_FIELDS, list(map(_ACTION_ROW, plan.actions.values())))
+    write_json_atomically(path, plan._json(rows), one_line="actions")
 
 
 def stage_mean_ratios(plan: Plan) -> dict[int, float]:
     """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and a freezable kind: B, W,
     or an OVERLAP_F_B pair, whose stage is its backward part's)."""
     sums: dict[int, list[float]] = {}
-    for a, p in plan.actions.items():
-        act = parse_action(a)
-        if act.kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
-            sums.setdefault(act.stage, []).append(p.freeze_ratio)
+    names = list(plan.actions)
+    plain = plain_fields(names)  # every name plain and canonical: the fields in one scan, no parse per name
+    fields = zip(*plain[:2]) if plain is not None else ((act.stage, act.kind) for act in map(parse_action, names))
+    for (stage, kind), p in zip(fields, plan.actions.values()):
+        if kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
+            sums.setdefault(stage, []).append(p.freeze_ratio)
     return {s: sum(v) / len(v) for s, v in sorted(sums.items())}
 
 

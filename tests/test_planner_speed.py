@@ -263,6 +263,29 @@ def test_one_line_members_are_what_the_json_encoder_writes() -> None:
     assert list(_members(mapping)) == [f"  {enc(k)}: {enc(v)}" for k, v in mapping.items()]
 
 
+@pytest.mark.parametrize(
+    "odd",
+    [None, 1, float("inf"), float("nan"), True, "1.0"],
+)
+def test_plan_rows_are_written_as_their_dicts_would_be(odd) -> None:
+    """A plan's actions go to the file as rows (``Rows``), formatted from one template when every value is a finite
+    float; the text is what ``_members`` writes for the same dicts, and ``_members`` itself where a value is not."""
+    from planner.fileio import Rows, _members, _row_members
+
+    rng = random.Random(5)
+    floats = [0.0, -0.0, 1e-310, 5e-324, 1e22, 1.5e16, -2.25, 0.1, 1 / 3, 123456.789, 1e308]
+    fields = ("w_min", "w_max", "start", "duration", "freeze_ratio")
+    keys = [f"{i}B{i}" for i in range(30)] + ["(0F3;3B1)OVERLAP_F_B", 'é"\\%s']
+    rows = [tuple(rng.choice(floats) for _ in fields) for _ in keys]
+    if odd is not None:
+        rows[7] = (*rows[7][:2], odd, *rows[7][3:])
+    got = Rows(keys, fields, rows)
+    assert list(_row_members(got)) == list(_members(got.as_dict()))
+    assert list(_row_members(Rows(keys, ("a%s", *fields[1:]), rows))) == list(
+        _members(Rows(keys, ("a%s", *fields[1:]), rows).as_dict())
+    )
+
+
 def test_plain_fields_are_parse_actions_fields_or_none() -> None:
     """The bulk reader of action names gives parse_action's fields for canonical plain names, and None for
     anything it cannot vouch for (parse_action then decides, name by name)."""

@@ -414,7 +414,7 @@ def test_bad_hosts_value(tmp_path, value) -> None:
 
 
 def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
-    """load_trace parses a well-formed file in one pass (``_fast_rows``); the line-by-line path gives the
+    """load_trace parses a well-formed file in one pass (``_fast_block``); the line-by-line path gives the
     same records, and odd but valid lines (blank, indented, trailing spaces, ints for floats) load either way."""
     import planner.trace.load as trace_mod
 
@@ -428,18 +428,18 @@ def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     path.write_text("\n".join(lines) + "\n")
     loaded = load_trace(root)
     fast = loaded.records
-    monkeypatch.setattr(trace_mod, "_fast_rows", lambda *a: False)
+    monkeypatch.setattr(trace_mod, "_fast_block", lambda *a: None)
     slow_trace = load_trace(root)
     slow = slow_trace.records
     assert fast == slow and len(fast) == sum(len(v) for v in recs.values())
     assert fast[1].ms == 3.0 and fast[1].start_ms == 12.0
-    # a clean trace is read into columns (planner.trace.columns) and its records are built from them when asked;
-    # both are those built from the records afterwards (a file read line by line, as rank 1's here, gives the
-    # records, and the columns follow from them)
+    # a well-formed trace is read into columns (planner.trace.columns), odd but valid lines included, and its
+    # records are built from them when asked; both are those built from the records afterwards (a file read line
+    # by line gives the records, and the columns follow from them)
     from planner.trace.columns import columns
 
     monkeypatch.undo()
-    assert getattr(loaded, "_columns", None) is None and getattr(slow_trace, "_columns", None) is None
+    assert getattr(loaded, "_columns", None) is not None and getattr(slow_trace, "_columns", None) is None
     clean = load_trace(write_trace(tmp_path / "clean", good_meta(), recs))
     assert getattr(clean, "_columns", None) is not None
     assert clean._records is None  # no Record until one is asked for
@@ -448,15 +448,76 @@ def test_fast_and_line_by_line_loading_agree(tmp_path, monkeypatch) -> None:
     for field in ("action", "phase", "step", "ms", "replica", "rank", "freeze_ratio", "stage", "kind"):
         assert getattr(a, field).tolist() == getattr(b, field).tolist(), field
     assert np.array_equal(a.start_ms, b.start_ms, equal_nan=True)
-    monkeypatch.setattr(trace_mod, "_fast_rows", lambda *a: False)
+    monkeypatch.setattr(trace_mod, "_fast_block", lambda *a: None)
     assert clean.records == load_trace(clean.source).records  # built from the columns = checked line by line
     assert all(type(x.ms) is float and type(x.step) is int for x in clean.records)
+
+
+_GOOD_LINE = '{"step": 9, "action": "1F0", "ms": 1.5, "phase": "upper", "freeze_ratio": 0.25}'
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _GOOD_LINE.replace("}", ', "start_ms": null}'),
+        _GOOD_LINE.replace("}", ', "start_ms": NaN}'),
+        _GOOD_LINE.replace("}", ', "start_ms": Infinity}'),
+        _GOOD_LINE.replace("9", "true"),
+        _GOOD_LINE.replace("9", "9.0"),
+        _GOOD_LINE.replace("9", str(2**70)),
+        _GOOD_LINE.replace("1.5", '"1.5"'),
+        _GOOD_LINE.replace("1.5", "-1.5"),
+        _GOOD_LINE.replace("1.5", "NaN"),
+        _GOOD_LINE.replace("1.5", "false"),
+        _GOOD_LINE.replace("0.25", "1.25"),
+        _GOOD_LINE.replace("0.25", "NaN"),
+        _GOOD_LINE.replace('"upper"', '""'),
+        _GOOD_LINE.replace('"upper"', "1"),
+        _GOOD_LINE.replace('"1F0"', '"0F0"'),
+        _GOOD_LINE.replace('"step": 9, ', ""),
+        _GOOD_LINE + ", " + _GOOD_LINE,
+        "[" + _GOOD_LINE + "]",
+        "7",
+        _GOOD_LINE[:-1],
+    ],
+)
+def test_the_fast_reader_leaves_every_odd_line_to_the_line_by_line_check(line) -> None:
+    """``_fast_block`` reads a file only when every line is what the runtime writes; at any doubt it returns None
+    and grows no phase, so the line-by-line check names the problem or reads the odd but valid line."""
+    from planner.trace.load import _fast_block
+
+    phases = {"warmup": 0}
+    assert _fast_block([_GOOD_LINE, line], 1, {"1F0": 4, "1F1": 5}, 0, phases) is None
+    assert phases == {"warmup": 0}
+
+
+def test_the_fast_reader_gives_each_field_as_written() -> None:
+    from planner.trace.load import _fast_block
+
+    phases = {"warmup": 0}
+    lines = ["", _GOOD_LINE, "  ", _GOOD_LINE.replace("}", ', "start_ms": 12}').replace('"1F0"', '"1F1"')]
+    got = _fast_block(lines, 1, {"1F0": 4, "1F1": 5}, 2, phases)
+    assert phases == {"warmup": 0, "upper": 1}
+    action, phase, step, ms, replica, rank, fr, start = (x.tolist() for x in got)
+    assert (action, phase, step, ms, replica, rank, fr) == (
+        [4, 5],
+        [1, 1],
+        [9, 9],
+        [1.5, 1.5],
+        [2, 2],
+        [1, 1],
+        [0.25] * 2,
+    )
+    assert np.isnan(start[0]) and start[1] == 12.0
+    assert [x.dtype.kind for x in got] == ["i", "i", "i", "f", "i", "i", "f", "f"]
 
 
 @pytest.mark.parametrize(
     "text,msg",
     [
         ('{"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0} {"step": 9}', "invalid JSON"),
+        # two values joined by a comma: read as one JSON array, the file would have one record too many
+        ('{"step": 9, "action": "1F0", "ms": 1.0, "phase": "upper", "freeze_ratio": 0.0}, {"step": 9}', "invalid JSON"),
         (b"\xff\xfe", "not UTF-8"),
     ],
 )

@@ -14,6 +14,7 @@ Reductions made here (exact, so the reduced LP of :mod:`planner.lp.model` has th
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import networkx as nx
@@ -59,23 +60,22 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     stage = np.full(n, -1, dtype=np.int64)
     wmax = np.zeros(n)
     delta = np.zeros(n)
-    nodes = dag.nodes
-    split = False
-    for i, a in enumerate(names):
-        if i == src_i or i == snk_i:
-            continue
-        attrs = nodes[a]
-        rank[i] = attrs["rank"]
-        stage[i] = attrs["stage"]
+    split = False  # the schedule splits backward into I and W
+    # every action's attributes and weights a field at a time (C-level maps, not a Python loop per node)
+    idx = np.array([i for i in range(n) if i != src_i and i != snk_i], dtype=np.int64)
+    acts = [names[i] for i in idx.tolist()]
+    if acts:
+        rk, sg, kd = zip(*map(_RANK_STAGE_KIND, map(dag.nodes.__getitem__, acts)))
         try:
-            hi, lo = float(weights.w_max[a]), float(weights.w_min[a])
+            hi = np.fromiter(map(weights.w_max.__getitem__, acts), dtype=np.float64, count=len(acts))
+            lo = np.fromiter(map(weights.w_min.__getitem__, acts), dtype=np.float64, count=len(acts))
         except KeyError:
+            a = next(a for a in acts if a not in weights.w_max or a not in weights.w_min)
             raise PlannerError(f"no node weights for action {a!r}") from None
-        wmax[i] = hi
-        if attrs["kind"] == "W":
-            split = True
-        if attrs["kind"] in FREEZABLE_KINDS and hi - lo > 0:
-            delta[i] = hi - lo
+        rank[idx], stage[idx], wmax[idx] = rk, sg, hi
+        frz = np.fromiter(map(_FREEZABLE.__contains__, kd), dtype=bool, count=len(acts)) & (hi - lo > 0)
+        delta[idx[frz]] = (hi - lo)[frz]
+        split = "W" in kd
     st, cn = np.unique(stage[delta > 0], return_counts=True)
     counts = dict(zip(st.tolist(), cn.tolist()))
     src, dst = di.src, di.dst
@@ -98,6 +98,10 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
         counts,
         k_c=None if delay is None else delay[keep],
     )
+
+
+_RANK_STAGE_KIND = operator.itemgetter("rank", "stage", "kind")
+_FREEZABLE = frozenset(FREEZABLE_KINDS)
 
 
 def _rank_successor(di: DagIndex, rank: np.ndarray) -> np.ndarray:

@@ -79,8 +79,9 @@ class Problem:
         """Batch-time resolution (ms) at the time scale ``no_freeze``: the largest stage-2 slack (module docstring)."""
         return time_tol(self.no_freeze)
 
-    def longest_path(self, durations: Mapping[str, float]) -> tuple[float, dict[str, float], list[str]]:
-        """:func:`planner.schedule.dag.longest_path` of ``durations`` on this problem's DAG with its delays."""
+    def longest_path(self, durations: Mapping[str, float] | np.ndarray) -> tuple[float, dict[str, float], list[str]]:
+        """:func:`planner.schedule.dag.longest_path` of ``durations`` on this problem's DAG with its delays (by action
+        name, or an array aligned with ``arrays.names``, source and sink 0)."""
         return indexed_longest_path(self.dag.index, durations, self.pred_delay)
 
     def with_r_max(self, r_max: float | Sequence[float]) -> Problem:

@@ -32,7 +32,7 @@ from planner.lp.budget import sensitivity
 from planner.lp.highs import CONFIGS, DEFAULT_CONFIG, LPResult, solve_whole
 from planner.lp.problem import Problem, build_problem
 from planner.lp.region import solve_region
-from planner.schedule.dag import SINK, SOURCE, BatchDag, EdgeDelays
+from planner.schedule.dag import BatchDag, EdgeDelays
 from planner.trace.load import NodeWeights
 
 SOLVERS: tuple[str, ...] = ("auto", "whole", "region")
@@ -189,13 +189,16 @@ def _solution(problem: Problem, result: LPResult, solver: str) -> LPSolution:
     """The durations of ``result``'s ratios and their longest path, checked against its batch time."""
     arrays, weights = problem.arrays, problem.weights
     t3 = time.perf_counter()
-    durations = {a: float(weights.w_max[a]) for a in arrays.names if a != SOURCE and a != SINK}
-    r = result.ratios
-    for i in np.flatnonzero(r > 0).tolist():
-        a = arrays.names[i]
-        hi, lo = durations[a], float(weights.w_min[a])
-        durations[a] = min(hi, max(lo, hi - (hi - lo) * float(r[i])))
-    makespan, starts, path = problem.longest_path(durations)
+    d = arrays.wmax.copy()  # w_max per node (source and sink 0), then each frozen action's duration
+    frozen = np.flatnonzero(result.ratios > 0)
+    lo = np.fromiter(
+        map(weights.w_min.__getitem__, [arrays.names[i] for i in frozen.tolist()]), np.float64, frozen.size
+    )
+    hi = d[frozen]
+    d[frozen] = np.minimum(hi, np.maximum(lo, hi - (hi - lo) * result.ratios[frozen]))
+    makespan, starts, path = problem.longest_path(d)
+    act = [i for i in range(len(arrays.names)) if i != arrays.src_i and i != arrays.snk_i]
+    durations = dict(zip([arrays.names[i] for i in act], d[act].tolist()))
     if not math.isclose(makespan, result.batch_time, rel_tol=1e-6, abs_tol=1e-6):
         raise PlannerError(
             f"LP batch time {result.batch_time:.9g} does not match the longest path {makespan:.9g} of its durations"

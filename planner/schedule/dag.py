@@ -21,7 +21,7 @@ import networkx as nx
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.schedule.actions import parse_action
+from planner.schedule.actions import parse_action, plain_fields
 from planner.schedule.meta import TraceMeta
 
 SOURCE = "source"
@@ -161,12 +161,21 @@ def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     between actions: the rank-order edges, then the data dependencies."""
     by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes: dict[str, dict] = {SOURCE: {}, SINK: {}}
-    for r in sorted(meta.rank_orders):
-        for a in meta.rank_orders[r]:
-            act = parse_action(a)
-            nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}
-            for part in act.parts:
-                by_key[(part.stage, part.kind, part.microbatch)] = a
+    ranks = sorted(meta.rank_orders)
+    flat = [a for r in ranks for a in meta.rank_orders[r]]
+    plain = plain_fields(flat)  # every name plain and canonical: its fields in one scan, no parse per name
+    if plain is not None:
+        rank_of = [r for r in ranks for _ in meta.rank_orders[r]]
+        for a, s, k, m, r in zip(flat, *plain, rank_of):
+            nodes[a] = {"stage": s, "kind": k, "microbatch": m, "rank": r}
+            by_key[(s, k, m)] = a
+    else:
+        for r in ranks:
+            for a in meta.rank_orders[r]:
+                act = parse_action(a)
+                nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}
+                for part in act.parts:
+                    by_key[(part.stage, part.kind, part.microbatch)] = a
 
     edges: list[tuple[str, str]] = []
     for r in sorted(meta.rank_orders):
@@ -298,17 +307,21 @@ def longest_path(
 
 def indexed_longest_path(
     di: DagIndex,
-    durations: Mapping[str, float],
+    durations: Mapping[str, float] | np.ndarray,
     pred_delay: np.ndarray | None,
 ) -> tuple[float, dict[str, float], list[str]]:
-    """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none)."""
-    try:
-        dur = [0.0 if name == SOURCE or name == SINK else float(durations[name]) for name in di.names]
-    except KeyError as e:
-        raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
+    """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none).
+    ``durations``: by action name, or an array aligned with ``di.names`` (source and sink 0)."""
+    if isinstance(durations, np.ndarray):
+        w = np.asarray(durations, dtype=np.float64)
+    else:
+        try:
+            dur = [0.0 if name == SOURCE or name == SINK else float(durations[name]) for name in di.names]
+        except KeyError as e:
+            raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
+        w = np.asarray(dur)
     if di.layers is None:
         di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
-    w = np.asarray(dur)
     start_arr = farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
     start = start_arr.tolist()
     ptr, preds = di.pred_ptr, di.pred_idx

@@ -84,23 +84,42 @@ def _build(trace) -> Columns:
 
 def from_rows(names: list[str], phases: list[str], rows: list[tuple]) -> Columns:
     """The columns of records given as ``(action index, phase index, step, ms, replica, rank, freeze_ratio,
-    start_ms)`` rows (``start_ms`` None or NaN: none), in record order (``planner.trace.load`` collects them as it reads
-    a trace's files)."""
-    stage, kind, kinds = _stage_kind(names)
+    start_ms)`` rows (``start_ms`` None or NaN: none), in record order."""
     table = np.array(rows, dtype=np.float64).reshape(len(rows), 8)  # integers stay exact (below 2**53); None: NaN
     ints = table[:, [0, 1, 2, 4, 5]].astype(np.int64)
+    action, phase, step, replica, rank = ints.T
+    return from_arrays(names, phases, action, phase, step, table[:, 3], replica, rank, table[:, 6], table[:, 7])
+
+
+def from_arrays(
+    names: list[str],
+    phases: list[str],
+    action: np.ndarray,
+    phase: np.ndarray,
+    step: np.ndarray,
+    ms: np.ndarray,
+    replica: np.ndarray,
+    rank: np.ndarray,
+    freeze_ratio: np.ndarray,
+    start_ms: np.ndarray,
+) -> Columns:
+    """The columns of records given field by field, in record order (``planner.trace.load`` reads a trace's files
+    into them): ``action``/``phase`` index into ``names``/``phases``; integer fields as int64, the others float64,
+    ``start_ms`` NaN where a record has none."""
+    stage, kind, kinds = _stage_kind(names)
+    i64, f64 = (lambda a: np.array(a, dtype=np.int64)), (lambda a: np.array(a, dtype=np.float64))
     return Columns(
         names=names,
         phases=phases,
         kinds=kinds,
-        action=ints[:, 0].copy(),
-        phase=ints[:, 1].copy(),
-        step=ints[:, 2].copy(),
-        ms=table[:, 3].copy(),
-        replica=ints[:, 3].copy(),
-        rank=ints[:, 4].copy(),
-        freeze_ratio=table[:, 6].copy(),
-        start_ms=table[:, 7].copy(),
+        action=i64(action),
+        phase=i64(phase),
+        step=i64(step),
+        ms=f64(ms),
+        replica=i64(replica),
+        rank=i64(rank),
+        freeze_ratio=f64(freeze_ratio),
+        start_ms=f64(start_ms),
         stage=stage,
         kind=kind,
     )

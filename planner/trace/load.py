@@ -12,8 +12,8 @@ compatibility.  The metadata and its checks live in :mod:`planner.schedule.meta`
 from __future__ import annotations
 
 import json
-import json.scanner
 import math
+import operator
 import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -23,14 +23,14 @@ import numpy as np
 
 from planner.errors import PlannerError
 from planner.fileio import parse_json
-from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action
+from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action, plain_fields
 from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records, samples
 from planner.trace.columns import (
     Columns,
     columns,
-    from_rows,
+    from_arrays,
     group_ids,
     group_medians,
     kept_columns,
@@ -230,7 +230,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 
     names = m.all_actions()
     index = {a: i for i, a in enumerate(names)}
-    rows: list[tuple] = []  # the records' columns as the files are read (planner.trace.columns.from_rows)
+    blocks: list[tuple[np.ndarray, ...]] = []  # each file's records, field by field (planner.trace.columns.from_arrays)
     phases: dict[str, int] = {}
     slow: list[Record] | None = None  # the records checked line by line, from the first file not read fast
     for d in range(m.replicas):
@@ -243,11 +243,15 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 lines = raw.decode("utf-8").splitlines()
             except UnicodeDecodeError as e:
                 raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
-            if slow is None and _fast_rows(lines, r, {a: index[a] for a in m.rank_orders[r]}, d, rows, phases):
-                continue
+            if slow is None:
+                block = _fast_block(lines, r, {a: index[a] for a in m.rank_orders[r]}, d, phases)
+                if block is not None:
+                    blocks.append(block)
+                    continue
             slow = [] if slow is None else slow
             slow.extend(_checked_records(fname, lines, r, set(m.rank_orders[r]), d))
-    cols = from_rows(names, list(phases), rows)
+    fields = [np.concatenate(f) for f in zip(*blocks)] if blocks else [np.zeros(0)] * 8
+    cols = from_arrays(names, list(phases), *fields)
     if slow is not None:  # something was off but no error: the files read fast, then the others
         return Trace(m, align_records(m, _records_of(cols) + slow), root)
     if samples(m):  # start times to bring onto rank 0's clock: the records now, columns from them when asked
@@ -287,58 +291,78 @@ def _read_file_in(root: str) -> Callable[[str], bytes | None]:
     return read
 
 
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())
-"""One JSON value from a position of a string: (value, end); the C scanner where available."""
+_NO_START = math.nan
+"""What a record without ``start_ms`` reads as (this object: an explicit ``NaN`` in a file is another one)."""
 
 
-def _fast_rows(
+def _fast_block(
     lines: list[str],
     rank: int,
     rank_actions: dict[str, int],
     replica: int,
-    rows: list[tuple],
     phases: dict[str, int],
-) -> bool:
-    """Append the columns of one file's records to ``rows`` (:func:`planner.trace.columns.from_rows`) when every
-    line is a well-formed record (what the runtime writes), parsed by the JSON module's scanner directly and
-    checked inline; False at the first doubt (``rows`` then unchanged), and :func:`load_trace` checks that file
-    and the ones after it line by line with :func:`_validate_record` to name the problem (the same records,
-    several times as fast on a 100k-action trace, and no :class:`Record` until one is asked for).
-    ``rank_actions``: the rank's actions and their index in the trace's ``meta.all_actions()``; ``phases``:
-    phase -> index, in order of first appearance (grown here)."""
-    isfinite, scan, nan = math.isfinite, _SCAN, math.nan
-    code = phases.setdefault
-    got: list[tuple] = []
-    for line in lines:
-        if not line or line.isspace():
-            continue
-        try:
-            obj, end = scan(line, 0)
-        except (StopIteration, ValueError):
-            return False
-        if type(obj) is not dict or (end != len(line) and not line[end:].isspace()):
-            return False
-        try:
-            step, action, ms, phase, fr = obj["step"], obj["action"], obj["ms"], obj["phase"], obj["freeze_ratio"]
-        except KeyError:
-            return False
-        start = obj.get("start_ms", nan)
-        if (
-            type(step) is not int
-            or type(action) is not str
-            or action not in rank_actions
-            or type(ms) not in (int, float)
-            or not (isfinite(ms) and ms >= 0)
-            or type(phase) is not str
-            or not phase
-            or type(fr) not in (int, float)
-            or not 0.0 <= fr <= 1.0
-            or (start is not nan and (type(start) not in (int, float) or not isfinite(start)))
-        ):  # (an explicit null start: the line-by-line check words the error)
-            return False
-        got.append((rank_actions[action], code(phase, len(phases)), step, ms, replica, rank, fr, start))
-    rows.extend(got)
-    return True
+) -> tuple[np.ndarray, ...] | None:
+    """One file's records as the fields of :func:`planner.trace.columns.from_arrays` (action, phase, step, ms,
+    replica, rank, freeze_ratio, start_ms) when every line is a well-formed record (what the runtime writes): the
+    lines parsed as one JSON array by the C decoder and checked a field at a time; None at the first doubt
+    (``phases`` then unchanged), and :func:`load_trace` checks that file and the ones after it line by line with
+    :func:`_validate_record` to name the problem (the same records, several times as fast on a 100k-action trace,
+    and no :class:`Record` until one is asked for).  ``rank_actions``: the rank's actions and their index in the
+    trace's ``meta.all_actions()``; ``phases``: phase -> index, in order of first appearance (grown here)."""
+    lines = [line for line in lines if line and not line.isspace()]
+    n = len(lines)
+    try:
+        objs = json.loads("[" + ",".join(lines) + "]")
+    except ValueError:
+        return None
+    # one value per line (a line holding two would add one: lines are never empty here, so none can add none)
+    if len(objs) != n or (n and {*map(type, objs)} != {dict}):
+        return None
+    try:
+        step, action, ms, phase, fr = zip(*map(_RECORD_GET, objs)) if n else ((),) * 5
+    except KeyError:
+        return None
+    start = list(map(_START_GET, objs))
+    if not (
+        {*map(type, step)} <= {int}
+        and {*map(type, action)} <= {str}
+        and {*map(type, ms)} <= {int, float}
+        and {*map(type, phase)} <= {str}
+        and all(phase)
+        and {*map(type, fr)} <= {int, float}
+        and {*map(type, start)} <= {int, float}  # (an explicit null start: the line-by-line check words the error)
+        and {*action} <= rank_actions.keys()
+    ):
+        return None
+    try:
+        ms_a, fr_a, start_a = (np.array(x, dtype=np.float64) for x in (ms, fr, start))
+        step_a = np.array(step, dtype=np.int64)
+    except OverflowError:
+        return None
+    given = np.fromiter((s is not _NO_START for s in start), dtype=bool, count=n)
+    if not (
+        np.isfinite(ms_a).all()
+        and (ms_a >= 0).all()
+        and ((fr_a >= 0.0) & (fr_a <= 1.0)).all()
+        and np.isfinite(start_a[given]).all()
+    ):
+        return None
+    for p in dict.fromkeys(phase):
+        phases.setdefault(p, len(phases))
+    return (
+        np.fromiter(map(rank_actions.__getitem__, action), dtype=np.int64, count=n),
+        np.fromiter(map(phases.__getitem__, phase), dtype=np.int64, count=n),
+        step_a,
+        ms_a,
+        np.full(n, replica, dtype=np.int64),
+        np.full(n, rank, dtype=np.int64),
+        fr_a,
+        start_a,
+    )
+
+
+_RECORD_GET = operator.itemgetter(*_RECORD_FIELDS)
+_START_GET = operator.methodcaller("get", "start_ms", _NO_START)
 
 
 @dataclass
@@ -351,7 +375,10 @@ class NodeWeights:
     @property
     def freezable(self) -> set[str]:
         """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
-        return {a for a, hi in self.w_max.items() if action_kind(a) in FREEZABLE_KINDS and hi - self.w_min[a] > 0}
+        names = list(self.w_max)
+        plain = plain_fields(names)  # every name plain and canonical: the kinds in one scan, no parse per name
+        kinds = plain[1] if plain is not None else map(action_kind, names)
+        return {a for a, k in zip(names, kinds) if k in FREEZABLE_KINDS and self.w_max[a] - self.w_min[a] > 0}
 
 
 def node_weights(trace: Trace) -> NodeWeights:
