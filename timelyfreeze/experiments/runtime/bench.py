@@ -146,7 +146,8 @@ def overhead_job(schedule: str, dump: Path, opts, mode: str = "plain") -> dict:
         opts.nproc,
         opts.layout,
         [*cycle_args(r_max, monitor, ramp, len(CYCLES[mode]) * opts.pairs), "--experiment.cpu-pinning"],
-        env={MODE_ENV: mode} | ({PROFILE_ENV: str(Path(opts.profile) / dump.name)} if getattr(opts, "profile", "") else {}),
+        env={MODE_ENV: mode}
+        | ({PROFILE_ENV: str(Path(opts.profile) / dump.name)} if getattr(opts, "profile", "") else {}),
     )
     return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
 

@@ -67,7 +67,9 @@ class _TimedListener:
     """A stage-hook listener that adds the time its inner listener takes to ``clock[0]`` (and ``also[0]``); with a
     profiler, the inner listener's calls are profiled too."""
 
-    def __init__(self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None):
+    def __init__(
+        self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None
+    ):
         self.inner, self.clock, self.also, self.prof = inner, clock, also, prof
 
     def _timed(self, call, *args) -> None:
@@ -150,7 +152,10 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             for st in self._pp_stages():  # same listeners, same order, each one timed
                 stage_hooks.install(
                     st,
-                    [_TimedListener(rt.hook, clock, also=hook_clock, prof=prof), _TimedListener(rt.profiler, clock, prof=prof)],
+                    [
+                        _TimedListener(rt.hook, clock, also=hook_clock, prof=prof),
+                        _TimedListener(rt.profiler, clock, prof=prof),
+                    ],
                 )
             t = time.perf_counter()
             _profiled(prof, rt.begin_step, self.step)
