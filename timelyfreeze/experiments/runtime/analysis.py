@@ -18,6 +18,10 @@ MODE_ENV = "TIMELYFREEZE_OVERHEAD_MODE"
 """An overhead job's mode in its environment (``overhead_trainer``): ``plain`` (the default), ``probe`` (its stable
 steps include the no-op probe) or ``masked`` (its detached steps apply the plan's masks)."""
 
+PROFILE_ENV = "TIMELYFREEZE_OVERHEAD_PROFILE"
+"""A folder in an overhead job's environment (``bench_runtime.py --profile``): each rank profiles the runtime's own
+code in its attached stable steps and writes ``profile_rank<r>.pstats`` there (``overhead_trainer``)."""
+
 CYCLES = {
     "plain": ("hooks", "plain", "plain"),
     "probe": ("hooks", "plain", "probe", "plain", "plain"),

@@ -15,7 +15,9 @@ Job kinds, per schedule and repeat:
 * ``overhead_masked`` (``--overhead-masked``): the same at ``--r-max`` with the phases jobs' monitoring windows
   and ramp, so that a plan holds its ratios; the detached steps (*masked*) apply the same plan's masks through a
   minimal path, so attached against masked is the runtime's cost at the plan's ratios, not freezing's speed-up;
-  the masks' own cost (draw, switches) is timed in the masked steps.
+  the masks' own cost (draw, switches) is timed in the masked steps. ``--profile DIR``: each overhead job also
+  profiles the runtime's own code in its attached steps (``<DIR>/<job>/profile_rank<r>.pstats``, cProfile): where
+  the direct cost goes; a diagnostic, since the profiler's own cost enters that job's figures.
 * ``phases``: a TimelyFreeze run at ``r_max``: the measured median batch time per phase next to the plan.
   *Stable error*: median over stable steps of measured / predicted batch time of the plan in force - 1.
   *Achieved share* of the predicted speed-up: ``(upper / stable - 1) / (no_freeze / planned - 1)`` with the
@@ -64,6 +66,7 @@ from typing import Callable
 from timelyfreeze.experiments.runtime.analysis import (
     CYCLES,
     MODE_ENV,
+    PROFILE_ENV,
     after_replan,
     decompose,
     overhead_figures,
@@ -143,7 +146,8 @@ def overhead_job(schedule: str, dump: Path, opts, mode: str = "plain") -> dict:
         opts.nproc,
         opts.layout,
         [*cycle_args(r_max, monitor, ramp, len(CYCLES[mode]) * opts.pairs), "--experiment.cpu-pinning"],
-        env={MODE_ENV: mode},
+        env={MODE_ENV: mode}
+        | ({PROFILE_ENV: str(Path(opts.profile) / dump.name)} if getattr(opts, "profile", "") else {}),
     )
     return overhead_figures([r for r in json.loads((dump / "bench_overhead.json").read_text()) if r["kind"] != "cycle"])
 
@@ -403,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="overhead jobs at --r-max: attached steps against detached ones that apply the same plan's masks "
         "(kind overhead_masked)",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        help="a folder: each overhead job profiles the runtime's own code in its attached steps and writes "
+        "<folder>/<job>/profile_rank<r>.pstats (a diagnostic: the profiler's cost enters that job's figures)",
     )
     ap.add_argument("--out", default="docs/results/runtime")
     ap.add_argument("--dumps", default="outputs/bench_runtime")

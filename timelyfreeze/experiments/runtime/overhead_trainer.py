@@ -35,6 +35,7 @@ microbatch)s, by elements over every rank's stages, as the metrics' ``freeze_rat
 draw and switches inside the full runtime). One accumulation batch per step (the bench's layouts).
 """
 
+import cProfile
 import json
 import os
 import time
@@ -49,7 +50,7 @@ from torchtitan.train import Trainer  # noqa: E402
 
 from planner.schedule.actions import parse_action  # noqa: E402
 from timelyfreeze import train  # noqa: E402
-from timelyfreeze.experiments.runtime.analysis import CYCLES, MODE_ENV  # noqa: E402
+from timelyfreeze.experiments.runtime.analysis import CYCLES, MODE_ENV, PROFILE_ENV  # noqa: E402
 from timelyfreeze.hooks import stage_hooks  # noqa: E402
 from timelyfreeze.titan.trainer import TimelyFreezeTrainer  # noqa: E402
 
@@ -63,14 +64,17 @@ class _NoListener:
 
 
 class _TimedListener:
-    """A stage-hook listener that adds the time its inner listener takes to ``clock[0]`` (and ``also[0]``)."""
+    """A stage-hook listener that adds the time its inner listener takes to ``clock[0]`` (and ``also[0]``); with a
+    profiler, the inner listener's calls are profiled too."""
 
-    def __init__(self, inner, clock: list[float], also: list[float] | None = None):
-        self.inner, self.clock, self.also = inner, clock, also
+    def __init__(
+        self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None
+    ):
+        self.inner, self.clock, self.also, self.prof = inner, clock, also, prof
 
     def _timed(self, call, *args) -> None:
         t = time.perf_counter()
-        call(*args)
+        _profiled(self.prof, call, *args)
         dt = time.perf_counter() - t
         self.clock[0] += dt
         if self.also is not None:
@@ -99,6 +103,17 @@ class _MaskListener:
         t = time.perf_counter()
         self.switch[stage].set(self.masks.get((stage, microbatch), ()), True)
         self.clock[0] += time.perf_counter() - t
+
+
+def _profiled(prof: cProfile.Profile | None, call, *args):
+    """``call(*args)``, inside ``prof`` when there is one (``PROFILE_ENV``)."""
+    if prof is None:
+        return call(*args)
+    prof.enable()
+    try:
+        return call(*args)
+    finally:
+        prof.disable()
 
 
 def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tuple[float, float]:
@@ -132,19 +147,24 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             extra["total_el"] = sum(rt.hook.ratio_total(st) for st, _ in masks)
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):
+            prof = self._profiler() if kind == "hooks" else None
             rt.attach_hooks()
             for st in self._pp_stages():  # same listeners, same order, each one timed
                 stage_hooks.install(
-                    st, [_TimedListener(rt.hook, clock, also=hook_clock), _TimedListener(rt.profiler, clock)]
+                    st,
+                    [
+                        _TimedListener(rt.hook, clock, also=hook_clock, prof=prof),
+                        _TimedListener(rt.profiler, clock, prof=prof),
+                    ],
                 )
             t = time.perf_counter()
-            rt.begin_step(self.step)
+            _profiled(prof, rt.begin_step, self.step)
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
             Trainer.train_step(self, data_iterator)
             extra["frozen_el"], extra["total_el"] = _applied_elements(rt.hook, rt.hook.applied)
             t = time.perf_counter()
-            rt.end_step(self.step)
+            _profiled(prof, rt.end_step, self.step)
             clock[0] += time.perf_counter() - t
         else:
             rt.detach_hooks()
@@ -172,6 +192,20 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
         self._bench = getattr(self, "_bench", []) + [row]
         if dist.get_rank() == 0:
             (Path(self.job_config.job.dump_folder) / "bench_overhead.json").write_text(json.dumps(self._bench))
+        if getattr(self, "_prof", None) is not None and self.step == self.job_config.training.steps:
+            out = Path(os.environ[PROFILE_ENV])
+            out.mkdir(parents=True, exist_ok=True)
+            self._prof.dump_stats(out / f"profile_rank{dist.get_rank()}.pstats")
+
+    def _profiler(self) -> cProfile.Profile | None:
+        """With ``PROFILE_ENV`` set, the one profiler of this rank's attached stable steps (the runtime's own code
+        only: ``begin_step``, every listener call, ``end_step``), written there after the last step as
+        ``profile_rank<r>.pstats``. A diagnostic: its own cost enters the direct figures of that job."""
+        if not os.environ.get(PROFILE_ENV):
+            return None
+        if getattr(self, "_prof", None) is None:
+            self._prof = cProfile.Profile()
+        return self._prof
 
 
 if __name__ == "__main__":
