@@ -95,17 +95,23 @@ def _members(mapping: dict) -> Iterator[str]:
                 keys = tuple(v)
                 t = templates.get(keys)
                 if t is None and all(type(kk) is str for kk in keys):
-                    t = templates[keys] = "{" + ", ".join(esc(kk).replace("%", "%%") + ": %r" for kk in keys) + "}"
+                    t = templates[keys] = _float_object_template(keys)
                 if t is not None:
                     yield f"  {esc(k)}: {t % vals}"
                     continue
         yield f"  {enc(k)}: {enc(v)}"
 
 
+def _float_object_template(keys: tuple[str, ...]) -> str:
+    """A %-template of the compact JSON object with string ``keys`` whose values, finite floats, fill its ``%r``s
+    (``float.__repr__`` is what the encoder writes for a finite float)."""
+    esc = json.encoder.encode_basestring_ascii
+    return "{" + ", ".join(esc(k).replace("%", "%%") + ": %r" for k in keys) + "}"
+
+
 def _row_members(rows: Rows) -> Iterator[str]:
     """:func:`_members` of ``rows.as_dict()``, the same text: where every key and field is a string and every value
     a finite float (a plan's actions), from one template and one check over all rows, without a dict per row."""
-    esc = json.encoder.encode_basestring_ascii
     values = list(chain.from_iterable(rows.rows))
     if (
         {*map(type, rows.keys)} <= {str}
@@ -114,7 +120,8 @@ def _row_members(rows: Rows) -> Iterator[str]:
         and {*map(type, values)} <= {float}
         and all(map(math.isfinite, values))
     ):
-        t = "  %s: {" + ", ".join(esc(f).replace("%", "%%") + ": %r" for f in rows.fields) + "}"
+        t = "  %s: " + _float_object_template(rows.fields)
+        esc = json.encoder.encode_basestring_ascii
         return (t % (esc(k), *row) for k, row in zip(rows.keys, rows.rows, strict=True))
     return _members(rows.as_dict())
 

@@ -17,7 +17,7 @@ from planner.fileio import Rows, read_json, write_json_atomically
 from planner.lp.budget import SENSITIVITY_STEP, check_r_max, format_r_max, stage_r_max
 from planner.lp.problem import Problem, build_problem
 from planner.lp.solve import solve_problem
-from planner.schedule.actions import FREEZABLE_KINDS, parse_action, plain_fields
+from planner.schedule.actions import FREEZABLE_KINDS, action_fields, parse_action
 from planner.schedule.dag import BatchDag, EdgeDelays, build_dag, longest_path
 from planner.timing import monitor
 from planner.timing.cliff import apply_cliffs, find_cliffs
@@ -217,10 +217,8 @@ def stage_mean_ratios(plan: Plan) -> dict[int, float]:
     """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and a freezable kind: B, W,
     or an OVERLAP_F_B pair, whose stage is its backward part's)."""
     sums: dict[int, list[float]] = {}
-    names = list(plan.actions)
-    plain = plain_fields(names)  # every name plain and canonical: the fields in one scan, no parse per name
-    fields = zip(*plain[:2]) if plain is not None else ((act.stage, act.kind) for act in map(parse_action, names))
-    for (stage, kind), p in zip(fields, plan.actions.values()):
+    stages, kinds, _ = action_fields(list(plan.actions))
+    for stage, kind, p in zip(stages, kinds, plan.actions.values()):
         if kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
             sums.setdefault(stage, []).append(p.freeze_ratio)
     return {s: sum(v) / len(v) for s, v in sorted(sums.items())}

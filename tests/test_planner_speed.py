@@ -286,6 +286,18 @@ def test_plan_rows_are_written_as_their_dicts_would_be(odd) -> None:
     )
 
 
+def test_action_fields_are_parse_actions_fields_for_every_name() -> None:
+    """The one reader of many action names: plain_fields' scan where it can vouch for every name, parse_action's
+    fields otherwise (pairs, non-canonical names), and parse_action's error on a bad one."""
+    from planner.schedule.actions import action_fields
+
+    for names in (["0F0", "12B345", "3I7"], ["0F0", "(0F3;3B1)OVERLAP_F_B", "007W1"]):
+        stage, kind, mb = action_fields(names)
+        assert list(zip(stage, kind, mb)) == [(a.stage, a.kind, a.microbatch) for a in map(parse_action, names)]
+    with pytest.raises(ValueError, match="not an action name: '0X0'"):
+        action_fields(["0F0", "0X0"])
+
+
 def test_plain_fields_are_parse_actions_fields_or_none() -> None:
     """The bulk reader of action names gives parse_action's fields for canonical plain names, and None for
     anything it cannot vouch for (parse_action then decides, name by name)."""

@@ -95,6 +95,17 @@ def plain_fields(names: list[str]) -> tuple[list[int], list[str], list[int]] | N
     return list(map(int, stage)), list(kind), list(map(int, microbatch))
 
 
+def action_fields(names: list[str]) -> tuple[list[int], list[str], list[int]]:
+    """Stage, kind and microbatch of every name, as :func:`parse_action` gives them (a pair: its backward part's
+    stage and microbatch, kind ``OVERLAP_F_B``): :func:`plain_fields`' one scan where every name is a plain one,
+    else :func:`parse_action` name by name, which raises on the first bad one."""
+    plain = plain_fields(names)
+    if plain is not None:
+        return plain
+    acts = [parse_action(a) for a in names]
+    return [a.stage for a in acts], [a.kind for a in acts], [a.microbatch for a in acts]
+
+
 def action_kind(name: str) -> str:
     """The kind of an action name (``"2B5"`` -> ``"B"``), with :func:`parse_action`'s checks and errors."""
     return parse_action(name).kind

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 
-from planner.schedule.actions import action_kind, parse_action, plain_fields
+from planner.schedule.actions import action_fields, action_kind, parse_action
 from planner.trace.load import NodeWeights
 
 __all__ = ["CLIFF_SHARE", "apply_cliffs", "find_cliffs", "floor_duration", "stage_shares"]
@@ -44,8 +44,7 @@ CLIFF_SHARE = 0.5
 def stage_shares(weights: NodeWeights) -> dict[int, float]:
     """Per stage with a backward, the median over microbatches of all-frozen over nothing-frozen backward."""
     names = list(weights.w_max)
-    plain = plain_fields(names)  # every name plain and canonical: its fields in one scan, no parse per name
-    fields = zip(*plain) if plain is not None else map(_fields, names)
+    fields = zip(*action_fields(names))
     parts: dict[tuple[int, int], list[str]] = {}
     for a, (s, k, m) in zip(names, fields):
         if k in ("B", "I", "W"):
@@ -56,11 +55,6 @@ def stage_shares(weights: NodeWeights) -> dict[int, float]:
         if hi > 0:
             by_stage.setdefault(s, []).append(sum(weights.w_min[a] for a in acts) / hi)
     return {s: statistics.median(v) for s, v in sorted(by_stage.items())}
-
-
-def _fields(name: str) -> tuple[int, str, int]:
-    act = parse_action(name)
-    return act.stage, act.kind, act.microbatch
 
 
 def find_cliffs(weights: NodeWeights) -> dict:

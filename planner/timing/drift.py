@@ -39,7 +39,7 @@ from typing import Iterable, Mapping
 
 import networkx as nx
 
-from planner.schedule.actions import parse_action, plain_fields
+from planner.schedule.actions import action_fields, parse_action
 from planner.schedule.dag import EdgeDelays, longest_path
 from planner.trace.load import NodeWeights
 
@@ -83,9 +83,8 @@ def group_ranks(rank_orders: Mapping[int, Iterable[str]]) -> dict[str, int]:
     """Group -> the pipeline rank that runs it (``TraceMeta.rank_orders``: rank -> its actions)."""
     out: dict[str, int] = {}
     for r, actions in rank_orders.items():
-        names = list(actions)
-        plain = plain_fields(names)  # every name plain and canonical: the fields in one scan, no parse per name
-        out.update(dict.fromkeys(map("{}{}".format, *plain[:2]) if plain is not None else map(group_of, names), int(r)))
+        stage, kind, _ = action_fields(list(actions))
+        out.update(dict.fromkeys(map("{}{}".format, stage, kind), int(r)))
     return out
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.schedule.actions import parse_action, plain_fields
+from planner.schedule.actions import action_fields
 
 
 @dataclass(frozen=True)
@@ -127,12 +127,7 @@ def from_arrays(
 
 def _stage_kind(names: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Per action its stage and its kind's index into the kinds (in order of first appearance), and the kinds."""
-    plain = plain_fields(names)
-    if plain is not None:
-        stages, kind_names, _ = plain
-    else:
-        acts = [parse_action(a) for a in names]
-        stages, kind_names = [a.stage for a in acts], [a.kind for a in acts]
+    stages, kind_names, _ = action_fields(names)
     kinds = list(dict.fromkeys(kind_names))
     code = {k: i for i, k in enumerate(kinds)}
     stage = np.array(stages, dtype=np.int64).reshape(len(names))

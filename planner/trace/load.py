@@ -23,7 +23,7 @@ import numpy as np
 
 from planner.errors import PlannerError
 from planner.fileio import parse_json
-from planner.schedule.actions import FREEZABLE_KINDS, action_kind, parse_action, plain_fields
+from planner.schedule.actions import FREEZABLE_KINDS, action_fields, parse_action
 from planner.schedule.meta import META_FILE, TRACE_FORMAT, TraceMeta, is_int, is_num, validate_meta
 from planner.trace.archive import find_trace, is_archive_path, read_archive
 from planner.trace.clocks import align_records, samples
@@ -376,8 +376,7 @@ class NodeWeights:
     def freezable(self) -> set[str]:
         """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
         names = list(self.w_max)
-        plain = plain_fields(names)  # every name plain and canonical: the kinds in one scan, no parse per name
-        kinds = plain[1] if plain is not None else map(action_kind, names)
+        kinds = action_fields(names)[1]
         return {a for a, k in zip(names, kinds) if k in FREEZABLE_KINDS and self.w_max[a] - self.w_min[a] > 0}
 
 
