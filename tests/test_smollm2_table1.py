@@ -108,6 +108,7 @@ def test_every_readme_figure_of_the_real_model_is_in_its_file():
     for target, path in (
         (r"smollm2-table1/pilot/pilot\.md", PAGE / "pilot" / "pilot.md"),
         (r"smollm2-table1/study1/report/smollm2\.md", PAGE / "study1" / "report" / "smollm2.md"),
+        (r"smollm2-table1/study2/report/smollm2\.md", PAGE / "study2" / "report" / "smollm2.md"),
         (r"smollm2-tta/study3/report/report\.md", TTA / "study3" / "report" / "report.md"),
         (r"smollm2-tta/study3/report/smollm2\.md", TTA / "study3" / "report" / "smollm2.md"),
     ):
