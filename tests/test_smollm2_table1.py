@@ -108,6 +108,7 @@ def test_every_readme_figure_of_the_real_model_is_in_its_file():
     for target, path in (
         (r"smollm2-table1/pilot/pilot\.md", PAGE / "pilot" / "pilot.md"),
         (r"smollm2-table1/study1/report/smollm2\.md", PAGE / "study1" / "report" / "smollm2.md"),
+        (r"smollm2-table1/study2/report/smollm2\.md", PAGE / "study2" / "report" / "smollm2.md"),
         (r"smollm2-tta/study3/report/report\.md", TTA / "study3" / "report" / "report.md"),
         (r"smollm2-tta/study3/report/smollm2\.md", TTA / "study3" / "report" / "smollm2.md"),
     ):
@@ -148,3 +149,31 @@ def test_the_time_to_accuracy_study_is_what_its_committed_jobs_give():
         assert fwd == fmt_ci(*(float(w[f"tta_ratio_fwd_{k}"]) for k in ("mean", "lo", "hi")))
         if c["method"] != "none":
             assert fwd in results, (c["schedule"], c["method"], fwd)
+
+
+def test_the_rmax_sweep_is_what_its_committed_jobs_give():
+    """Study 2 (Figure 6): its 36 jobs all ok, study2/report/smollm2.md's table recomputed from them, and every
+    r_max point Figure 6 draws (κ - 1 against Δ accuracy, with their intervals) the cell that smollm2_cells.csv
+    holds. Fails until the study's last job is committed and its report written."""
+    import csv
+
+    from timelyfreeze.experiments.studies.smollm2_table1 import cells, job_rows, md
+    from timelyfreeze.experiments.sweep.results import load_rows
+
+    study = PAGE / "study2"
+    rows = load_rows(study)
+    assert len(rows) == 36 and {r["status"] for r in rows} == {"ok"}
+    got = cells(job_rows(study))
+    assert md(got) in (study / "report" / "smollm2.md").read_text()
+    assert (study / "report" / "figure6.png").is_file()
+    with open(study / "report" / "smollm2_cells.csv", newline="") as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == len(got) == 12  # per schedule: no freezing and r_max 0.2, 0.4, 0.6, 0.8, 1.0
+    for c, w in zip(got, written, strict=True):
+        assert (c["schedule"], c["method"], c["seeds"]) == (w["schedule"], w["method"], int(w["seeds"])) and c[
+            "seeds"
+        ] == 3
+        if c["method"] == "timelyfreeze":
+            for q in ("kappa", "dacc"):
+                for s in ("mean", "lo", "hi"):
+                    assert c[f"{q}_{s}"] == pytest.approx(float(w[f"{q}_{s}"]), rel=1e-12, abs=1e-15)
