@@ -200,6 +200,21 @@ def test_bad_options_are_one_error_line(capsys, argv, needle):
     assert e.value.code == 2 and err.startswith(needle) and "\n" not in err
 
 
+def test_a_profile_folder_that_cannot_be_one_is_one_error_line(capsys, tmp_path):
+    """``--profile``: a file, a folder under a file, or nothing to profile is bad input, before any job runs."""
+    (tmp_path / "f").write_text("")
+    for argv, needle in (
+        (["--profile", str(tmp_path / "f")], f"error: --profile: {tmp_path / 'f'} is a file, not a folder"),
+        (["--profile", str(tmp_path / "f" / "p")], f"error: --profile: cannot make the folder {tmp_path / 'f' / 'p'}"),
+        (["--profile", str(tmp_path / "p"), "--skip-overhead"], "error: --profile: profiles the overhead jobs"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            rb.main(argv)
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and err.startswith(needle) and "\n" not in err, err
+    assert not (tmp_path / "p").exists()
+
+
 def test_replan_ab_pairs_on_and_off_of_the_same_repeat():
     o = opts(replan_ab=["1F1B"], load_core=1, pinning_ab=[], skip_overhead=True, repeats=2, load_repeats=2)
     jobs = rb.plan_jobs(o)

@@ -351,6 +351,23 @@ def job_dir_name(kind: str, schedule: str, repeat: int, opts) -> str:
     return f"{kind}_{schedule}_{repeat}{layout_tag(opts)}"
 
 
+def _profile_folder(folder: str, skip_overhead: bool) -> Path:
+    """``--profile``'s folder, made now and absolute (the jobs write there from their own working folder); a
+    path that is a file or cannot be made, or no overhead job to profile, is bad input."""
+    if skip_overhead:
+        _fail("--profile: profiles the overhead jobs, and --skip-overhead drops them")
+    path = Path(folder).resolve()
+    if path.exists() and not path.is_dir():
+        _fail(f"--profile: {folder} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _fail(f"--profile: cannot make the folder {folder} ({e.strerror or e})")
+    if not os.access(path, os.W_OK):
+        _fail(f"--profile: cannot write in the folder {folder}")
+    return path
+
+
 def _fail(msg: str) -> None:
     """Bad input: one ``error:`` line, exit code 2."""
     print(f"error: {msg}", file=sys.stderr)
@@ -440,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
         _fail("--overhead-masked and --overhead-probe: choose one")
     if opts.overhead_masked and opts.r_max == 0:
         _fail("--overhead-masked: needs --r-max above 0 (at ratio 0 no mask is drawn)")
+    if opts.profile:
+        opts.profile = str(_profile_folder(opts.profile, opts.skip_overhead))
     opts.schedules = _schedules(opts.schedules, "--schedules")
     opts.load_change = _schedules(opts.load_change, "--load-change")
     opts.pinning_ab = _schedules(opts.pinning_ab, "--pinning-ab")
