@@ -72,7 +72,12 @@ class Plan:
     critical_path: list[str] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
-        return self._json({a: dict(zip(_ACTION_FIELDS, _ACTION_ROW(p))) for a, p in self.actions.items()})
+        return self._json(self.action_rows().as_dict())
+
+    def action_rows(self) -> Rows:
+        """The ``actions`` field as rows of ``_ACTION_FIELDS`` (what :func:`write_plan` writes without a dict per
+        action)."""
+        return Rows(list(self.actions), _ACTION_FIELDS, list(map(_ACTION_ROW, self.actions.values())))
 
     def _json(self, actions: Any) -> dict[str, Any]:
         """:meth:`to_json` with ``actions`` as the value of its ``actions`` field."""
@@ -209,8 +214,7 @@ def plan_from_trace(
 def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write atomically (temp file in the same directory, fsync, ``os.replace``); a failure is a
     one-line PlannerError naming ``path``."""
-    rows = Rows(list(plan.actions), _ACTION_FIELDS, list(map(_ACTION_ROW, plan.actions.values())))
-    write_json_atomically(path, plan._json(rows), one_line="actions")
+    write_json_atomically(path, plan._json(plan.action_rows()), one_line="actions")
 
 
 def stage_mean_ratios(plan: Plan) -> dict[int, float]:
