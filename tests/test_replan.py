@@ -288,3 +288,55 @@ def test_a_drift_report_gives_the_metrics_row_only_what_the_check_measured():
     )
     assert list(full.row_fields()) == ["drift", "machine_factor", "rank_factors", "replan", "replans"]
     assert DriftReport(watched=True, drift=0.0, rescale={"step": 7}, replans=0).row_fields()["rescale"] == {"step": 7}
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble", "Interleaved1F1B"])
+def test_a_plans_path_gives_the_drift_of_planned_durations_bit_for_bit(schedule):
+    """``path_drift`` on a plan's arrays is the longest path of ``planned_durations`` with the scales, the same
+    float, with and without delays, for scales of some groups, all groups and none."""
+    import random
+
+    from planner.schedule.dag import longest_path
+    from planner.timing.comm import cross_rank_edges
+
+    meta, weights, _, ratios = setup(schedule, 2, 8)
+    dag = build_dag(meta)
+    rnd = random.Random(3)
+    groups = sorted({drift.group_of(a) for a in weights.w_max})
+    for edges in (None, {e: rnd.uniform(0.0, 30.0) for e in cross_rank_edges(dag)}):
+        path = drift.planned_path(dag, weights, ratios, edges)
+        base = longest_path(dag, drift.planned_durations(weights, ratios), edges)[0]
+        assert path.base == base
+        for scales in ({}, {g: rnd.uniform(0.5, 2.0) for g in groups}, {groups[0]: 1.7, "9Z": 3.0}):
+            old = longest_path(dag, drift.planned_durations(weights, ratios, scales), edges)[0] / base - 1.0
+            assert drift.path_drift(path, scales) == old
+            assert drift.drift(dag, weights, ratios, scales, edges) == old
+
+
+def test_the_replanner_builds_a_plans_arrays_once_and_assesses_a_window_once(monkeypatch):
+    """Per step only the scaled longest paths run: the plan's durations and delays are made at ``install``, and
+    ``due``, ``rescale`` and ``reason`` of one window share one assessment."""
+    from planner.timing.comm import cross_rank_edges
+    from timelyfreeze.plan import replan as replan_module
+
+    meta, weights, plan, ratios = setup()
+    dag = build_dag(meta)
+    edges = [[u, v, 5.0] for u, v in cross_rank_edges(dag)]
+    calls = {"planned_path": 0, "window_scales": 0}
+    for name in calls:
+        real = getattr(drift, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            calls[_name] += 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(replan_module.plan_drift, name, counted)
+    rp = Replanner(meta, 0.1, 2)
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms, edges)
+    groups = {drift.group_of(a) for a in weights.w_max}
+    for k in range(6):
+        rp.observe({g: 1.0 + 0.01 * k for g in groups})
+        rp.due(), rp.rescale(k)
+    assert calls == {"planned_path": 1, "window_scales": 5}  # one per full window (steps 2-6)
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms, edges)
+    assert calls["planned_path"] == 2

@@ -305,6 +305,19 @@ def longest_path(
     return indexed_longest_path(di, durations, edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None)
 
 
+def index_layers(di: DagIndex) -> Layers:
+    """The predecessor :class:`Layers` of ``di``, built on first use and kept on it."""
+    if di.layers is None:
+        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
+    return di.layers
+
+
+def indexed_makespan(di: DagIndex, w: np.ndarray, pred_delay: np.ndarray | None) -> float:
+    """The makespan of :func:`indexed_longest_path` alone (the same sums and maxima, so the same float), for
+    callers that need no starts and no critical path: ``w`` an array aligned with ``di.names``."""
+    return float(farthest(index_layers(di), w, pred_delay, floor=-1.0)[di.index[SINK]])
+
+
 def indexed_longest_path(
     di: DagIndex,
     durations: Mapping[str, float] | np.ndarray,
@@ -320,9 +333,7 @@ def indexed_longest_path(
         except KeyError as e:
             raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
         w = np.asarray(dur)
-    if di.layers is None:
-        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
-    start_arr = farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
+    start_arr = farthest(index_layers(di), w, pred_delay, floor=-1.0)  # a loop's running best started at -1
     start = start_arr.tolist()
     ptr, preds = di.pred_ptr, di.pred_idx
     sink = di.index[SINK]

@@ -35,12 +35,15 @@ per-group median over the last steps): what freezing saves in a slowed stage gro
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import networkx as nx
+import numpy as np
 
+from planner.errors import PlannerError
 from planner.schedule.actions import action_fields, parse_action
-from planner.schedule.dag import EdgeDelays, longest_path
+from planner.schedule.dag import SINK, SOURCE, DagIndex, EdgeDelays, dag_index, edge_delay_array, indexed_makespan
 from planner.trace.load import NodeWeights
 
 
@@ -144,11 +147,69 @@ def planned_durations(
     return out
 
 
+@dataclass(frozen=True)
+class PlannedPath:
+    """A plan's longest path made ready once, for the drift of every step under it: the planned durations as an
+    array along the DAG's index, each node's group, and the delays per predecessor entry (:func:`planned_path`).
+    Rebuilt only when the plan (its weights, ratios or delays) changes."""
+
+    index: DagIndex
+    durations: np.ndarray
+    """Every node's planned duration (:func:`planned_durations`), aligned with ``index.names`` (source, sink 0)."""
+    groups: tuple[str, ...]
+    """The groups of the plan's actions, in first-seen order along the index."""
+    group_at: np.ndarray
+    """Per node, its group's position in ``groups`` (``len(groups)``, scale 1, for the source and the sink)."""
+    pred_delay: np.ndarray | None
+    """The plan's delays per entry of ``index.pred_idx`` (None without delays)."""
+    base: float
+    """The longest path of the planned durations: :func:`planned_batch`."""
+
+
+def planned_path(
+    dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], edge_ms: EdgeDelays | None = None
+) -> PlannedPath:
+    """The :class:`PlannedPath` of a plan (``weights``, ``ratios``, its delays ``edge_ms``) on ``dag``; a node
+    without weights is a :class:`PlannerError`, as in :func:`planner.schedule.dag.longest_path`."""
+    di = dag_index(dag)
+    planned = planned_durations(weights, ratios)
+    position: dict[str, int] = {}
+    dur, at = [], []
+    for name in di.names:
+        if name == SOURCE or name == SINK:
+            dur.append(0.0)
+            at.append(-1)
+            continue
+        if name not in planned:
+            raise PlannerError(f"no duration given for action {name!r}")
+        dur.append(float(planned[name]))
+        at.append(position.setdefault(group_of(name), len(position)))
+    group_at = np.asarray(at, dtype=np.int64)
+    group_at[group_at < 0] = len(position)
+    delay = edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None
+    durations = np.asarray(dur, dtype=np.float64)
+    return PlannedPath(di, durations, tuple(position), group_at, delay, indexed_makespan(di, durations, delay))
+
+
+def scaled_batch(path: PlannedPath, scales: Mapping[str, float]) -> float:
+    """The longest path of ``path``'s planned durations, each times its group's scale (1 for a group without
+    one): the same products, sums and maxima as :func:`planned_durations` with ``scales`` and a longest path."""
+    factor = np.asarray([float(scales.get(g, 1.0)) for g in path.groups] + [1.0])
+    return indexed_makespan(path.index, path.durations * factor[path.group_at], path.pred_delay)
+
+
+def path_drift(path: PlannedPath, scales: Mapping[str, float]) -> float:
+    """:func:`drift` on a :class:`PlannedPath`: ``scaled_batch / base - 1`` (0 for an empty plan)."""
+    if path.base <= 0:
+        return 0.0
+    return scaled_batch(path, scales) / path.base - 1.0
+
+
 def planned_batch(
     dag: nx.DiGraph, weights: NodeWeights, ratios: Mapping[str, float], edge_ms: EdgeDelays | None = None
 ) -> float:
     """The longest path of the planned durations (with the delays): what :func:`drift` compares with."""
-    return longest_path(dag, planned_durations(weights, ratios), edge_ms)[0]
+    return planned_path(dag, weights, ratios, edge_ms).base
 
 
 def drift(
@@ -157,17 +218,12 @@ def drift(
     ratios: Mapping[str, float],
     scales: Mapping[str, float],
     edge_ms: EdgeDelays | None = None,
-    base: float | None = None,
 ) -> float:
     """Relative drift of the batch time under ``scales``: ``longest path(planned durations x scale) /
     longest path(planned durations) - 1`` (0 for an empty plan); ``edge_ms``: the plan's delays on
-    cross-rank edges (``planner.timing.comm``), the same in both paths. ``base``: :func:`planned_batch` of the same
-    arguments, when the caller keeps it (it is constant while the plan is)."""
-    if base is None:
-        base = planned_batch(dag, weights, ratios, edge_ms)
-    if base <= 0:
-        return 0.0
-    return longest_path(dag, planned_durations(weights, ratios, scales), edge_ms)[0] / base - 1.0
+    cross-rank edges (``planner.timing.comm``), the same in both paths. A caller that checks many steps
+    against one plan keeps its :func:`planned_path` and calls :func:`path_drift`."""
+    return path_drift(planned_path(dag, weights, ratios, edge_ms), scales)
 
 
 def scaled_weights(weights: NodeWeights, scales: Mapping[str, float]) -> NodeWeights:

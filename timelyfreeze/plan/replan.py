@@ -89,6 +89,9 @@ class Replanner:
         self.window: list[dict] = []
         """The last ``patience`` stable steps under the plan in force: ``{"drift", "scales"}`` each."""
         self.events: list[dict[str, Any]] = []
+        self._verdict: tuple[list[dict], dict[str, Any]] | None = None
+        """The last :meth:`assess` and the window it read: ``due``, ``rescale`` and ``reason`` of one step share it
+        (the window is replaced, never changed in place, whenever a step or a plan changes it)."""
 
     # -- the plan in force ----------------------------------------------------------------------
     def install(
@@ -115,7 +118,7 @@ class Replanner:
         self.ratios = {a: float(r) for a, r in ratios.items()}
         self.batch_ms = dict(batch_ms)
         self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
-        self._base = plan_drift.planned_batch(self._dag, self.weights, self.ratios, self.edge_ms)
+        self._path = plan_drift.planned_path(self._dag, self.weights, self.ratios, self.edge_ms)
         self.window = []
 
     def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
@@ -129,7 +132,7 @@ class Replanner:
         """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
         if self.weights is None or not scales:
             return None
-        d = plan_drift.drift(self._dag, self.weights, self.ratios, scales, self.edge_ms, self._base)
+        d = plan_drift.path_drift(self._path, scales)
         self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience :]
         return d
 
@@ -160,6 +163,8 @@ class Replanner:
         (rank -> median relative speed, for the ranks beyond their limit in every step, on the same side)."""
         if self.weights is None or len(self.window) < self.patience:
             return None
+        if self._verdict is not None and self._verdict[0] is self.window:  # a new window is a new list
+            return self._verdict[1]
         scales = plan_drift.window_scales(w["scales"] for w in self.window)
         factors = plan_drift.rank_factors(scales, self.ranks)
         corrected: dict[str, list[float]] = {}
@@ -171,13 +176,15 @@ class Replanner:
                 speeds.setdefault(r, []).append(v)
         moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
         ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
-        return {
+        verdict = {
             "scales": scales,
             "factors": factors,
             "machine": self._machine(factors, scales),
             "moved": moved,
             "ranks_moved": ranks_moved,
         }
+        self._verdict = (self.window, verdict)
+        return verdict
 
     def _held(self, values: list[float], limit: float) -> bool:
         """A change that persists: in every step of the window (``values``, one per step), beyond ``limit``
@@ -191,7 +198,7 @@ class Replanner:
         if all(f == job for f in factors.values()):
             return job
         per_group = {g: factors.get(r, job) for g, r in self.ranks.items()}
-        return 1.0 + plan_drift.drift(self._dag, self.weights, self.ratios, per_group, self.edge_ms, self._base)
+        return 1.0 + plan_drift.path_drift(self._path, per_group)
 
     def due(self) -> bool:
         """A re-plan is due: some group changed relative to its rank, or some rank relative to the others,
