@@ -59,6 +59,8 @@ def test_all_gather_floats_is_exact_and_reuses_its_buffer():
     buf = job._rows[len(values)][0]
     job.all_gather_floats([2.0] * len(values))
     assert job._rows[len(values)][0] is buf
+    pending = job.start_gather_floats([3.0] * len(values))  # started, then waited for: the same row
+    assert pending.result() == [[3.0] * len(values)] and job._rows[len(values)][0] is buf
 
 
 def test_profiler_records_plain_actions_and_pairs():

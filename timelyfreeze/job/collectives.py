@@ -73,13 +73,19 @@ class JobGroup:
         """``values`` (the same length on every rank) of every rank of the job, in global rank order: one
         fixed-size float64 tensor collective, exact for Python floats (no pickling, one round instead of
         ``all_gather_object``'s two)."""
+        return self.start_gather_floats(values).result()
+
+    def start_gather_floats(self, values: Sequence[float]) -> PendingFloats:
+        """:meth:`all_gather_floats` started, not waited for: the caller does its own work while the other ranks
+        catch up, then takes :meth:`PendingFloats.result` (before the next gather of the same length, whose
+        buffer it shares)."""
         n = len(values)
         if n not in self._rows:
             buf = torch.empty((self.size, n), dtype=torch.float64, device=self._device)
             self._rows[n] = (buf, list(buf.unbind(0)))
         buf, rows = self._rows[n]
-        dist.all_gather(rows, torch.tensor(values, dtype=torch.float64, device=self._device))
-        return buf.tolist()
+        work = dist.all_gather(rows, torch.tensor(values, dtype=torch.float64, device=self._device), async_op=True)
+        return PendingFloats(work, buf)
 
     def gather_to_zero(self, obj: Any) -> dict[tuple[int, int], Any] | None:
         """``obj`` of every rank by its (replica, pipeline rank), on global rank 0 (None elsewhere)."""
@@ -92,6 +98,18 @@ class JobGroup:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+class PendingFloats:
+    """An :meth:`JobGroup.start_gather_floats` in flight."""
+
+    def __init__(self, work, buf: torch.Tensor):
+        self._work, self._buf = work, buf
+
+    def result(self) -> list[list[float]]:
+        """Every rank's values, in global rank order, once the collective is done (waits for it)."""
+        self._work.wait()
+        return self._buf.tolist()
 
 
 def _collective_device() -> torch.device:

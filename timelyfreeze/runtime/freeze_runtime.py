@@ -162,14 +162,22 @@ class FreezeRuntime:
         self.meter.end()
         phase = self.method.phase(step)
         records = self._records(step, phase)
-        if self.writer is not None:
-            self.writer.write(records)
-        self.plans.record(phase, records)
         watch = self.plans.watching(phase)
         local = self.meter.local(records, self.accum + 1)
         scales = self.plans.local_scales(records) if watch else None
         method = self.method.step_metrics()
-        if self.state.meta is None:  # step 1: meta.json needs every rank's order, tensors and host
+        pending = None
+        if self.state.meta is not None:  # a fixed layout: one float64 tensor collective, started here
+            if self._gather is None:
+                self._gather = StepGather(_all_actions(self.state.meta), type(self.method).step_metric_names)
+            pending = self.job.start_gather_floats(self._gather.pack(local, scales, method))
+        # this rank's own work while the other ranks reach the gather: off the step's critical path
+        if self.writer is not None:
+            self.writer.write(records)
+        self.plans.record(phase, records)
+        if pending is not None:  # timelyfreeze.runtime.step_gather
+            gathered = self._gather.unpack(pending.result())
+        else:  # step 1: meta.json needs every rank's order, tensors and host
             gathered = self.job.all_gather(
                 {
                     **local,
@@ -181,10 +189,6 @@ class FreezeRuntime:
                 }
             )
             self._write_meta(gathered)
-        else:  # then a fixed layout: one float64 tensor collective (timelyfreeze.runtime.step_gather)
-            if self._gather is None:
-                self._gather = StepGather(_all_actions(self.state.meta), type(self.method).step_metric_names)
-            gathered = self._gather.unpack(self.job.all_gather_floats(self._gather.pack(local, scales, method)))
         if step in self._sync_at:  # before any plan is made from the window's records
             self._measure_clocks(step)
         self._apply(self.plans.after_gather(step, self.state.meta, self.method.needs_plan(step)))
