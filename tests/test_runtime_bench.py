@@ -264,3 +264,31 @@ def test_the_noisy_cotenant_comes_and_goes_on_its_core_and_is_named_in_the_repor
     text = "\n".join(_noise_means(rows, opts))
     assert "busy loop pinned to core 0, on 0.05 s / off 0.05 s" in text
     assert "| 1F1B | 3 | 0.67 [" in text and "| 2 | 91 [" in text
+
+
+def test_the_gathers_wait_is_taken_out_of_the_own_cost_and_stated_beside_it():
+    # attached steps of 4 ms direct, 1.5 ms of it waiting in the gather, over masked steps of 1 s
+    kinds = ["hooks", "masked", "masked"] * 3
+    steps = [
+        {
+            "step": 15 + i,
+            "kind": k,
+            "s": 1.0,
+            "ratio": 0.4,
+            **(
+                {"direct_s": 0.004, "hook_s": 0.002, "own_s": 0.0025, "wait_s": 0.0015}
+                if k == "hooks"
+                else {"draw_s": 0.001, "switch_s": 0.0005}
+            ),
+        }
+        for i, k in enumerate(kinds)
+    ]
+    fig = rb.overhead_figures(steps)
+    assert fig["own_pct"] == pytest.approx(0.25) and fig["own_ms"] == pytest.approx(2.5)
+    assert fig["wait_ms"] == pytest.approx(1.5) and fig["direct_pct"] == pytest.approx(0.4)
+    o = opts(skip_overhead=False, overhead_only=True, overhead_masked=True, repeats=1)
+    rows = [{"kind": "overhead_masked", "schedule": "1F1B", "repeat": i, **fig} for i in range(2)]
+    text = rr.report(rows, o)
+    assert "direct 0.40 [0.40, 0.40] % (without the gather's wait: 0.25 [0.25, 0.25] %); the masks" in text
+    older = [{k: v for k, v in r.items() if k not in ("own_s", "wait_s")} for r in steps]  # jobs before the split
+    assert "own_pct" not in rb.overhead_figures(older)

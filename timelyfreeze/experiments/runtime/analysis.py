@@ -130,9 +130,11 @@ def share(measured: float, predicted: float) -> float:
 def overhead_figures(rows: list[dict]) -> dict:
     """An overhead job's figures from its stable steps' rows (``overhead_trainer``): per attached kind
     (``hooks``; ``probe`` where the job has it) the mean :func:`paired_differences` over the median detached
-    step (``masked`` steps where the job has them, else ``plain``), and the median direct cost. With masked
-    steps also the masks' own cost per masked step (``draw_pct``: the method's selection for every (stage,
-    microbatch); ``switch_pct``: the ``requires_grad`` switches) and the mean applied freeze ratio of each kind."""
+    step (``masked`` steps where the job has them, else ``plain``), and the median direct cost (and, where the
+    rows have them, the median own cost without the gather's wait, and that wait: ``own_pct``, ``own_ms``,
+    ``wait_ms``). With masked steps also the masks' own cost per masked step (``draw_pct``: the method's selection
+    for every (stage, microbatch); ``switch_pct``: the ``requires_grad`` switches) and the mean applied freeze
+    ratio of each kind."""
     base = "masked" if any(r["kind"] == "masked" for r in rows) else "plain"
     plain = statistics.median(r["s"] for r in rows if r["kind"] == base)
     hooks = [r for r in rows if r["kind"] == "hooks"]
@@ -147,6 +149,9 @@ def overhead_figures(rows: list[dict]) -> dict:
     if all("direct_s" in r for r in hooks):
         direct = statistics.median(r["direct_s"] for r in hooks)
         out |= {"direct_ms": direct * 1e3, "direct_pct": 100 * direct / plain}
+    if hooks and all("own_s" in r for r in hooks):  # the gather's wait out (rows of older jobs have none)
+        own, wait = (statistics.median(r[k] for r in hooks) for k in ("own_s", "wait_s"))
+        out |= {"own_ms": own * 1e3, "own_pct": 100 * own / plain, "wait_ms": wait * 1e3}
     if any(r["kind"] == "probe" for r in rows):
         out["probe_pct"] = 100 * statistics.fmean(paired_differences(rows, "probe")) / plain
     if base == "masked":

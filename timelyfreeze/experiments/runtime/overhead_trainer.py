@@ -14,7 +14,11 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
   most, i.e. ``begin_step`` and ``end_step`` plus every call of the stage-hook listeners (each listener
   is timed by a wrapper installed through ``stage_hooks.install``, the hooks' own extension point). It
   misses indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step
-  noise of the wall times.
+  noise of the wall times. It includes the time a rank waits in the per-step gather for the other ranks;
+  ``wait_s`` is that wait (the rank that waited most) and ``own_s`` the runtime's time without it (per rank
+  ``direct - wait``, the rank that spent most): a rank that reaches the gather first waits for what the
+  others still compute, their own code (counted in their ``own``) and the step's imbalance between ranks,
+  which a step without the runtime has too.
 
 The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_MODE=probe`` in
 the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
@@ -87,6 +91,29 @@ class _TimedListener:
         self._timed(self.inner.after_action, stage, kind, microbatch)
 
 
+class _TimedGather:
+    """``JobGroup.start_gather_floats`` of one rank, with the time spent waiting in each gather's ``result``
+    added to ``clock[0]`` (set on the job instance for an attached step, removed after it)."""
+
+    def __init__(self, start, clock: list[float]):
+        self.start, self.clock = start, clock
+
+    def __call__(self, values):
+        return _TimedResult(self.start(values), self.clock)
+
+
+class _TimedResult:
+    def __init__(self, pending, clock: list[float]):
+        self.pending, self.clock = pending, clock
+
+    def result(self):
+        t = time.perf_counter()
+        try:
+            return self.pending.result()
+        finally:
+            self.clock[0] += time.perf_counter() - t
+
+
 class _MaskListener:
     """The minimal freezing path of a masked step: ``requires_grad`` off on the step's pre-drawn tensors of
     (stage, microbatch) around each of its actions, as the freezing hook switches them; the switches timed."""
@@ -130,7 +157,7 @@ def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tupl
 class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
-        clock, hook_clock, switch_clock = [0.0], [0.0], [0.0]
+        clock, hook_clock, switch_clock, wait_clock = [0.0], [0.0], [0.0], [0.0]
         extra: dict[str, float] = {}
         cycle = CYCLES[os.environ.get(MODE_ENV) or "plain"]
         kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
@@ -163,9 +190,13 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             clock[0] += time.perf_counter() - t
             Trainer.train_step(self, data_iterator)
             extra["frozen_el"], extra["total_el"] = _applied_elements(rt.hook, rt.hook.applied)
+            rt.job.start_gather_floats = _TimedGather(rt.job.start_gather_floats, wait_clock)
             t = time.perf_counter()
-            _profiled(prof, rt.end_step, self.step)
-            clock[0] += time.perf_counter() - t
+            try:
+                _profiled(prof, rt.end_step, self.step)
+            finally:
+                clock[0] += time.perf_counter() - t
+                del rt.job.start_gather_floats  # the class's own method again
         else:
             rt.detach_hooks()
             if kind == "probe":
@@ -177,13 +208,15 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             Trainer.train_step(self, data_iterator)
             rt.detach_hooks()
         dt = time.perf_counter() - t0
-        extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0]}
+        extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0], "wait_s": wait_clock[0]}
         times = [None] * dist.get_world_size()
         dist.all_gather_object(times, (dt, clock[0], extra))
         row = {"step": self.step, "kind": kind, "s": max(t[0] for t in times)}
         if kind in ("cycle", "hooks"):
             row["direct_s"] = max(t[1] for t in times)
             row["hook_s"] = max(t[2]["hook_s"] for t in times)
+            row["wait_s"] = max(t[2]["wait_s"] for t in times)
+            row["own_s"] = max(t[1] - t[2]["wait_s"] for t in times)
         if kind == "masked":
             row["draw_s"] = max(t[2]["draw_s"] for t in times)
             row["switch_s"] = max(t[2]["switch_s"] for t in times)

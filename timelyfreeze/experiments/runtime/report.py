@@ -154,13 +154,16 @@ def _overhead_means(rows: list[dict], opts) -> list[str]:
         ov = [r for r in rows if r["kind"] == "overhead_masked" and r["schedule"] == s]
         if len(ov) < 2:
             continue
-        wall, direct, draw, switch, hook = (
-            mean_ci(r.get(k) for r in ov) for k in ("overhead_pct", "direct_pct", "draw_pct", "switch_pct", "hook_pct")
+        wall, direct, draw, switch, hook, own = (
+            mean_ci(r.get(k) for r in ov)
+            for k in ("overhead_pct", "direct_pct", "draw_pct", "switch_pct", "hook_pct", "own_pct")
         )
         ratios = [mean_ci(r.get(k) for r in ov)[0] for k in ("ratio_hooks", "ratio_masked")]
         out.append(
             f"Overhead at r_max {opts.r_max} (attached vs masked: the same plan's masks, no runtime), {s}, mean [95 % "
-            f"interval] over {wall[3]} jobs: wall {fmt_ci(*wall[:3], 2)} %, direct {fmt_ci(*direct[:3], 2)} %; "
+            f"interval] over {wall[3]} jobs: wall {fmt_ci(*wall[:3], 2)} %, direct {fmt_ci(*direct[:3], 2)} %"
+            + (f" (without the gather's wait: {fmt_ci(*own[:3], 2)} %)" if own[3] else "")
+            + "; "
             f"the masks on their own per step: draw {fmt_ci(*draw[:3], 3)} %, switches {fmt_ci(*switch[:3], 3)} % "
             f"(the freezing hook inside the runtime: {fmt_ci(*hook[:3], 3)} %); mean applied ratio attached "
             f"{ratios[0]:.3f}, masked {ratios[1]:.3f}"
