@@ -338,3 +338,16 @@ def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
         assert not _plain_actions_hold(orders, s2r, ns, nm)
         with pytest.raises(PlannerError):
             _check_actions(orders, s2r, ns, nm, err)
+
+
+def test_the_cli_loads_only_what_planning_needs() -> None:
+    """``python -m planner plan`` does not import the modules of the other commands (the Gantt chart's, the sweep's,
+    the simulator's, the log importer's): each command imports them when it runs."""
+    import ast
+    import subprocess
+
+    code = "import sys, planner.cli; print(sorted(m for m in sys.modules if m.startswith('planner')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    loaded = set(ast.literal_eval(out))
+    for name in ("gantt", "rmax_sweep", "timing.spans", "schedule.orders", "trace.simulate", "trace.authors_log"):
+        assert f"planner.{name}" not in loaded, name
