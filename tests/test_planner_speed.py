@@ -316,11 +316,16 @@ def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
     """validate_meta checks plain names over arrays; wherever that check passes, the loop passes too, and wherever
     the loop finds a problem, the array check does not pass (so the loop names it)."""
     from planner.errors import PlannerError
+    from planner.schedule.actions import plain_fields
     from planner.schedule.meta import _check_actions, _plain_actions_hold
 
     meta = _zbv_trace().meta
     ro, s2r, ns, nm = meta.rank_orders, meta.stage_to_rank, meta.num_stages, meta.num_microbatches
-    assert _plain_actions_hold(ro, s2r, ns, nm)
+
+    def read(orders: dict) -> tuple | None:  # the names' fields, read once by validate_meta and handed to both
+        return plain_fields([a for r in sorted(orders) for a in orders[r]])
+
+    assert _plain_actions_hold(ro, s2r, ns, nm, read(ro))
 
     def err(msg: str) -> PlannerError:
         return PlannerError(msg)
@@ -335,9 +340,9 @@ def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
         {**ro, 0: [a.replace("I", "B") for a in ro[0]]},  # a B beside a W
     ]
     for orders in broken:
-        assert not _plain_actions_hold(orders, s2r, ns, nm)
+        assert not _plain_actions_hold(orders, s2r, ns, nm, read(orders))
         with pytest.raises(PlannerError):
-            _check_actions(orders, s2r, ns, nm, err)
+            _check_actions(orders, s2r, ns, nm, err, read(orders))
 
 
 def test_the_cli_loads_only_what_planning_needs() -> None:
@@ -351,3 +356,32 @@ def test_the_cli_loads_only_what_planning_needs() -> None:
     loaded = set(ast.literal_eval(out))
     for name in ("gantt", "rmax_sweep", "timing.spans", "schedule.orders", "trace.simulate", "trace.authors_log"):
         assert f"planner.{name}" not in loaded, name
+
+
+def test_the_action_names_are_read_once_per_plan(tmp_path, monkeypatch) -> None:
+    """What ``planner plan`` does (load, plan with the defaults, write, summarise) reads the batch's action names
+    once: validate_meta's check reads them and the metadata keeps them (``TraceMeta.action_table``) for the DAG, the
+    trace's columns, the monitoring groups, the freezable actions and the summary; no name is parsed one by one."""
+    import planner.schedule.actions as actions
+    from planner.defaults import PLAN_DEFAULTS
+    from planner.plan import plan_summary, write_plan
+
+    scanned: list[int] = []
+    pattern = actions._PLAIN_LINES
+
+    class Counting:
+        def findall(self, text: str) -> list:
+            scanned.append(text.count("\n") + 1)
+            return pattern.findall(text)
+
+    trace = _zbv_trace()
+    path = write_trace(trace, tmp_path / "t")
+    monkeypatch.setattr(actions, "_PLAIN_LINES", Counting())
+    parsed = parse_action.cache_info()
+    loaded = load_trace(path)
+    plan = plan_from_trace(loaded, 0.5, **PLAN_DEFAULTS)
+    write_plan(plan, tmp_path / "plan.json")
+    plan_summary(plan, loaded.meta)
+    now = parse_action.cache_info()
+    assert scanned == [len(trace.meta.all_actions())]
+    assert (now.hits + now.misses) - (parsed.hits + parsed.misses) == 0

@@ -21,7 +21,7 @@ import networkx as nx
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.schedule.actions import parse_action, plain_fields
+from planner.schedule.actions import PAIR, parse_action
 from planner.schedule.meta import TraceMeta
 
 SOURCE = "source"
@@ -161,16 +161,13 @@ def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     between actions: the rank-order edges, then the data dependencies."""
     by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes: dict[str, dict] = {SOURCE: {}, SINK: {}}
-    ranks = sorted(meta.rank_orders)
-    flat = [a for r in ranks for a in meta.rank_orders[r]]
-    plain = plain_fields(flat)  # every name plain and canonical: its fields in one scan, no parse per name
-    if plain is not None:
-        rank_of = [r for r in ranks for _ in meta.rank_orders[r]]
-        for a, s, k, m, r in zip(flat, *plain, rank_of):
+    t = meta.action_table()  # every name's fields, read once per metadata
+    if PAIR not in t.kind:  # no pair: each action is its one part
+        for a, s, k, m, r in zip(t.names, t.stage, t.kind, t.microbatch, t.rank):
             nodes[a] = {"stage": s, "kind": k, "microbatch": m, "rank": r}
             by_key[(s, k, m)] = a
     else:
-        for r in ranks:
+        for r in sorted(meta.rank_orders):
             for a in meta.rank_orders[r]:
                 act = parse_action(a)
                 nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}

@@ -11,6 +11,7 @@ compatibility.  The metadata and its checks live in :mod:`planner.schedule.meta`
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -251,7 +252,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
             slow = [] if slow is None else slow
             slow.extend(_checked_records(fname, lines, r, set(m.rank_orders[r]), d))
     fields = [np.concatenate(f) for f in zip(*blocks)] if blocks else [np.zeros(0)] * 8
-    cols = from_arrays(names, list(phases), *fields)
+    cols = from_arrays(m.action_table(), list(phases), *fields)
     if slow is not None:  # something was off but no error: the files read fast, then the others
         return Trace(m, align_records(m, _records_of(cols) + slow), root)
     if samples(m):  # start times to bring onto rank 0's clock: the records now, columns from them when asked
@@ -367,14 +368,16 @@ _START_GET = operator.methodcaller("get", "start_ms", _NO_START)
 
 @dataclass
 class NodeWeights:
-    """Per-action duration bounds (ms): ``w_max`` nothing frozen, ``w_min`` everything frozen."""
+    """Per-action duration bounds (ms): ``w_max`` nothing frozen, ``w_min`` everything frozen (neither changed in
+    place once made: :attr:`freezable` is found once)."""
 
     w_min: dict[str, float]
     w_max: dict[str, float]
 
-    @property
+    @functools.cached_property
     def freezable(self) -> set[str]:
-        """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
+        """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``); found
+        on first use and kept (it reads every name)."""
         names = list(self.w_max)
         kinds = action_fields(names)[1]
         return {a for a, k in zip(names, kinds) if k in FREEZABLE_KINDS and self.w_max[a] - self.w_min[a] > 0}
