@@ -385,3 +385,13 @@ def test_the_action_names_are_read_once_per_plan(tmp_path, monkeypatch) -> None:
     now = parse_action.cache_info()
     assert scanned == [len(trace.meta.all_actions())]
     assert (now.hits + now.misses) - (parsed.hits + parsed.misses) == 0
+
+
+def test_float_reprs_are_each_values_repr() -> None:
+    """The plan file's numbers are formatted once per distinct value, and are still each value's own repr: also
+    where 0.0 and -0.0 (one key for a dict) are both there, or only one of them."""
+    from planner.fileio import _float_reprs
+
+    some = [0.1, 1 / 3, 1e22, 5e-324, 123456.789, 0.1, 1 / 3]
+    for values in (some, some + [0.0], some + [-0.0], [0.0, -0.0] + some, some + [-0.0, 0.0], []):
+        assert _float_reprs(values) == list(map(repr, values))
