@@ -395,3 +395,25 @@ def test_float_reprs_are_each_values_repr() -> None:
     some = [0.1, 1 / 3, 1e22, 5e-324, 123456.789, 0.1, 1 / 3]
     for values in (some, some + [0.0], some + [-0.0], [0.0, -0.0] + some, some + [-0.0, 0.0], []):
         assert _float_reprs(values) == list(map(repr, values))
+
+
+def test_the_array_dependencies_are_the_loops_edges(monkeypatch) -> None:
+    """build_dag finds the data dependencies of plain actions over arrays: the same edges in the same order as the
+    loop over (stage, microbatch), on every schedule without pairs; where it cannot vouch (an action outside the
+    stages, a (stage, kind, microbatch) twice) it leaves them to the loop."""
+    import planner.schedule.dag as dag_mod
+    from planner.schedule.meta import TraceMeta, validate_meta
+    from planner.schedule.orders import SCHEDULES, min_microbatches, schedule_meta
+
+    metas = []
+    for name in SCHEDULES:
+        if name != "DualPipeV":  # (pairs: the loop)
+            metas.append(validate_meta(schedule_meta(name, 4, max(8, min_microbatches(name, 4))), name))
+    m = metas[0]
+    for odd in ({**m.rank_orders, 0: m.rank_orders[0] + [f"{m.num_stages}F0"]}, {0: ["0F0", "0F0", "0B0"]}):
+        metas.append(TraceMeta(m.schedule, m.pp_degree, m.num_stages, m.num_microbatches, m.stage_to_rank, odd))
+    vouched = [dag_mod._plain_dependencies(x.action_table(), x.num_stages, x.num_microbatches, []) for x in metas]
+    assert vouched == [True] * (len(metas) - 2) + [False, False]
+    got = [dag_mod._actions(meta) for meta in metas]
+    monkeypatch.setattr(dag_mod, "_plain_dependencies", lambda *args: False)
+    assert got == [dag_mod._actions(meta) for meta in metas]

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 
 import networkx as nx
 import numpy as np
 
 from planner.errors import PlannerError
 from planner.schedule.actions import PAIR, parse_action
-from planner.schedule.meta import TraceMeta
+from planner.schedule.meta import ActionTable, TraceMeta
 
 SOURCE = "source"
 SINK = "sink"
@@ -159,25 +160,25 @@ def build_dag(meta: TraceMeta) -> BatchDag:
 def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """The nodes (source, sink, then every action of ``meta`` with its attributes, rank by rank) and the edges
     between actions: the rank-order edges, then the data dependencies."""
-    by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes: dict[str, dict] = {SOURCE: {}, SINK: {}}
     t = meta.action_table()  # every name's fields, read once per metadata
+    edges: list[tuple[str, str]] = []
     if PAIR not in t.kind:  # no pair: each action is its one part
         for a, s, k, m, r in zip(t.names, t.stage, t.kind, t.microbatch, t.rank):
             nodes[a] = {"stage": s, "kind": k, "microbatch": m, "rank": r}
-            by_key[(s, k, m)] = a
+        _rank_edges(meta, edges)
+        if _plain_dependencies(t, meta.num_stages, meta.num_microbatches, edges):
+            return nodes, edges
+        by_key = {(s, k, m): a for a, s, k, m in zip(t.names, t.stage, t.kind, t.microbatch)}
     else:
+        by_key = {}  # every plain action, and each part of a pair -> its node
         for r in sorted(meta.rank_orders):
             for a in meta.rank_orders[r]:
                 act = parse_action(a)
                 nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}
                 for part in act.parts:
                     by_key[(part.stage, part.kind, part.microbatch)] = a
-
-    edges: list[tuple[str, str]] = []
-    for r in sorted(meta.rank_orders):
-        order = meta.rank_orders[r]
-        edges.extend(zip(order[:-1], order[1:]))
+        _rank_edges(meta, edges)
 
     def grad_in(s: int, m: int) -> str | None:
         """The input-gradient action of (s, m): a full B, or the I of a split backward."""
@@ -203,6 +204,43 @@ def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     return nodes, edges
 
 
+def _rank_edges(meta: TraceMeta, edges: list[tuple[str, str]]) -> None:
+    """Each rank's execution order as edges (appended to ``edges``)."""
+    for r in sorted(meta.rank_orders):
+        order = meta.rank_orders[r]
+        edges.extend(zip(order[:-1], order[1:]))
+
+
+_KIND_ROW = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def _plain_dependencies(t: ActionTable, n_stages: int, n_mb: int, edges: list[tuple[str, str]]) -> bool:
+    """The data dependencies of plain actions (no pair) appended to ``edges`` in the order of :func:`_actions`'
+    loop (stage by stage, microbatch by microbatch: F to the next stage's F, F to its backward, the next stage's
+    input gradient to this one's, I to W), found over arrays: True. False, with nothing appended, where an action
+    lies outside ``n_stages`` x ``n_mb`` or a (stage, kind, microbatch) comes twice (the loop then decides)."""
+    n = len(t.names)
+    stage, mb = np.asarray(t.stage, dtype=np.int64), np.asarray(t.microbatch, dtype=np.int64)
+    if n == 0 or stage.min() < 0 or stage.max() >= n_stages or mb.min() < 0 or mb.max() >= n_mb:
+        return False
+    row = np.fromiter(map(_KIND_ROW.__getitem__, t.kind), dtype=np.int64, count=n)
+    cell = stage * n_mb + mb
+    if np.bincount(row * (n_stages * n_mb) + cell).max() > 1:
+        return False
+    slots = n_stages * n_mb
+    ids = np.full((4, slots + n_mb), -1, dtype=np.int64)  # per kind and (stage, microbatch): its action; a stage more
+    ids[row, cell] = np.arange(n)
+    f, b, i, w = ids
+    g = np.where(b >= 0, b, i)  # the input-gradient action: a full B, or the I of a split backward
+    here, there = np.arange(slots), np.arange(n_mb, slots + n_mb)  # (s, m) and (s + 1, m)
+    u = np.stack([f[here], f[here], g[there], i[here]], axis=1).ravel()  # per (s, m), its four edges in turn
+    v = np.stack([f[there], g[here], g[here], w[here]], axis=1).ravel()
+    on = (u >= 0) & (v >= 0)
+    names = t.names
+    edges.extend(zip(map(names.__getitem__, u[on].tolist()), map(names.__getitem__, v[on].tolist())))
+    return True
+
+
 def dag_index(dag: nx.DiGraph) -> DagIndex:
     """Integer index of ``dag``: the one a :class:`BatchDag` carries, else computed afresh (:func:`index_graph`)."""
     if isinstance(dag, BatchDag) and hasattr(dag, "index"):
@@ -213,13 +251,12 @@ def dag_index(dag: nx.DiGraph) -> DagIndex:
 def index_graph(dag: nx.DiGraph) -> DagIndex:
     """Index ``dag`` (topological order by Kahn's algorithm on arrays); a cycle is a :class:`PlannerError`."""
     names = list(dag.nodes)
-    index = {n: i for i, n in enumerate(names)}
     n = len(names)
-    flat = [index[x] for e in dag.edges for x in e]
-    if flat:
-        src, dst = np.asarray(flat, dtype=np.int64).reshape(-1, 2).T.copy()
-    else:
-        src = dst = np.zeros(0, dtype=np.int64)
+    index = dict(zip(names, range(n)))
+    # the edges in dag.edges' order (each node's successors in turn), read from the successor dicts a node at a time
+    succ = list(map(dag._adj.__getitem__, names))
+    src = np.repeat(np.arange(n, dtype=np.int64), np.fromiter(map(len, succ), dtype=np.int64, count=n))
+    dst = np.fromiter(map(index.__getitem__, chain.from_iterable(succ)), dtype=np.int64, count=src.size)
     # Kahn's algorithm on arrays.
     perm = np.argsort(dst, kind="stable")
     pred_idx = src[perm]
