@@ -319,8 +319,8 @@ def _fast_block(
     # one value per line (a line holding two would add one: lines are never empty here, so none can add none)
     if len(objs) != n or (n and {*map(type, objs)} != {dict}):
         return None
-    try:
-        step, action, ms, phase, fr = zip(*map(_RECORD_GET, objs)) if n else ((),) * 5
+    try:  # a field at a time: a tuple per record, transposed, took three times as long
+        step, action, ms, phase, fr = (list(map(get, objs)) for get in _FIELD_GETS)
     except KeyError:
         return None
     start = list(map(_START_GET, objs))
@@ -362,7 +362,7 @@ def _fast_block(
     )
 
 
-_RECORD_GET = operator.itemgetter(*_RECORD_FIELDS)
+_FIELD_GETS = tuple(map(operator.itemgetter, _RECORD_FIELDS))
 _START_GET = operator.methodcaller("get", "start_ms", _NO_START)
 
 
