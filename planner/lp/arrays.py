@@ -65,7 +65,8 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     idx = np.array([i for i in range(n) if i != src_i and i != snk_i], dtype=np.int64)
     acts = [names[i] for i in idx.tolist()]
     if acts:
-        rk, sg, kd = zip(*map(_RANK_STAGE_KIND, map(dag.nodes.__getitem__, acts)))
+        attrs = list(map(dag._node.__getitem__, acts))  # the nodes' attribute dicts (the graph's own)
+        rk, sg, kd = (list(map(get, attrs)) for get in _RANK_STAGE_KIND)
         try:
             hi = np.fromiter(map(weights.w_max.__getitem__, acts), dtype=np.float64, count=len(acts))
             lo = np.fromiter(map(weights.w_min.__getitem__, acts), dtype=np.float64, count=len(acts))
@@ -100,7 +101,7 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     )
 
 
-_RANK_STAGE_KIND = operator.itemgetter("rank", "stage", "kind")
+_RANK_STAGE_KIND = tuple(map(operator.itemgetter, ("rank", "stage", "kind")))
 _FREEZABLE = frozenset(FREEZABLE_KINDS)
 
 
