@@ -417,3 +417,43 @@ def test_the_array_dependencies_are_the_loops_edges(monkeypatch) -> None:
     got = [dag_mod._actions(meta) for meta in metas]
     monkeypatch.setattr(dag_mod, "_plain_dependencies", lambda *args: False)
     assert got == [dag_mod._actions(meta) for meta in metas]
+
+
+def test_the_critical_path_walk_is_the_node_by_node_walk_with_delays() -> None:
+    """indexed_longest_path finds each node's first tight predecessor over all entries at once: the path is the
+    one the walk node by node back from the sink finds, also with delays and many ties (whole-number times)."""
+    dag = build_dag(_zbv_trace().meta)
+    di = dag.index
+    rng = random.Random(11)
+    for delays in (False, True):
+        dur = {a: float(rng.randint(1, 3)) for a in di.names if a not in ("source", "sink")}
+        delay = np.array([float(rng.randint(0, 2)) for _ in range(di.pred_idx.size)]) if delays else None
+        makespan, starts, path = indexed_longest_path(di, dur, delay)
+        start = np.array([starts[a] for a in di.names])
+        w = np.array([dur.get(a, 0.0) for a in di.names])
+        ptr, preds = di.pred_ptr, di.pred_idx
+        want, v = [], di.index["sink"]
+        while ptr[v] < ptr[v + 1]:
+            lo, hi = int(ptr[v]), int(ptr[v + 1])
+            t = start[preds[lo:hi]] + w[preds[lo:hi]] + (0.0 if delay is None else delay[lo:hi])
+            hit = np.flatnonzero((t == start[v]) & (t > -1.0))
+            if not hit.size:
+                break
+            v = int(preds[lo + hit[0]])
+            if di.names[v] != "source":
+                want.append(di.names[v])
+        assert path == want[::-1] and makespan == starts["sink"]
+
+
+def test_a_missing_duration_is_named() -> None:
+    """Durations by name: source and sink take 0 whatever is given; the first action without one is named."""
+    from planner.errors import PlannerError
+    from planner.schedule.dag import longest_path
+
+    dag = build_dag(_zbv_trace().meta)
+    names = dag.index.names
+    dur = {a: 1.0 for a in names} | {"source": 5.0, "sink": 5.0}
+    assert longest_path(dag, dur)[0] == longest_path(dag, {a: 1.0 for a in names[2:]})[0]
+    del dur[names[7]], dur[names[9]]
+    with pytest.raises(PlannerError, match=f"no duration given for action '{names[7]}'"):
+        longest_path(dag, dur)

@@ -349,33 +349,37 @@ def indexed_longest_path(
     if isinstance(durations, np.ndarray):
         w = np.asarray(durations, dtype=np.float64)
     else:
-        try:
-            dur = [0.0 if name == SOURCE or name == SINK else float(durations[name]) for name in di.names]
-        except KeyError as e:
-            raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
-        w = np.asarray(dur)
+        dur = list(map(durations.get, di.names))
+        for end in (SOURCE, SINK):  # (they take 0, whatever durations says)
+            if end in di.index:
+                dur[di.index[end]] = 0.0
+        if None in dur:
+            raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
+        w = np.array(dur, dtype=np.float64)
     if di.layers is None:
         di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
     start_arr = farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
     start = start_arr.tolist()
-    ptr, preds = di.pred_ptr, di.pred_idx
+    preds = di.pred_idx
+    # per node, the first predecessor (in pred_idx order) that sets its start, as the loop chose (-1: none), all
+    # entries at once: the same sums and comparisons as one node at a time
+    t = start_arr[preds] + w[preds]
+    if pred_delay is not None:
+        t += pred_delay
+    node = np.repeat(np.arange(len(di.names)), np.diff(di.pred_ptr))  # the node each entry is a predecessor of
+    tight = np.flatnonzero((t == start_arr[node]) & (t > -1.0))
+    first = np.ones(tight.size, dtype=bool)
+    first[1:] = node[tight[1:]] != node[tight[:-1]]
+    setter = np.full(len(di.names), -1, dtype=np.int64)
+    setter[node[tight[first]]] = preds[tight[first]]
+    up = setter.tolist()
     sink = di.index[SINK]
     path: list[str] = []
-    v = sink
-    while True:  # back along the first predecessor (in pred_idx order) that sets each start, as the loop chose
-        lo, hi = int(ptr[v]), int(ptr[v + 1])
-        if lo == hi:
-            break
-        u = preds[lo:hi]
-        t = start_arr[u] + w[u]
-        if pred_delay is not None:
-            t += pred_delay[lo:hi]
-        hit = np.flatnonzero((t == start_arr[v]) & (t > -1.0))
-        if not hit.size:
-            break
-        v = int(u[hit[0]])
+    v = up[sink]
+    while v >= 0:  # back from the sink along those predecessors
         if di.names[v] != SOURCE:
             path.append(di.names[v])
+        v = up[v]
     path.reverse()
     starts = dict(zip(di.names, start))
     return start[sink], starts, path
