@@ -457,3 +457,16 @@ def test_a_missing_duration_is_named() -> None:
     del dur[names[7]], dur[names[9]]
     with pytest.raises(PlannerError, match=f"no duration given for action '{names[7]}'"):
         longest_path(dag, dur)
+
+
+def test_the_monitoring_groups_ranks_are_drifts() -> None:
+    """The monitoring summary reads each group's rank from the metadata's action table: drift.group_ranks' map."""
+    from planner.schedule.meta import validate_meta
+    from planner.schedule.orders import schedule_meta
+    from planner.timing.drift import group_ranks
+    from planner.timing.monitor import _group_ranks
+
+    for name in ("ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B"):
+        meta = validate_meta(schedule_meta(name, 4, 16), name)
+        got, want = _group_ranks(meta), group_ranks(meta.rank_orders)
+        assert got == want and sorted(got) == sorted(want)

@@ -151,7 +151,8 @@ def _group_ranks(meta: TraceMeta) -> dict[str, int]:
     """:func:`planner.timing.drift.group_ranks` of ``meta.rank_orders`` (group -> the rank that runs it), from the
     metadata's action table: its names are not read again."""
     t = meta.action_table()
-    return dict(zip(map("{}{}".format, t.stage, t.kind), t.rank))
+    last = dict(zip(zip(t.stage, t.kind), t.rank))  # (each group's last rank, as group_ranks' update keeps it)
+    return {f"{s}{k}": r for (s, k), r in last.items()}
 
 
 def noise_floors(trace: Trace) -> dict[str, float]:
