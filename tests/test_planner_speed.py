@@ -470,3 +470,21 @@ def test_the_monitoring_groups_ranks_are_drifts() -> None:
         meta = validate_meta(schedule_meta(name, 4, 16), name)
         got, want = _group_ranks(meta), group_ranks(meta.rank_orders)
         assert got == want and sorted(got) == sorted(want)
+
+
+def test_paths_keep_the_last_tail_and_only_for_the_same_durations() -> None:
+    """Paths.tail gives its last answer again for the same durations (a copy: the caller may change it) and a
+    fresh pass for any other."""
+    from planner.lp.arrays import Paths, dag_arrays
+    from planner.schedule.dag import farthest
+    from planner.timing.estimate import estimate_weights
+
+    trace = _zbv_trace()
+    arrays = dag_arrays(build_dag(trace.meta), estimate_weights(trace, "pooled"))
+    paths = Paths(arrays)
+    d = arrays.wmax.copy()
+    first = paths.tail(d)
+    first[:] = -5.0
+    assert paths.tail(d.copy()).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
+    d[5] += 1.0
+    assert paths.tail(d).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
