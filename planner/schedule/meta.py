@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -238,7 +239,7 @@ def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[i
             raise err(f"field 'rank_orders' has key {key!r}, expected a rank in 0..{pp - 1}")
         if r in rank_orders:
             raise err(f"field 'rank_orders' lists rank {r} twice")
-        if not isinstance(order, list) or not all(isinstance(a, str) for a in order):
+        if not isinstance(order, list) or not all(map(isinstance, order, repeat(str))):
             raise err(f"field 'rank_orders'[{key!r}] must be a list of action-name strings")
         rank_orders[r] = list(order)
     for r in range(pp):

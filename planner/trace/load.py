@@ -230,7 +230,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         need = f"pp_degree={m.pp_degree}, replicas={m.replicas} need one file per rank and replica"
 
     names = m.all_actions()
-    index = {a: i for i, a in enumerate(names)}
+    index = dict(zip(names, range(len(names))))
     blocks: list[tuple[np.ndarray, ...]] = []  # each file's records, field by field (planner.trace.columns.from_arrays)
     phases: dict[str, int] = {}
     slow: list[Record] | None = None  # the records checked line by line, from the first file not read fast
@@ -245,7 +245,8 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
             except UnicodeDecodeError as e:
                 raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
             if slow is None:
-                block = _fast_block(lines, r, {a: index[a] for a in m.rank_orders[r]}, d, phases)
+                order = m.rank_orders[r]
+                block = _fast_block(lines, r, dict(zip(order, map(index.__getitem__, order))), d, phases)
                 if block is not None:
                     blocks.append(block)
                     continue
@@ -310,7 +311,8 @@ def _fast_block(
     :func:`_validate_record` to name the problem (the same records, several times as fast on a 100k-action trace,
     and no :class:`Record` until one is asked for).  ``rank_actions``: the rank's actions and their index in the
     trace's ``meta.all_actions()``; ``phases``: phase -> index, in order of first appearance (grown here)."""
-    lines = [line for line in lines if line and not line.isspace()]
+    if "" in lines or any(map(str.isspace, lines)):  # (what the runtime writes has no blank line)
+        lines = [line for line in lines if line and not line.isspace()]
     n = len(lines)
     try:
         objs = json.loads("[" + ",".join(lines) + "]")
@@ -340,7 +342,11 @@ def _fast_block(
         step_a = np.array(step, dtype=np.int64)
     except OverflowError:
         return None
-    given = np.fromiter((s is not _NO_START for s in start), dtype=bool, count=n)
+    missing = start.count(_NO_START)  # (by identity: NaN equals nothing, so an explicit one is not counted)
+    if missing in (0, n):  # every record has a start, or none: the runtime's files
+        given = np.full(n, not missing and n > 0, dtype=bool)
+    else:
+        given = np.fromiter((s is not _NO_START for s in start), dtype=bool, count=n)
     if not (
         np.isfinite(ms_a).all()
         and (ms_a >= 0).all()
