@@ -148,6 +148,12 @@ def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int) -> None:
     w = rng.random(n) * 10
     delay = rng.random(nbr.size) if seed % 2 else None
     lay = layers(ptr, nbr, order)
+    depth = [0] * n  # the most edges on a path to each node: its level
+    for x in order:
+        depth[x] = max((depth[y] + 1 for y in nbr[ptr[x] : ptr[x + 1]].tolist()), default=0)
+    assert [nodes.tolist() for _, _, nodes, _ in lay.levels] == [
+        [x for x in range(n) if depth[x] == k] for k in range(max(depth) + 1)
+    ]
     for floor in (0.0, -1.0):
         want = _loop_farthest(
             order, ptr.tolist(), nbr.tolist(), w.tolist(), None if delay is None else delay.tolist(), floor

@@ -74,9 +74,15 @@ def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> Layers:
     p, nb = ptr.tolist(), nbr.tolist()
     dep = [0] * n
     get = dep.__getitem__
-    for x in order:
+    for x in order:  # (one and two neighbours, most nodes of a batch DAG, without a slice and a map)
         lo, hi = p[x], p[x + 1]
-        if lo < hi:
+        k = hi - lo
+        if k == 1:
+            dep[x] = dep[nb[lo]] + 1
+        elif k == 2:
+            a, b = dep[nb[lo]], dep[nb[lo + 1]]
+            dep[x] = (a if a > b else b) + 1
+        elif k:
             dep[x] = max(map(get, nb[lo:hi])) + 1
     depth = np.asarray(dep, dtype=np.int64)
     d = int(depth.max()) if n else 0
