@@ -494,3 +494,25 @@ def test_paths_keep_the_last_tail_and_only_for_the_same_durations() -> None:
     assert paths.tail(d.copy()).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
     d[5] += 1.0
     assert paths.tail(d).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
+
+
+def test_group_ids_are_np_uniques() -> None:
+    """group_ids counts where its keys are small non-negative integers: the groups np.unique numbers, each with its
+    first row, also with negative, large or float keys (np.unique's own path)."""
+    from planner.trace.columns import group_ids
+
+    rng = np.random.default_rng(4)
+    n = 500
+    for keys in (
+        (rng.integers(0, 3, n), rng.integers(0, 90, n)),
+        (rng.integers(0, 2, n), rng.integers(-5, 5, n), rng.integers(0, 10**9, n)),
+        (rng.integers(0, 4, n).astype(np.float64), rng.integers(0, 7, n)),
+        (np.zeros(n, dtype=np.int64),),
+    ):
+        code = np.zeros(n, dtype=np.int64)
+        for k in keys:
+            _, inv = np.unique(k, return_inverse=True)
+            code = code * (int(inv.max()) + 1) + inv
+        _, first, gid = np.unique(code, return_index=True, return_inverse=True)
+        got_gid, got_first = group_ids(*keys)
+        assert got_gid.tolist() == gid.reshape(-1).tolist() and got_first.tolist() == first.tolist()

@@ -140,14 +140,30 @@ def _stage_kind(table: ActionTable) -> tuple[np.ndarray, np.ndarray, list[str]]:
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Group rows by equal ``keys`` (integer arrays of one length): (each row's group id, one row of each group),
     groups numbered in the keys' sorted order."""
-    if not len(keys[0]):
+    n = len(keys[0])
+    if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    code = np.zeros(len(keys[0]), dtype=np.int64)
+    code = np.zeros(n, dtype=np.int64)
     for k in keys:
-        _, inv = np.unique(k, return_inverse=True)
-        code = code * (int(inv.max()) + 1) + inv
-    _, first, gid = np.unique(code, return_index=True, return_inverse=True)
-    return gid.reshape(-1), first
+        inv, m = _ranks(k)
+        code = code * m + inv
+    gid, groups = _ranks(code)
+    first = np.full(groups, n, dtype=np.int64)
+    np.minimum.at(first, gid, np.arange(n))  # (each group's first row)
+    return gid, first
+
+
+def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each entry's rank among the distinct values of ``k`` (``np.unique``'s inverse) and how many there are: by
+    counting where ``k`` holds integers in ``0..4 len(k)`` (the records' indexes, steps, codes: no sort), else
+    ``np.unique``."""
+    if k.dtype.kind in "iu" and int(k.min()) >= 0 and int(k.max()) <= 4 * k.size:
+        seen = np.zeros(int(k.max()) + 1, dtype=bool)
+        seen[k] = True
+        rank = np.cumsum(seen, dtype=np.int64) - 1
+        return rank[k], int(rank[-1]) + 1
+    values, inv = np.unique(k, return_inverse=True)
+    return inv.reshape(-1), values.size
 
 
 def group_medians(gid: np.ndarray, values: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
