@@ -62,8 +62,8 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     delta = np.zeros(n)
     split = False  # the schedule splits backward into I and W
     # every action's attributes and weights a field at a time (C-level maps, not a Python loop per node)
-    idx = np.array([i for i in range(n) if i != src_i and i != snk_i], dtype=np.int64)
-    acts = [names[i] for i in idx.tolist()]
+    idx = action_nodes(n, src_i, snk_i)
+    acts = list(map(names.__getitem__, idx.tolist()))
     if acts:
         attrs = list(map(dag._node.__getitem__, acts))  # the nodes' attribute dicts (the graph's own)
         rk, sg, kd = (list(map(get, attrs)) for get in _RANK_STAGE_KIND)
@@ -99,6 +99,13 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
         counts,
         k_c=None if delay is None else delay[keep],
     )
+
+
+def action_nodes(n: int, src_i: int, snk_i: int) -> np.ndarray:
+    """The nodes ``0..n-1`` but the source ``src_i`` and the sink ``snk_i``, in order: the actions."""
+    keep = np.ones(n, dtype=bool)
+    keep[[src_i, snk_i]] = False
+    return np.flatnonzero(keep)
 
 
 _RANK_STAGE_KIND = tuple(map(operator.itemgetter, ("rank", "stage", "kind")))

@@ -274,7 +274,7 @@ def index_graph(dag: nx.DiGraph) -> DagIndex:
     np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
     sp = succ_ptr.tolist()
     indeg = np.diff(pred_ptr).tolist()
-    stack = [i for i in range(n) if indeg[i] == 0]
+    stack = np.flatnonzero(np.diff(pred_ptr) == 0).tolist()
     order: list[int] = []
     while stack:
         u = stack.pop()
