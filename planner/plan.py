@@ -145,7 +145,7 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
         r_max=budget if isinstance(budget, float) else list(budget),
         batch_time_ms={
             "no_freeze": problem.no_freeze,
-            "all_frozen": problem.longest_path(weights.w_min)[0],
+            "all_frozen": problem.makespan(weights.w_min),
             "planned": sol.makespan,
         },
         actions=actions,

@@ -516,3 +516,16 @@ def test_group_ids_are_np_uniques() -> None:
         _, first, gid = np.unique(code, return_index=True, return_inverse=True)
         got_gid, got_first = group_ids(*keys)
         assert got_gid.tolist() == gid.reshape(-1).tolist() and got_first.tolist() == first.tolist()
+
+
+def test_the_makespan_is_the_longest_paths() -> None:
+    """indexed_makespan (no starts by name, no path) is indexed_longest_path's makespan, by name or by array."""
+    from planner.schedule.dag import indexed_makespan
+
+    di = build_dag(_zbv_trace().meta).index
+    rng = random.Random(2)
+    dur = {a: rng.random() for a in di.names[2:]}
+    delay = np.array([rng.random() for _ in range(di.pred_idx.size)])
+    w = np.array([0.0, 0.0] + [dur[a] for a in di.names[2:]])
+    for d in (None, delay):
+        assert indexed_makespan(di, dur, d) == indexed_makespan(di, w, d) == indexed_longest_path(di, dur, d)[0]

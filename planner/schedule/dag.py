@@ -352,19 +352,7 @@ def indexed_longest_path(
 ) -> tuple[float, dict[str, float], list[str]]:
     """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none).
     ``durations``: by action name, or an array aligned with ``di.names`` (source and sink 0)."""
-    if isinstance(durations, np.ndarray):
-        w = np.asarray(durations, dtype=np.float64)
-    else:
-        dur = list(map(durations.get, di.names))
-        for end in (SOURCE, SINK):  # (they take 0, whatever durations says)
-            if end in di.index:
-                dur[di.index[end]] = 0.0
-        if None in dur:
-            raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
-        w = np.array(dur, dtype=np.float64)
-    if di.layers is None:
-        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
-    start_arr = farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
+    w, start_arr = _starts(di, durations, pred_delay)
     start = start_arr.tolist()
     preds = di.pred_idx
     # per node, the first predecessor (in pred_idx order) that sets its start, as the loop chose (-1: none), all
@@ -389,3 +377,28 @@ def indexed_longest_path(
     path.reverse()
     starts = dict(zip(di.names, start))
     return start[sink], starts, path
+
+
+def indexed_makespan(di: DagIndex, durations: Mapping[str, float] | np.ndarray, pred_delay: np.ndarray | None) -> float:
+    """The makespan of :func:`indexed_longest_path` (the sink's start), without its starts by name and its path."""
+    return float(_starts(di, durations, pred_delay)[1][di.index[SINK]])
+
+
+def _starts(
+    di: DagIndex, durations: Mapping[str, float] | np.ndarray, pred_delay: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The durations as an array aligned with ``di.names`` and every node's earliest start
+    (:func:`indexed_longest_path`'s arguments)."""
+    if isinstance(durations, np.ndarray):
+        w = np.asarray(durations, dtype=np.float64)
+    else:
+        dur = list(map(durations.get, di.names))
+        for end in (SOURCE, SINK):  # (they take 0, whatever durations says)
+            if end in di.index:
+                dur[di.index[end]] = 0.0
+        if None in dur:
+            raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
+        w = np.array(dur, dtype=np.float64)
+    if di.layers is None:
+        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
+    return w, farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
