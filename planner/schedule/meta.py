@@ -214,7 +214,7 @@ def _plain_actions_hold(
         return False
     stage = np.array(plain[0], dtype=np.int64)
     code = {"F": 0, "B": 1, "I": 2, "W": 3}
-    kind = np.array([code[k] for k in plain[1]], dtype=np.int64)
+    kind = np.fromiter(map(code.__getitem__, plain[1]), dtype=np.int64, count=len(plain[1]))
     mb = np.array(plain[2], dtype=np.int64)
     rank = np.repeat(sorted(rank_orders), [len(rank_orders[r]) for r in sorted(rank_orders)])
     if stage.max() >= n_stages or mb.max() >= n_mb or not np.array_equal(np.asarray(s2r)[stage], rank):
