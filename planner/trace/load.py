@@ -334,8 +334,11 @@ def _fast_block(
         and all(phase)
         and {*map(type, fr)} <= {int, float}
         and {*map(type, start)} <= {int, float}  # (an explicit null start: the line-by-line check words the error)
-        and {*action} <= rank_actions.keys()
     ):
+        return None
+    try:  # (an action not in the rank's order: a KeyError)
+        action_a = np.fromiter(map(rank_actions.__getitem__, action), dtype=np.int64, count=n)
+    except KeyError:
         return None
     try:
         ms_a, fr_a, start_a = (np.array(x, dtype=np.float64) for x in (ms, fr, start))
@@ -357,7 +360,7 @@ def _fast_block(
     for p in dict.fromkeys(phase):
         phases.setdefault(p, len(phases))
     return (
-        np.fromiter(map(rank_actions.__getitem__, action), dtype=np.int64, count=n),
+        action_a,
         np.fromiter(map(phases.__getitem__, phase), dtype=np.int64, count=n),
         step_a,
         ms_a,
