@@ -123,7 +123,7 @@ def _row_members(rows: Rows) -> Iterator[str]:
         and {*map(type, rows.fields)} <= {str}
         and {*map(len, rows.rows)} <= {nf}
         and {*map(type, values)} <= {float}
-        and all(map(math.isfinite, values))
+        and math.isfinite(sum(values))  # (a sum that overflows: _members, the same text)
     ):
         t = "  %s: " + _float_object_template(rows.fields, "s")
         text = _float_reprs(values)
