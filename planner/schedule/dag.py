@@ -261,18 +261,16 @@ def index_graph(dag: nx.DiGraph) -> DagIndex:
     index = dict(zip(names, range(n)))
     # the edges in dag.edges' order (each node's successors in turn), read from the successor dicts a node at a time
     succ = list(map(dag._adj.__getitem__, names))
-    src = np.repeat(np.arange(n, dtype=np.int64), np.fromiter(map(len, succ), dtype=np.int64, count=n))
+    out_deg = np.fromiter(map(len, succ), dtype=np.int64, count=n)
+    src = np.repeat(np.arange(n, dtype=np.int64), out_deg)
     dst = np.fromiter(map(index.__getitem__, chain.from_iterable(succ)), dtype=np.int64, count=src.size)
     # Kahn's algorithm on arrays.
     perm = np.argsort(dst, kind="stable")
     pred_idx = src[perm]
     pred_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
-    sperm = np.argsort(src, kind="stable")
-    succ_idx = dst[sperm].tolist()
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-    sp = succ_ptr.tolist()
+    succ_idx = dst.tolist()  # (the edges are by source already: each node's successors are dst[sp[u]:sp[u + 1]])
+    sp = [0, *np.cumsum(out_deg).tolist()]
     indeg = np.diff(pred_ptr).tolist()
     stack = np.flatnonzero(np.diff(pred_ptr) == 0).tolist()
     order: list[int] = []
