@@ -227,7 +227,10 @@ def stage_mean_ratios(plan: Plan, meta: TraceMeta | None = None) -> dict[int, fl
     sums: dict[int, list[float]] = {}
     names = list(plan.actions)
     table = None if meta is None else meta.action_table()
-    stages, kinds, _ = (table.stage, table.kind, None) if table and table.names == names else action_fields(names)
+    if table is not None and table.names == names:
+        stages, kinds = table.stage, table.kind
+    else:
+        stages, kinds, _ = action_fields(names)
     for stage, kind, p in zip(stages, kinds, plan.actions.values()):
         if kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
             sums.setdefault(stage, []).append(p.freeze_ratio)

@@ -370,7 +370,7 @@ def test_the_action_names_are_read_once_per_plan(tmp_path, monkeypatch) -> None:
     trace's columns, the monitoring groups, the freezable actions and the summary; no name is parsed one by one."""
     import planner.schedule.actions as actions
     from planner.defaults import PLAN_DEFAULTS
-    from planner.plan import plan_summary, write_plan
+    from planner.plan import plan_summary, stage_mean_ratios, write_plan
 
     scanned: list[int] = []
     pattern = actions._PLAIN_LINES
@@ -391,6 +391,7 @@ def test_the_action_names_are_read_once_per_plan(tmp_path, monkeypatch) -> None:
     now = parse_action.cache_info()
     assert scanned == [len(trace.meta.all_actions())]
     assert (now.hits + now.misses) - (parsed.hits + parsed.misses) == 0
+    assert stage_mean_ratios(plan, loaded.meta) == stage_mean_ratios(plan)  # (the table's fields, or read afresh)
 
 
 def test_float_reprs_are_each_values_repr() -> None:
