@@ -530,3 +530,18 @@ def test_the_makespan_is_the_longest_paths() -> None:
     w = np.array([0.0, 0.0] + [dur[a] for a in di.names[2:]])
     for d in (None, delay):
         assert indexed_makespan(di, dur, d) == indexed_makespan(di, w, d) == indexed_longest_path(di, dur, d)[0]
+
+
+def test_kahns_pass_finds_the_depths_the_layers_would() -> None:
+    """index_graph keeps each node's depth from Kahn's pass: the depths layers finds from the predecessor lists, so
+    the DAG's layers are the same either way."""
+    from planner.schedule.dag import _depths, layers
+
+    for meta in (_zbv_trace().meta, synthetic_trace("DualPipeV", 4, 16, seed=3).meta):
+        di = build_dag(meta).index
+        want = _depths(di.pred_ptr, di.pred_idx, di.order.tolist())
+        assert di.depth.tolist() == want.tolist()
+        got, ref = layers(di.pred_ptr, di.pred_idx, (), di.depth), layers(di.pred_ptr, di.pred_idx, di.order.tolist())
+        assert got.nbr.tolist() == ref.nbr.tolist() and got.entry.tolist() == ref.entry.tolist()
+        plain = [[None if x is None else np.asarray(x).tolist() for x in level] for level in ref.levels]
+        assert [[None if x is None else np.asarray(x).tolist() for x in level] for level in got.levels] == plain

@@ -48,6 +48,7 @@ class DagIndex:
     pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
     edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
     layers: Layers | None = None  # pred lists by level, for longest paths (lazy)
+    depth: np.ndarray | None = None  # each node's level (the most edges on a path to it), found by Kahn's pass
 
 
 @dataclass
@@ -66,11 +67,30 @@ class Layers:
     levels: list[tuple[int, int, np.ndarray, np.ndarray | None]]
 
 
-def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> Layers:
-    """The :class:`Layers` of an acyclic CSR; ``order``: its nodes, every node after its neighbours."""
+def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int], depth: np.ndarray | None = None) -> Layers:
+    """The :class:`Layers` of an acyclic CSR; ``order``: its nodes, every node after its neighbours. ``depth``:
+    each node's depth when the caller has it (``DagIndex.depth``; ``order`` is then not read)."""
     n = ptr.size - 1
     deg = np.diff(ptr)
     node_of = np.repeat(np.arange(n), deg)  # the node each entry belongs to
+    if depth is None:
+        depth = _depths(ptr, nbr, order)
+    d = int(depth.max()) if n else 0
+    entry = np.argsort(depth[node_of] * n + node_of, kind="stable")  # by level, then node, CSR order within
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(depth[node_of], minlength=d + 1))]).tolist()
+    node_order = np.argsort(depth, kind="stable")
+    nbounds = np.concatenate([[0], np.cumsum(np.bincount(depth, minlength=d + 1))]).tolist()
+    first = np.cumsum(deg[node_order]) - deg[node_order]  # where each node's entries start, in level order
+    levels: list[tuple[int, int, np.ndarray, np.ndarray | None]] = []
+    for k in range(d + 1):
+        a, b, lo, hi = bounds[k], bounds[k + 1], nbounds[k], nbounds[k + 1]
+        levels.append((a, b, node_order[lo:hi], first[lo:hi] - a if k else None))
+    return Layers(n, nbr[entry], entry, levels)
+
+
+def _depths(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> np.ndarray:
+    """Each node's depth in an acyclic CSR (0 without neighbours, else one more than its deepest neighbour)."""
+    n = ptr.size - 1
     p, nb = ptr.tolist(), nbr.tolist()
     dep = [0] * n
     get = dep.__getitem__
@@ -84,18 +104,7 @@ def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> Layers:
             dep[x] = (a if a > b else b) + 1
         elif k:
             dep[x] = max(map(get, nb[lo:hi])) + 1
-    depth = np.asarray(dep, dtype=np.int64)
-    d = int(depth.max()) if n else 0
-    entry = np.argsort(depth[node_of] * n + node_of, kind="stable")  # by level, then node, CSR order within
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(depth[node_of], minlength=d + 1))]).tolist()
-    node_order = np.argsort(depth, kind="stable")
-    nbounds = np.concatenate([[0], np.cumsum(np.bincount(depth, minlength=d + 1))]).tolist()
-    first = np.cumsum(deg[node_order]) - deg[node_order]  # where each node's entries start, in level order
-    levels: list[tuple[int, int, np.ndarray, np.ndarray | None]] = []
-    for k in range(d + 1):
-        a, b, lo, hi = bounds[k], bounds[k + 1], nbounds[k], nbounds[k + 1]
-        levels.append((a, b, node_order[lo:hi], first[lo:hi] - a if k else None))
-    return Layers(n, nbr[entry], entry, levels)
+    return np.asarray(dep, dtype=np.int64)
 
 
 def farthest(lay: Layers, w: np.ndarray, delay: np.ndarray | None = None, floor: float = 0.0) -> np.ndarray:
@@ -274,17 +283,22 @@ def index_graph(dag: nx.DiGraph) -> DagIndex:
     indeg = np.diff(pred_ptr).tolist()
     stack = np.flatnonzero(np.diff(pred_ptr) == 0).tolist()
     order: list[int] = []
+    dep = [0] * n  # each node's depth, final when it is taken (all its predecessors are), for its layers
     while stack:
         u = stack.pop()
         order.append(u)
+        d = dep[u] + 1
         for v in succ_idx[sp[u] : sp[u + 1]]:
+            if d > dep[v]:
+                dep[v] = d
             indeg[v] -= 1
             if indeg[v] == 0:
                 stack.append(v)
     if len(order) != n:
         raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
     order_arr = np.asarray(order, dtype=np.int64)
-    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
+    depth = np.asarray(dep, dtype=np.int64)
+    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm, depth=depth)
 
 
 def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays | None) -> np.ndarray:
@@ -398,5 +412,5 @@ def _starts(
             raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
         w = np.array(dur, dtype=np.float64)
     if di.layers is None:
-        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
+        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist() if di.depth is None else (), di.depth)
     return w, farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1
