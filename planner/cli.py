@@ -7,6 +7,9 @@ the lower-bound cliff rule (``planner.timing.cliff``; off by default).
 
 Every user error (bad trace, bad plan, bad argument, unwritable output) is printed as a single
 ``error: <message>`` line on stderr with exit status 2, never as a traceback.
+
+The modules only one other command uses (the Gantt chart, the sweep, the schedules' orders, the simulator, the
+authors' log importer) are imported by that command when it runs: ``plan`` does not wait for them.
 """
 
 from __future__ import annotations
@@ -20,23 +23,17 @@ from collections.abc import Sequence
 
 from planner.defaults import PLAN_DEFAULTS
 from planner.errors import PlannerError
-from planner.gantt import plot_timeline, trace_panels
 from planner.lp.budget import parse_r_max
 from planner.lp.solve import SOLVERS
 from planner.plan import load_plan, plan_from_trace, plan_summary, write_plan
-from planner.rmax_sweep import format_table, plot_sweep, sweep, write_csv
 from planner.schedule.dag import build_dag
-from planner.schedule.orders import rank_orders, schedule_meta
 from planner.timing import monitor
 from planner.timing.cliff import apply_cliffs, find_cliffs
 from planner.timing.comm import estimate_edge_delays, summary_line
 from planner.timing.estimate import DEFAULT_ESTIMATOR, ESTIMATORS, estimate_weights
 from planner.timing.gaps import delay_fields, gap_line, with_gap_costs
-from planner.timing.spans import StepTimeline
 from planner.trace.archive import pack_trace, traces_in
-from planner.trace.authors_log import import_log
 from planner.trace.load import load_trace
-from planner.trace.simulate import synthetic_trace, write_trace
 
 
 class _Parser(argparse.ArgumentParser):
@@ -297,6 +294,7 @@ def _switches(args: argparse.Namespace) -> dict:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
+    from planner.rmax_sweep import format_table, plot_sweep, sweep, write_csv
 
     sw = _switches(args)
     trace = load_trace(args.trace)
@@ -338,6 +336,8 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _cmd_gantt(args: argparse.Namespace) -> None:
+    from planner.gantt import plot_timeline, trace_panels
+    from planner.timing.spans import StepTimeline
 
     trace = load_trace(args.trace)
     plan = None
@@ -353,6 +353,7 @@ def _cmd_gantt(args: argparse.Namespace) -> None:
 
 
 def _cmd_orders(args: argparse.Namespace) -> None:
+    from planner.schedule.orders import rank_orders, schedule_meta
 
     if args.json:
         print(json.dumps(schedule_meta(args.schedule, args.pp, args.microbatches, args.stages_per_rank), indent=1))
@@ -362,6 +363,7 @@ def _cmd_orders(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> None:
+    from planner.trace.simulate import synthetic_trace, write_trace
 
     trace = synthetic_trace(
         args.schedule,
@@ -386,6 +388,7 @@ def _cmd_simulate(args: argparse.Namespace) -> None:
 
 
 def _cmd_import_log(args: argparse.Namespace) -> None:
+    from planner.trace.authors_log import import_log
 
     trace = import_log(args.log, args.out, stable_from=args.stable_from)
     m, a = trace.meta, trace.meta.extra["authors"]

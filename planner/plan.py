@@ -34,6 +34,7 @@ _ACTION_ROW = operator.attrgetter(*_ACTION_FIELDS)
 _PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
 _BATCH_TIME_FIELDS = ("no_freeze", "all_frozen", "planned")
 _SOLVER_FIELDS = ("name", "status", "seconds")
+_FREEZABLE = frozenset(FREEZABLE_KINDS)
 SENSITIVITY_FIELD = "budget_sensitivity"  # writer field (unchecked): stage -> ms saved per +0.01 of its r_max
 # Required field names: top level (_PLAN_FIELDS, plus "format"), per action (_ACTION_FIELDS), in
 # batch_time_ms (_BATCH_TIME_FIELDS) and in solver (_SOLVER_FIELDS); see docs/formats.md.
@@ -126,12 +127,14 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
     """The plan of one built problem (:func:`make_plan` has the arguments)."""
     weights, budget = problem.weights, problem.r_max
     sol = solve_problem(problem, solver=solver, gap=gap)
-    names = problem.meta.all_actions()
+    table = problem.meta.action_table()
+    names = table.names
     hi, lo, d, start = (
         np.fromiter(map(m.__getitem__, names), np.float64, len(names))
         for m in (weights.w_max, weights.w_min, sol.durations, sol.starts)
     )
-    frz = np.fromiter(map(weights.freezable.__contains__, names), bool, len(names))
+    # weights.freezable of each action, from its kind as the metadata read it and its weights above
+    frz = np.fromiter(map(_FREEZABLE.__contains__, table.kind), bool, len(names)) & (hi - lo > 0)
     ratio = np.zeros(len(names))
     ratio[frz] = np.minimum(1.0, np.maximum(0.0, (hi[frz] - d[frz]) / (hi[frz] - lo[frz])))
     actions = dict(zip(names, map(ActionPlan, lo.tolist(), hi.tolist(), start.tolist(), d.tolist(), ratio.tolist())))
@@ -142,7 +145,7 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
         r_max=budget if isinstance(budget, float) else list(budget),
         batch_time_ms={
             "no_freeze": problem.no_freeze,
-            "all_frozen": problem.longest_path(weights.w_min)[0],
+            "all_frozen": problem.makespan(weights.w_min),
             "planned": sol.makespan,
         },
         actions=actions,
@@ -217,11 +220,17 @@ def write_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     write_json_atomically(path, plan._json(plan.action_rows()), one_line="actions")
 
 
-def stage_mean_ratios(plan: Plan) -> dict[int, float]:
+def stage_mean_ratios(plan: Plan, meta: TraceMeta | None = None) -> dict[int, float]:
     """Mean freeze ratio per stage over its freezable actions (``w_max > w_min`` and a freezable kind: B, W,
-    or an OVERLAP_F_B pair, whose stage is its backward part's)."""
+    or an OVERLAP_F_B pair, whose stage is its backward part's). ``meta``: the trace metadata the plan was made
+    for, whose action table gives the stages and kinds when it lists the plan's actions (else they are read)."""
     sums: dict[int, list[float]] = {}
-    stages, kinds, _ = action_fields(list(plan.actions))
+    names = list(plan.actions)
+    table = None if meta is None else meta.action_table()
+    if table is not None and table.names == names:
+        stages, kinds = table.stage, table.kind
+    else:
+        stages, kinds, _ = action_fields(names)
     for stage, kind, p in zip(stages, kinds, plan.actions.values()):
         if kind in FREEZABLE_KINDS and p.w_max - p.w_min > 0:
             sums.setdefault(stage, []).append(p.freeze_ratio)
@@ -379,7 +388,7 @@ def plan_summary(plan: Plan, meta: TraceMeta, edge_ms: EdgeDelays | None = None)
         f"planned {bt['planned']:.3f}  (predicted speedup x{speedup:.3f}, "
         f"{100 * (1 - bt['planned'] / bt['no_freeze']) if bt['no_freeze'] > 0 else 0.0:.1f}% less time)",
     ]
-    means = stage_mean_ratios(plan)
+    means = stage_mean_ratios(plan, meta)
     if means:
         lines.append("mean freeze ratio per stage: " + ", ".join(f"{s}: {m:.3f}" for s, m in means.items()))
     else:

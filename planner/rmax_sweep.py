@@ -72,7 +72,7 @@ def sweep(
     r_values = check_r_values(list(r_values), meta.num_stages)
     problem = build_problem(build_dag(meta), weights, r_values[0], edge_ms)
     no_freeze = problem.no_freeze
-    all_frozen = problem.longest_path(weights.w_min)[0]
+    all_frozen = problem.makespan(weights.w_min)
     rows: list[SweepRow] = []
     for r in r_values:
         sol = solve_problem(problem.with_r_max(r), solver=solver, gap=gap)

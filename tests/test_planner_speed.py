@@ -148,6 +148,12 @@ def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int) -> None:
     w = rng.random(n) * 10
     delay = rng.random(nbr.size) if seed % 2 else None
     lay = layers(ptr, nbr, order)
+    depth = [0] * n  # the most edges on a path to each node: its level
+    for x in order:
+        depth[x] = max((depth[y] + 1 for y in nbr[ptr[x] : ptr[x + 1]].tolist()), default=0)
+    assert [nodes.tolist() for _, _, nodes, _ in lay.levels] == [
+        [x for x in range(n) if depth[x] == k] for k in range(max(depth) + 1)
+    ]
     for floor in (0.0, -1.0):
         want = _loop_farthest(
             order, ptr.tolist(), nbr.tolist(), w.tolist(), None if delay is None else delay.tolist(), floor
@@ -316,11 +322,16 @@ def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
     """validate_meta checks plain names over arrays; wherever that check passes, the loop passes too, and wherever
     the loop finds a problem, the array check does not pass (so the loop names it)."""
     from planner.errors import PlannerError
+    from planner.schedule.actions import plain_fields
     from planner.schedule.meta import _check_actions, _plain_actions_hold
 
     meta = _zbv_trace().meta
     ro, s2r, ns, nm = meta.rank_orders, meta.stage_to_rank, meta.num_stages, meta.num_microbatches
-    assert _plain_actions_hold(ro, s2r, ns, nm)
+
+    def read(orders: dict) -> tuple | None:  # the names' fields, read once by validate_meta and handed to both
+        return plain_fields([a for r in sorted(orders) for a in orders[r]])
+
+    assert _plain_actions_hold(ro, s2r, ns, nm, read(ro))
 
     def err(msg: str) -> PlannerError:
         return PlannerError(msg)
@@ -335,6 +346,202 @@ def test_the_array_check_of_rank_orders_agrees_with_the_loop() -> None:
         {**ro, 0: [a.replace("I", "B") for a in ro[0]]},  # a B beside a W
     ]
     for orders in broken:
-        assert not _plain_actions_hold(orders, s2r, ns, nm)
+        assert not _plain_actions_hold(orders, s2r, ns, nm, read(orders))
         with pytest.raises(PlannerError):
-            _check_actions(orders, s2r, ns, nm, err)
+            _check_actions(orders, s2r, ns, nm, err, read(orders))
+
+
+def test_the_cli_loads_only_what_planning_needs() -> None:
+    """``python -m planner plan`` does not import the modules of the other commands (the Gantt chart's, the sweep's,
+    the simulator's, the log importer's): each command imports them when it runs."""
+    import ast
+    import subprocess
+
+    code = "import sys, planner.cli; print(sorted(m for m in sys.modules if m.startswith('planner')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    loaded = set(ast.literal_eval(out))
+    for name in ("gantt", "rmax_sweep", "timing.spans", "schedule.orders", "trace.simulate", "trace.authors_log"):
+        assert f"planner.{name}" not in loaded, name
+
+
+def test_the_action_names_are_read_once_per_plan(tmp_path, monkeypatch) -> None:
+    """What ``planner plan`` does (load, plan with the defaults, write, summarise) reads the batch's action names
+    once: validate_meta's check reads them and the metadata keeps them (``TraceMeta.action_table``) for the DAG, the
+    trace's columns, the monitoring groups, the freezable actions and the summary; no name is parsed one by one."""
+    import planner.schedule.actions as actions
+    from planner.defaults import PLAN_DEFAULTS
+    from planner.plan import plan_summary, stage_mean_ratios, write_plan
+
+    scanned: list[int] = []
+    pattern = actions._PLAIN_LINES
+
+    class Counting:
+        def findall(self, text: str) -> list:
+            scanned.append(text.count("\n") + 1)
+            return pattern.findall(text)
+
+    trace = _zbv_trace()
+    path = write_trace(trace, tmp_path / "t")
+    monkeypatch.setattr(actions, "_PLAIN_LINES", Counting())
+    parsed = parse_action.cache_info()
+    loaded = load_trace(path)
+    plan = plan_from_trace(loaded, 0.5, **PLAN_DEFAULTS)
+    write_plan(plan, tmp_path / "plan.json")
+    plan_summary(plan, loaded.meta)
+    now = parse_action.cache_info()
+    assert scanned == [len(trace.meta.all_actions())]
+    assert (now.hits + now.misses) - (parsed.hits + parsed.misses) == 0
+    assert stage_mean_ratios(plan, loaded.meta) == stage_mean_ratios(plan)  # (the table's fields, or read afresh)
+
+
+def test_float_reprs_are_each_values_repr() -> None:
+    """The plan file's numbers are formatted once per distinct value, and are still each value's own repr: also
+    where 0.0 and -0.0 (one key for a dict) are both there, or only one of them."""
+    from planner.fileio import _float_reprs
+
+    some = [0.1, 1 / 3, 1e22, 5e-324, 123456.789, 0.1, 1 / 3]
+    for values in (some, some + [0.0], some + [-0.0], [0.0, -0.0] + some, some + [-0.0, 0.0], []):
+        assert _float_reprs(values) == list(map(repr, values))
+
+
+def test_the_array_dependencies_are_the_loops_edges(monkeypatch) -> None:
+    """build_dag finds the data dependencies of plain actions over arrays: the same edges in the same order as the
+    loop over (stage, microbatch), on every schedule without pairs; where it cannot vouch (an action outside the
+    stages, a (stage, kind, microbatch) twice) it leaves them to the loop."""
+    import planner.schedule.dag as dag_mod
+    from planner.schedule.meta import TraceMeta, validate_meta
+    from planner.schedule.orders import SCHEDULES, min_microbatches, schedule_meta
+
+    metas = []
+    for name in SCHEDULES:
+        if name != "DualPipeV":  # (pairs: the loop)
+            metas.append(validate_meta(schedule_meta(name, 4, max(8, min_microbatches(name, 4))), name))
+    m = metas[0]
+    for odd in ({**m.rank_orders, 0: m.rank_orders[0] + [f"{m.num_stages}F0"]}, {0: ["0F0", "0F0", "0B0"]}):
+        metas.append(TraceMeta(m.schedule, m.pp_degree, m.num_stages, m.num_microbatches, m.stage_to_rank, odd))
+    vouched = [dag_mod._plain_dependencies(x.action_table(), x.num_stages, x.num_microbatches, []) for x in metas]
+    assert vouched == [True] * (len(metas) - 2) + [False, False]
+    got = [dag_mod._actions(meta) for meta in metas]
+    monkeypatch.setattr(dag_mod, "_plain_dependencies", lambda *args: False)
+    assert got == [dag_mod._actions(meta) for meta in metas]
+
+
+def test_the_critical_path_walk_is_the_node_by_node_walk_with_delays() -> None:
+    """indexed_longest_path finds each node's first tight predecessor over all entries at once: the path is the
+    one the walk node by node back from the sink finds, also with delays and many ties (whole-number times)."""
+    dag = build_dag(_zbv_trace().meta)
+    di = dag.index
+    rng = random.Random(11)
+    for delays in (False, True):
+        dur = {a: float(rng.randint(1, 3)) for a in di.names if a not in ("source", "sink")}
+        delay = np.array([float(rng.randint(0, 2)) for _ in range(di.pred_idx.size)]) if delays else None
+        makespan, starts, path = indexed_longest_path(di, dur, delay)
+        start = np.array([starts[a] for a in di.names])
+        w = np.array([dur.get(a, 0.0) for a in di.names])
+        ptr, preds = di.pred_ptr, di.pred_idx
+        want, v = [], di.index["sink"]
+        while ptr[v] < ptr[v + 1]:
+            lo, hi = int(ptr[v]), int(ptr[v + 1])
+            t = start[preds[lo:hi]] + w[preds[lo:hi]] + (0.0 if delay is None else delay[lo:hi])
+            hit = np.flatnonzero((t == start[v]) & (t > -1.0))
+            if not hit.size:
+                break
+            v = int(preds[lo + hit[0]])
+            if di.names[v] != "source":
+                want.append(di.names[v])
+        assert path == want[::-1] and makespan == starts["sink"]
+
+
+def test_a_missing_duration_is_named() -> None:
+    """Durations by name: source and sink take 0 whatever is given; the first action without one is named."""
+    from planner.errors import PlannerError
+    from planner.schedule.dag import longest_path
+
+    dag = build_dag(_zbv_trace().meta)
+    names = dag.index.names
+    dur = {a: 1.0 for a in names} | {"source": 5.0, "sink": 5.0}
+    assert longest_path(dag, dur)[0] == longest_path(dag, {a: 1.0 for a in names[2:]})[0]
+    del dur[names[7]], dur[names[9]]
+    with pytest.raises(PlannerError, match=f"no duration given for action '{names[7]}'"):
+        longest_path(dag, dur)
+
+
+def test_the_monitoring_groups_ranks_are_drifts() -> None:
+    """The monitoring summary reads each group's rank from the metadata's action table: drift.group_ranks' map."""
+    from planner.schedule.meta import validate_meta
+    from planner.schedule.orders import schedule_meta
+    from planner.timing.drift import group_ranks
+    from planner.timing.monitor import _group_ranks
+
+    for name in ("ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B"):
+        meta = validate_meta(schedule_meta(name, 4, 16), name)
+        got, want = _group_ranks(meta), group_ranks(meta.rank_orders)
+        assert got == want and sorted(got) == sorted(want)
+
+
+def test_paths_keep_the_last_tail_and_only_for_the_same_durations() -> None:
+    """Paths.tail gives its last answer again for the same durations (a copy: the caller may change it) and a
+    fresh pass for any other."""
+    from planner.lp.arrays import Paths, dag_arrays
+    from planner.schedule.dag import farthest
+    from planner.timing.estimate import estimate_weights
+
+    trace = _zbv_trace()
+    arrays = dag_arrays(build_dag(trace.meta), estimate_weights(trace, "pooled"))
+    paths = Paths(arrays)
+    d = arrays.wmax.copy()
+    first = paths.tail(d)
+    first[:] = -5.0
+    assert paths.tail(d.copy()).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
+    d[5] += 1.0
+    assert paths.tail(d).tolist() == farthest(paths.tails, d, paths.sdelay).tolist()
+
+
+def test_group_ids_are_np_uniques() -> None:
+    """group_ids counts where its keys are small non-negative integers: the groups np.unique numbers, each with its
+    first row, also with negative, large or float keys (np.unique's own path)."""
+    from planner.trace.columns import group_ids
+
+    rng = np.random.default_rng(4)
+    n = 500
+    for keys in (
+        (rng.integers(0, 3, n), rng.integers(0, 90, n)),
+        (rng.integers(0, 2, n), rng.integers(-5, 5, n), rng.integers(0, 10**9, n)),
+        (rng.integers(0, 4, n).astype(np.float64), rng.integers(0, 7, n)),
+        (np.zeros(n, dtype=np.int64),),
+    ):
+        code = np.zeros(n, dtype=np.int64)
+        for k in keys:
+            _, inv = np.unique(k, return_inverse=True)
+            code = code * (int(inv.max()) + 1) + inv
+        _, first, gid = np.unique(code, return_index=True, return_inverse=True)
+        got_gid, got_first = group_ids(*keys)
+        assert got_gid.tolist() == gid.reshape(-1).tolist() and got_first.tolist() == first.tolist()
+
+
+def test_the_makespan_is_the_longest_paths() -> None:
+    """indexed_makespan (no starts by name, no path) is indexed_longest_path's makespan, by name or by array."""
+    from planner.schedule.dag import indexed_makespan
+
+    di = build_dag(_zbv_trace().meta).index
+    rng = random.Random(2)
+    dur = {a: rng.random() for a in di.names[2:]}
+    delay = np.array([rng.random() for _ in range(di.pred_idx.size)])
+    w = np.array([0.0, 0.0] + [dur[a] for a in di.names[2:]])
+    for d in (None, delay):
+        assert indexed_makespan(di, dur, d) == indexed_makespan(di, w, d) == indexed_longest_path(di, dur, d)[0]
+
+
+def test_kahns_pass_finds_the_depths_the_layers_would() -> None:
+    """index_graph keeps each node's depth from Kahn's pass: the depths layers finds from the predecessor lists, so
+    the DAG's layers are the same either way."""
+    from planner.schedule.dag import _depths, layers
+
+    for meta in (_zbv_trace().meta, synthetic_trace("DualPipeV", 4, 16, seed=3).meta):
+        di = build_dag(meta).index
+        want = _depths(di.pred_ptr, di.pred_idx, di.order.tolist())
+        assert di.depth.tolist() == want.tolist()
+        got, ref = layers(di.pred_ptr, di.pred_idx, (), di.depth), layers(di.pred_ptr, di.pred_idx, di.order.tolist())
+        assert got.nbr.tolist() == ref.nbr.tolist() and got.entry.tolist() == ref.entry.tolist()
+        plain = [[None if x is None else np.asarray(x).tolist() for x in level] for level in ref.levels]
+        assert [[None if x is None else np.asarray(x).tolist() for x in level] for level in got.levels] == plain

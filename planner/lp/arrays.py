@@ -62,10 +62,11 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     delta = np.zeros(n)
     split = False  # the schedule splits backward into I and W
     # every action's attributes and weights a field at a time (C-level maps, not a Python loop per node)
-    idx = np.array([i for i in range(n) if i != src_i and i != snk_i], dtype=np.int64)
-    acts = [names[i] for i in idx.tolist()]
+    idx = action_nodes(n, src_i, snk_i)
+    acts = list(map(names.__getitem__, idx.tolist()))
     if acts:
-        rk, sg, kd = zip(*map(_RANK_STAGE_KIND, map(dag.nodes.__getitem__, acts)))
+        attrs = list(map(dag._node.__getitem__, acts))  # the nodes' attribute dicts (the graph's own)
+        rk, sg, kd = (list(map(get, attrs)) for get in _RANK_STAGE_KIND)
         try:
             hi = np.fromiter(map(weights.w_max.__getitem__, acts), dtype=np.float64, count=len(acts))
             lo = np.fromiter(map(weights.w_min.__getitem__, acts), dtype=np.float64, count=len(acts))
@@ -100,7 +101,14 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
     )
 
 
-_RANK_STAGE_KIND = operator.itemgetter("rank", "stage", "kind")
+def action_nodes(n: int, src_i: int, snk_i: int) -> np.ndarray:
+    """The nodes ``0..n-1`` but the source ``src_i`` and the sink ``snk_i``, in order: the actions."""
+    keep = np.ones(n, dtype=bool)
+    keep[[src_i, snk_i]] = False
+    return np.flatnonzero(keep)
+
+
+_RANK_STAGE_KIND = tuple(map(operator.itemgetter, ("rank", "stage", "kind")))
 _FREEZABLE = frozenset(FREEZABLE_KINDS)
 
 
@@ -142,6 +150,7 @@ class Paths:
         self.n = n
         self._heads: Layers | None = None
         self._tails: Layers | None = None
+        self._last_tail: tuple[bytes, np.ndarray] | None = None  # the last durations given to tail, and its result
 
     @property
     def heads(self) -> Layers:
@@ -162,8 +171,13 @@ class Paths:
         return farthest(self.heads, dur, self.pdelay), self.tail(dur)
 
     def tail(self, dur: np.ndarray) -> np.ndarray:
-        """Longest path from each node's end (one pass; ``max(dur + tail)`` is the batch time)."""
-        return farthest(self.tails, dur, self.sdelay)
+        """Longest path from each node's end (one pass; ``max(dur + tail)`` is the batch time). The region method
+        asks again for the durations it asked for last (3 of a 98k-action plan's 25 passes): that answer is kept
+        (a copy is returned) and given again for the same durations, bit for bit."""
+        key = np.asarray(dur, dtype=np.float64).tobytes()
+        if self._last_tail is None or self._last_tail[0] != key:
+            self._last_tail = (key, farthest(self.tails, dur, self.sdelay))
+        return self._last_tail[1].copy()
 
 
 def stage_counts(arrays: DagArrays) -> dict[int, int]:

@@ -36,7 +36,7 @@ import numpy as np
 
 from planner.lp.arrays import DagArrays, dag_arrays
 from planner.lp.budget import RMax, check_r_max, per_stage
-from planner.schedule.dag import BatchDag, EdgeDelays, edge_delay_array, indexed_longest_path
+from planner.schedule.dag import BatchDag, EdgeDelays, edge_delay_array, indexed_longest_path, indexed_makespan
 from planner.trace.load import NodeWeights, TraceMeta
 
 TIME_RTOL = 1e-9
@@ -84,6 +84,10 @@ class Problem:
         name, or an array aligned with ``arrays.names``, source and sink 0)."""
         return indexed_longest_path(self.dag.index, durations, self.pred_delay)
 
+    def makespan(self, durations: Mapping[str, float] | np.ndarray) -> float:
+        """``longest_path(durations)[0]``, the batch time, without the starts by name and the path."""
+        return indexed_makespan(self.dag.index, durations, self.pred_delay)
+
     def with_r_max(self, r_max: float | Sequence[float]) -> Problem:
         """The same problem with another budget (checked): what a sweep over ``r_max`` solves."""
         return dataclasses.replace(self, r_max=check_r_max(r_max, self.num_stages))
@@ -117,7 +121,7 @@ def build_problem(
     delay = edge_delay_array(dag, edge_ms) if edge_ms else None
     arrays = dag_arrays(dag, weights, delay)
     pred_delay = None if delay is None else delay[dag.index.pred_perm]
-    no_freeze = indexed_longest_path(dag.index, weights.w_max, pred_delay)[0]
+    no_freeze = indexed_makespan(dag.index, weights.w_max, pred_delay)
     min_delta = time_tol(no_freeze) / FREEZE_RESOLUTION
     arrays.delta[arrays.delta <= min_delta] = 0.0
     return Problem(dag, weights, budget, dict(edge_ms or {}), pred_delay, arrays, no_freeze)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.lp.arrays import stage_counts
+from planner.lp.arrays import action_nodes, stage_counts
 from planner.lp.budget import sensitivity
 from planner.lp.highs import CONFIGS, DEFAULT_CONFIG, LPResult, solve_whole
 from planner.lp.problem import Problem, build_problem
@@ -197,8 +197,8 @@ def _solution(problem: Problem, result: LPResult, solver: str) -> LPSolution:
     hi = d[frozen]
     d[frozen] = np.minimum(hi, np.maximum(lo, hi - (hi - lo) * result.ratios[frozen]))
     makespan, starts, path = problem.longest_path(d)
-    act = [i for i in range(len(arrays.names)) if i != arrays.src_i and i != arrays.snk_i]
-    durations = dict(zip([arrays.names[i] for i in act], d[act].tolist()))
+    act = action_nodes(len(arrays.names), arrays.src_i, arrays.snk_i)
+    durations = dict(zip(map(arrays.names.__getitem__, act.tolist()), d[act].tolist()))
     if not math.isclose(makespan, result.batch_time, rel_tol=1e-6, abs_tol=1e-6):
         raise PlannerError(
             f"LP batch time {result.batch_time:.9g} does not match the longest path {makespan:.9g} of its durations"

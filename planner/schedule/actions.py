@@ -11,6 +11,7 @@ towards that stage's budget. ``Action.forward`` holds the forward part's (stage,
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ def parse_action(name: str) -> Action:
 
 
 _PLAIN_LINES = re.compile(r"^(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)$", re.MULTILINE | re.ASCII)
+_GROUPS = tuple(map(operator.itemgetter, range(3)))
 
 
 def plain_fields(names: list[str]) -> tuple[list[int], list[str], list[int]] | None:
@@ -91,8 +93,8 @@ def plain_fields(names: list[str]) -> tuple[list[int], list[str], list[int]] | N
     found = _PLAIN_LINES.findall(text)
     if len(found) != len(names) or text.count("\n") != len(names) - 1 or not names:
         return None  # (a name with a line break in it could pass as two)
-    stage, kind, microbatch = zip(*found)
-    return list(map(int, stage)), list(kind), list(map(int, microbatch))
+    stage, kind, microbatch = (list(map(get, found)) for get in _GROUPS)  # (a column at a time, not zip(*found))
+    return list(map(int, stage)), kind, list(map(int, microbatch))
 
 
 def action_fields(names: list[str]) -> tuple[list[int], list[str], list[int]]:

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 
 import networkx as nx
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.schedule.actions import parse_action, plain_fields
-from planner.schedule.meta import TraceMeta
+from planner.schedule.actions import PAIR, parse_action
+from planner.schedule.meta import ActionTable, TraceMeta
 
 SOURCE = "source"
 SINK = "sink"
@@ -47,6 +48,7 @@ class DagIndex:
     pred_perm: np.ndarray | None = None  # edge (position in src/dst) of each entry of pred_idx
     edge_keys: tuple[np.ndarray, np.ndarray] | None = None  # sorted src * n + dst and its argsort (lazy)
     layers: Layers | None = None  # pred lists by level, for longest paths (lazy)
+    depth: np.ndarray | None = None  # each node's level (the most edges on a path to it), found by Kahn's pass
 
 
 @dataclass
@@ -65,19 +67,14 @@ class Layers:
     levels: list[tuple[int, int, np.ndarray, np.ndarray | None]]
 
 
-def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> Layers:
-    """The :class:`Layers` of an acyclic CSR; ``order``: its nodes, every node after its neighbours."""
+def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int], depth: np.ndarray | None = None) -> Layers:
+    """The :class:`Layers` of an acyclic CSR; ``order``: its nodes, every node after its neighbours. ``depth``:
+    each node's depth when the caller has it (``DagIndex.depth``; ``order`` is then not read)."""
     n = ptr.size - 1
     deg = np.diff(ptr)
     node_of = np.repeat(np.arange(n), deg)  # the node each entry belongs to
-    p, nb = ptr.tolist(), nbr.tolist()
-    dep = [0] * n
-    get = dep.__getitem__
-    for x in order:
-        lo, hi = p[x], p[x + 1]
-        if lo < hi:
-            dep[x] = max(map(get, nb[lo:hi])) + 1
-    depth = np.asarray(dep, dtype=np.int64)
+    if depth is None:
+        depth = _depths(ptr, nbr, order)
     d = int(depth.max()) if n else 0
     entry = np.argsort(depth[node_of] * n + node_of, kind="stable")  # by level, then node, CSR order within
     bounds = np.concatenate([[0], np.cumsum(np.bincount(depth[node_of], minlength=d + 1))]).tolist()
@@ -89,6 +86,25 @@ def layers(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> Layers:
         a, b, lo, hi = bounds[k], bounds[k + 1], nbounds[k], nbounds[k + 1]
         levels.append((a, b, node_order[lo:hi], first[lo:hi] - a if k else None))
     return Layers(n, nbr[entry], entry, levels)
+
+
+def _depths(ptr: np.ndarray, nbr: np.ndarray, order: Iterable[int]) -> np.ndarray:
+    """Each node's depth in an acyclic CSR (0 without neighbours, else one more than its deepest neighbour)."""
+    n = ptr.size - 1
+    p, nb = ptr.tolist(), nbr.tolist()
+    dep = [0] * n
+    get = dep.__getitem__
+    for x in order:  # (one and two neighbours, most nodes of a batch DAG, without a slice and a map)
+        lo, hi = p[x], p[x + 1]
+        k = hi - lo
+        if k == 1:
+            dep[x] = dep[nb[lo]] + 1
+        elif k == 2:
+            a, b = dep[nb[lo]], dep[nb[lo + 1]]
+            dep[x] = (a if a > b else b) + 1
+        elif k:
+            dep[x] = max(map(get, nb[lo:hi])) + 1
+    return np.asarray(dep, dtype=np.int64)
 
 
 def farthest(lay: Layers, w: np.ndarray, delay: np.ndarray | None = None, floor: float = 0.0) -> np.ndarray:
@@ -159,28 +175,25 @@ def build_dag(meta: TraceMeta) -> BatchDag:
 def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     """The nodes (source, sink, then every action of ``meta`` with its attributes, rank by rank) and the edges
     between actions: the rank-order edges, then the data dependencies."""
-    by_key: dict[tuple[int, str, int], str] = {}  # every plain action, and each part of a pair -> its node
     nodes: dict[str, dict] = {SOURCE: {}, SINK: {}}
-    ranks = sorted(meta.rank_orders)
-    flat = [a for r in ranks for a in meta.rank_orders[r]]
-    plain = plain_fields(flat)  # every name plain and canonical: its fields in one scan, no parse per name
-    if plain is not None:
-        rank_of = [r for r in ranks for _ in meta.rank_orders[r]]
-        for a, s, k, m, r in zip(flat, *plain, rank_of):
+    t = meta.action_table()  # every name's fields, read once per metadata
+    edges: list[tuple[str, str]] = []
+    if PAIR not in t.kind:  # no pair: each action is its one part
+        for a, s, k, m, r in zip(t.names, t.stage, t.kind, t.microbatch, t.rank):
             nodes[a] = {"stage": s, "kind": k, "microbatch": m, "rank": r}
-            by_key[(s, k, m)] = a
+        _rank_edges(meta, edges)
+        if _plain_dependencies(t, meta.num_stages, meta.num_microbatches, edges):
+            return nodes, edges
+        by_key = {(s, k, m): a for a, s, k, m in zip(t.names, t.stage, t.kind, t.microbatch)}
     else:
-        for r in ranks:
+        by_key = {}  # every plain action, and each part of a pair -> its node
+        for r in sorted(meta.rank_orders):
             for a in meta.rank_orders[r]:
                 act = parse_action(a)
                 nodes[a] = {"stage": act.stage, "kind": act.kind, "microbatch": act.microbatch, "rank": r}
                 for part in act.parts:
                     by_key[(part.stage, part.kind, part.microbatch)] = a
-
-    edges: list[tuple[str, str]] = []
-    for r in sorted(meta.rank_orders):
-        order = meta.rank_orders[r]
-        edges.extend(zip(order[:-1], order[1:]))
+        _rank_edges(meta, edges)
 
     def grad_in(s: int, m: int) -> str | None:
         """The input-gradient action of (s, m): a full B, or the I of a split backward."""
@@ -206,6 +219,43 @@ def _actions(meta: TraceMeta) -> tuple[dict[str, dict], list[tuple[str, str]]]:
     return nodes, edges
 
 
+def _rank_edges(meta: TraceMeta, edges: list[tuple[str, str]]) -> None:
+    """Each rank's execution order as edges (appended to ``edges``)."""
+    for r in sorted(meta.rank_orders):
+        order = meta.rank_orders[r]
+        edges.extend(zip(order[:-1], order[1:]))
+
+
+_KIND_ROW = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def _plain_dependencies(t: ActionTable, n_stages: int, n_mb: int, edges: list[tuple[str, str]]) -> bool:
+    """The data dependencies of plain actions (no pair) appended to ``edges`` in the order of :func:`_actions`'
+    loop (stage by stage, microbatch by microbatch: F to the next stage's F, F to its backward, the next stage's
+    input gradient to this one's, I to W), found over arrays: True. False, with nothing appended, where an action
+    lies outside ``n_stages`` x ``n_mb`` or a (stage, kind, microbatch) comes twice (the loop then decides)."""
+    n = len(t.names)
+    stage, mb = np.asarray(t.stage, dtype=np.int64), np.asarray(t.microbatch, dtype=np.int64)
+    if n == 0 or stage.min() < 0 or stage.max() >= n_stages or mb.min() < 0 or mb.max() >= n_mb:
+        return False
+    row = np.fromiter(map(_KIND_ROW.__getitem__, t.kind), dtype=np.int64, count=n)
+    cell = stage * n_mb + mb
+    if np.bincount(row * (n_stages * n_mb) + cell).max() > 1:
+        return False
+    slots = n_stages * n_mb
+    ids = np.full((4, slots + n_mb), -1, dtype=np.int64)  # per kind and (stage, microbatch): its action; a stage more
+    ids[row, cell] = np.arange(n)
+    f, b, i, w = ids
+    g = np.where(b >= 0, b, i)  # the input-gradient action: a full B, or the I of a split backward
+    here, there = np.arange(slots), np.arange(n_mb, slots + n_mb)  # (s, m) and (s + 1, m)
+    u = np.stack([f[here], f[here], g[there], i[here]], axis=1).ravel()  # per (s, m), its four edges in turn
+    v = np.stack([f[there], g[here], g[here], w[here]], axis=1).ravel()
+    on = (u >= 0) & (v >= 0)
+    names = t.names
+    edges.extend(zip(map(names.__getitem__, u[on].tolist()), map(names.__getitem__, v[on].tolist())))
+    return True
+
+
 def dag_index(dag: nx.DiGraph) -> DagIndex:
     """Integer index of ``dag``: the one a :class:`BatchDag` carries, else computed afresh (:func:`index_graph`)."""
     if isinstance(dag, BatchDag) and hasattr(dag, "index"):
@@ -216,37 +266,39 @@ def dag_index(dag: nx.DiGraph) -> DagIndex:
 def index_graph(dag: nx.DiGraph) -> DagIndex:
     """Index ``dag`` (topological order by Kahn's algorithm on arrays); a cycle is a :class:`PlannerError`."""
     names = list(dag.nodes)
-    index = {n: i for i, n in enumerate(names)}
     n = len(names)
-    flat = [index[x] for e in dag.edges for x in e]
-    if flat:
-        src, dst = np.asarray(flat, dtype=np.int64).reshape(-1, 2).T.copy()
-    else:
-        src = dst = np.zeros(0, dtype=np.int64)
+    index = dict(zip(names, range(n)))
+    # the edges in dag.edges' order (each node's successors in turn), read from the successor dicts a node at a time
+    succ = list(map(dag._adj.__getitem__, names))
+    out_deg = np.fromiter(map(len, succ), dtype=np.int64, count=n)
+    src = np.repeat(np.arange(n, dtype=np.int64), out_deg)
+    dst = np.fromiter(map(index.__getitem__, chain.from_iterable(succ)), dtype=np.int64, count=src.size)
     # Kahn's algorithm on arrays.
     perm = np.argsort(dst, kind="stable")
     pred_idx = src[perm]
     pred_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(dst, minlength=n), out=pred_ptr[1:])
-    sperm = np.argsort(src, kind="stable")
-    succ_idx = dst[sperm].tolist()
-    succ_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-    sp = succ_ptr.tolist()
+    succ_idx = dst.tolist()  # (the edges are by source already: each node's successors are dst[sp[u]:sp[u + 1]])
+    sp = [0, *np.cumsum(out_deg).tolist()]
     indeg = np.diff(pred_ptr).tolist()
-    stack = [i for i in range(n) if indeg[i] == 0]
+    stack = np.flatnonzero(np.diff(pred_ptr) == 0).tolist()
     order: list[int] = []
+    dep = [0] * n  # each node's depth, final when it is taken (all its predecessors are), for its layers
     while stack:
         u = stack.pop()
         order.append(u)
+        d = dep[u] + 1
         for v in succ_idx[sp[u] : sp[u + 1]]:
+            if d > dep[v]:
+                dep[v] = d
             indeg[v] -= 1
             if indeg[v] == 0:
                 stack.append(v)
     if len(order) != n:
         raise PlannerError("the DAG has a cycle: rank_orders contradict the data dependencies")
     order_arr = np.asarray(order, dtype=np.int64)
-    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm)
+    depth = np.asarray(dep, dtype=np.int64)
+    return DagIndex(names, index, order_arr, pred_ptr, pred_idx, src, dst, perm, depth=depth)
 
 
 def edge_delay_array(dag: nx.DiGraph, edge_ms: EdgeDelays | None) -> np.ndarray:
@@ -305,19 +357,6 @@ def longest_path(
     return indexed_longest_path(di, durations, edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None)
 
 
-def index_layers(di: DagIndex) -> Layers:
-    """The predecessor :class:`Layers` of ``di``, built on first use and kept on it."""
-    if di.layers is None:
-        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist())
-    return di.layers
-
-
-def indexed_makespan(di: DagIndex, w: np.ndarray, pred_delay: np.ndarray | None) -> float:
-    """The makespan of :func:`indexed_longest_path` alone (the same sums and maxima, so the same float), for
-    callers that need no starts and no critical path: ``w`` an array aligned with ``di.names``."""
-    return float(farthest(index_layers(di), w, pred_delay, floor=-1.0)[di.index[SINK]])
-
-
 def indexed_longest_path(
     di: DagIndex,
     durations: Mapping[str, float] | np.ndarray,
@@ -325,34 +364,53 @@ def indexed_longest_path(
 ) -> tuple[float, dict[str, float], list[str]]:
     """:func:`longest_path` on an index, with the delays given per entry of ``di.pred_idx`` (``None``: none).
     ``durations``: by action name, or an array aligned with ``di.names`` (source and sink 0)."""
-    if isinstance(durations, np.ndarray):
-        w = np.asarray(durations, dtype=np.float64)
-    else:
-        try:
-            dur = [0.0 if name == SOURCE or name == SINK else float(durations[name]) for name in di.names]
-        except KeyError as e:
-            raise PlannerError(f"no duration given for action {e.args[0]!r}") from None
-        w = np.asarray(dur)
-    start_arr = farthest(index_layers(di), w, pred_delay, floor=-1.0)  # a loop's running best started at -1
+    w, start_arr = _starts(di, durations, pred_delay)
     start = start_arr.tolist()
-    ptr, preds = di.pred_ptr, di.pred_idx
+    preds = di.pred_idx
+    # per node, the first predecessor (in pred_idx order) that sets its start, as the loop chose (-1: none), all
+    # entries at once: the same sums and comparisons as one node at a time
+    t = start_arr[preds] + w[preds]
+    if pred_delay is not None:
+        t += pred_delay
+    node = np.repeat(np.arange(len(di.names)), np.diff(di.pred_ptr))  # the node each entry is a predecessor of
+    tight = np.flatnonzero((t == start_arr[node]) & (t > -1.0))
+    first = np.ones(tight.size, dtype=bool)
+    first[1:] = node[tight[1:]] != node[tight[:-1]]
+    setter = np.full(len(di.names), -1, dtype=np.int64)
+    setter[node[tight[first]]] = preds[tight[first]]
+    up = setter.tolist()
     sink = di.index[SINK]
     path: list[str] = []
-    v = sink
-    while True:  # back along the first predecessor (in pred_idx order) that sets each start, as the loop chose
-        lo, hi = int(ptr[v]), int(ptr[v + 1])
-        if lo == hi:
-            break
-        u = preds[lo:hi]
-        t = start_arr[u] + w[u]
-        if pred_delay is not None:
-            t += pred_delay[lo:hi]
-        hit = np.flatnonzero((t == start_arr[v]) & (t > -1.0))
-        if not hit.size:
-            break
-        v = int(u[hit[0]])
+    v = up[sink]
+    while v >= 0:  # back from the sink along those predecessors
         if di.names[v] != SOURCE:
             path.append(di.names[v])
+        v = up[v]
     path.reverse()
     starts = dict(zip(di.names, start))
     return start[sink], starts, path
+
+
+def indexed_makespan(di: DagIndex, durations: Mapping[str, float] | np.ndarray, pred_delay: np.ndarray | None) -> float:
+    """The makespan of :func:`indexed_longest_path` (the sink's start), without its starts by name and its path."""
+    return float(_starts(di, durations, pred_delay)[1][di.index[SINK]])
+
+
+def _starts(
+    di: DagIndex, durations: Mapping[str, float] | np.ndarray, pred_delay: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The durations as an array aligned with ``di.names`` and every node's earliest start
+    (:func:`indexed_longest_path`'s arguments)."""
+    if isinstance(durations, np.ndarray):
+        w = np.asarray(durations, dtype=np.float64)
+    else:
+        dur = list(map(durations.get, di.names))
+        for end in (SOURCE, SINK):  # (they take 0, whatever durations says)
+            if end in di.index:
+                dur[di.index[end]] = 0.0
+        if None in dur:
+            raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
+        w = np.array(dur, dtype=np.float64)
+    if di.layers is None:
+        di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist() if di.depth is None else (), di.depth)
+    return w, farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1

@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any
 
 import numpy as np
 
 from planner.errors import PlannerError
-from planner.schedule.actions import parse_action, plain_fields
+from planner.schedule.actions import action_fields, parse_action, plain_fields
 
 TRACE_FORMAT = "timelyfreeze-trace/1"
 META_FILE = "meta.json"
@@ -20,6 +21,33 @@ META_FILE = "meta.json"
 _META_FIELDS = ("schedule", "pp_degree", "num_stages", "num_microbatches", "stage_to_rank", "rank_orders")
 _OPTIONAL_META_FIELDS = ("replicas", "hosts", "clock_sync")  # checked when present
 _EXTRA_META_FIELDS = ("hosts", "clock_sync")  # optional fields kept in ``TraceMeta.extra`` (written back as they came)
+
+
+Fields = tuple[list[int], list[str], list[int]]
+"""Stage, kind and microbatch of each of a list of action names (:func:`planner.schedule.actions.action_fields`)."""
+
+
+@dataclass(frozen=True)
+class ActionTable:
+    """Every action of one batch (``TraceMeta.all_actions()``: rank by rank in execution order) with what
+    :func:`planner.schedule.actions.parse_action` reads of its name (a pair: its backward part's stage and
+    microbatch, kind ``OVERLAP_F_B``) and the rank that runs it, one list per field. Read-only: it is shared by
+    everyone who asks the :class:`TraceMeta` for it."""
+
+    names: list[str]
+    stage: list[int]
+    kind: list[str]
+    microbatch: list[int]
+    rank: list[int]
+
+
+def action_table(rank_orders: dict[int, list[str]], fields: Fields | None = None) -> ActionTable:
+    """The :class:`ActionTable` of ``rank_orders``; ``fields``: :func:`planner.schedule.actions.action_fields` of
+    their names when the caller has them (else read here)."""
+    ranks = sorted(rank_orders)
+    names = [a for r in ranks for a in rank_orders[r]]
+    stage, kind, microbatch = action_fields(names) if fields is None else fields
+    return ActionTable(names, stage, kind, microbatch, [r for r in ranks for _ in rank_orders[r]])
 
 
 @dataclass
@@ -39,6 +67,7 @@ class TraceMeta:
     rank_orders: dict[int, list[str]]
     extra: dict[str, Any] = field(default_factory=dict)
     replicas: int = 1
+    _table: ActionTable | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if "replicas" in self.extra:
@@ -77,6 +106,14 @@ class TraceMeta:
         """Every action of one batch, rank by rank in execution order."""
         return [a for r in sorted(self.rank_orders) for a in self.rank_orders[r]]
 
+    def action_table(self) -> ActionTable:
+        """Every action's fields (:class:`ActionTable`), its names read once per metadata (by :func:`validate_meta`'s
+        check, else on first use) and kept: the DAG, the trace's columns, the monitoring groups and the plan summary
+        all read them here (``rank_orders`` are not changed in place once the metadata is made)."""
+        if self._table is None:
+            self._table = action_table(self.rank_orders)
+        return self._table
+
 
 def is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
@@ -106,10 +143,14 @@ def validate_meta(d: Any, source: str) -> TraceMeta:
         if not 0 <= r < pp:
             raise err(f"field 'stage_to_rank'[{s}] = {r} is not a rank in 0..{pp - 1}")
     rank_orders = _rank_orders(d["rank_orders"], pp, err)
-    _check_actions(rank_orders, s2r, n_stages, n_mb, err)
+    plain = plain_fields([a for r in sorted(rank_orders) for a in rank_orders[r]])
+    _check_actions(rank_orders, s2r, n_stages, n_mb, err, plain)
     known = (set(_META_FIELDS) | set(_OPTIONAL_META_FIELDS) | {"format"}) - set(_EXTRA_META_FIELDS)
     extra = {k: v for k, v in d.items() if k not in known}
-    return TraceMeta(d["schedule"], pp, n_stages, n_mb, list(s2r), rank_orders, extra, d.get("replicas", 1))
+    meta = TraceMeta(d["schedule"], pp, n_stages, n_mb, list(s2r), rank_orders, extra, d.get("replicas", 1))
+    if plain is not None:  # the names read by the check: the table's fields (a pair's names are read when asked)
+        meta._table = action_table(rank_orders, plain)
+    return meta
 
 
 def _check_fields(d: Any, err: Callable[[str], PlannerError]) -> None:
@@ -161,18 +202,20 @@ def _check_clock_sync(sync: Any, pp: int, err: Callable[[str], PlannerError]) ->
                 raise err(f"{where}.{name} must be a list of pp_degree={pp} finite numbers (errors >= 0), got {v!r}")
 
 
-def _plain_actions_hold(rank_orders: dict[int, list[str]], s2r: list[int], n_stages: int, n_mb: int) -> bool:
+def _plain_actions_hold(
+    rank_orders: dict[int, list[str]], s2r: list[int], n_stages: int, n_mb: int, plain: Fields | None
+) -> bool:
     """True when every action is a canonical plain name (no pair) and :func:`_check_actions`'s rules all hold,
     checked over arrays (a 100k-action batch in a few hundredths of a second, a tenth of the loop's time); False
-    when anything is off or when there are pairs (the loop then decides, and names what is wrong)."""
+    when anything is off or when there are pairs (the loop then decides, and names what is wrong). ``plain``:
+    :func:`planner.schedule.actions.plain_fields` of the names (``all_actions()`` order), read once by the caller."""
     names = [a for r in sorted(rank_orders) for a in rank_orders[r]]
-    fields = plain_fields(names)
-    if fields is None or len(set(names)) != len(names):
+    if plain is None or len(set(names)) != len(names):
         return False
-    stage = np.array(fields[0], dtype=np.int64)
+    stage = np.array(plain[0], dtype=np.int64)
     code = {"F": 0, "B": 1, "I": 2, "W": 3}
-    kind = np.array([code[k] for k in fields[1]], dtype=np.int64)
-    mb = np.array(fields[2], dtype=np.int64)
+    kind = np.fromiter(map(code.__getitem__, plain[1]), dtype=np.int64, count=len(plain[1]))
+    mb = np.array(plain[2], dtype=np.int64)
     rank = np.repeat(sorted(rank_orders), [len(rank_orders[r]) for r in sorted(rank_orders)])
     if stage.max() >= n_stages or mb.max() >= n_mb or not np.array_equal(np.asarray(s2r)[stage], rank):
         return False
@@ -196,7 +239,7 @@ def _rank_orders(ro: Any, pp: int, err: Callable[[str], PlannerError]) -> dict[i
             raise err(f"field 'rank_orders' has key {key!r}, expected a rank in 0..{pp - 1}")
         if r in rank_orders:
             raise err(f"field 'rank_orders' lists rank {r} twice")
-        if not isinstance(order, list) or not all(isinstance(a, str) for a in order):
+        if not isinstance(order, list) or not all(map(isinstance, order, repeat(str))):
             raise err(f"field 'rank_orders'[{key!r}] must be a list of action-name strings")
         rank_orders[r] = list(order)
     for r in range(pp):
@@ -210,12 +253,13 @@ def _check_actions(
     n_stages: int,
     n_mb: int,
     err: Callable[[str], PlannerError],
+    plain: Fields | None,
 ) -> None:
     """Every action well-formed, in range, on the rank that owns its stage and listed once; each (stage,
     microbatch) with exactly one F and either one B or one I plus one W (a pair's parts count as the F and
-    the B they run). Checked over arrays when every name is a plain action (:func:`_plain_actions_hold`);
-    otherwise, or when something is wrong, action by action, which names the first problem."""
-    if _plain_actions_hold(rank_orders, s2r, n_stages, n_mb):
+    the B they run). Checked over arrays when every name is a plain action (:func:`_plain_actions_hold`;
+    ``plain`` as there); otherwise, or when something is wrong, action by action, which names the first problem."""
+    if _plain_actions_hold(rank_orders, s2r, n_stages, n_mb, plain):
         return
     seen: set[str] = set()
     kinds: dict[tuple[int, int], list[str]] = {}

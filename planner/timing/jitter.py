@@ -24,6 +24,7 @@ The rule of :func:`jitter_factors`:
 
 from __future__ import annotations
 
+import operator
 import statistics
 
 import networkx as nx
@@ -94,10 +95,10 @@ def jitter_factors(trace: Trace, dag: nx.DiGraph, plan, edge_ms: EdgeDelays | No
     """``{"steps", "no_freeze", "all_frozen", "planned"}``: the number of residual steps and the factor of each
     of ``plan``'s (a ``planner.plan.Plan``) three predictions (module docstring)."""
     residuals = residual_steps(trace)
+    out: dict = {"steps": len(residuals)}
     acts = plan.actions
-    sets = {
-        "no_freeze": {a: ap.w_max for a, ap in acts.items()},
-        "all_frozen": {a: ap.w_min for a, ap in acts.items()},
-        "planned": {a: ap.duration for a, ap in acts.items()},
-    }
-    return {"steps": len(residuals)} | {k: expected_factor(dag, d, residuals, edge_ms) for k, d in sets.items()}
+    for key, field in (("no_freeze", "w_max"), ("all_frozen", "w_min"), ("planned", "duration")):
+        # (expected_factor is 1.0 without residuals, before it reads a duration: then the map is not made)
+        durations = dict(zip(acts, map(operator.attrgetter(field), acts.values()))) if residuals else {}
+        out[key] = expected_factor(dag, durations, residuals, edge_ms)
+    return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.schedule.actions import action_fields
+from planner.schedule.meta import ActionTable
 
 
 @dataclass(frozen=True)
@@ -71,28 +71,29 @@ def set_columns(trace, cols: Columns | None) -> None:
 
 
 def _build(trace) -> Columns:
-    names = trace.meta.all_actions()
-    index = {a: i for i, a in enumerate(names)}
+    table = trace.meta.action_table()
+    index = {a: i for i, a in enumerate(table.names)}
     phase_index: dict[str, int] = {}
     code = phase_index.setdefault  # a phase's index: the next one at its first record
     rows = [
         (index[r.action], code(r.phase, len(phase_index)), r.step, r.ms, r.replica, r.rank, r.freeze_ratio, r.start_ms)
         for r in trace.records
     ]
-    return from_rows(names, list(phase_index), rows)
+    return from_rows(table, list(phase_index), rows)
 
 
-def from_rows(names: list[str], phases: list[str], rows: list[tuple]) -> Columns:
+def from_rows(table: ActionTable, phases: list[str], rows: list[tuple]) -> Columns:
     """The columns of records given as ``(action index, phase index, step, ms, replica, rank, freeze_ratio,
-    start_ms)`` rows (``start_ms`` None or NaN: none), in record order."""
-    table = np.array(rows, dtype=np.float64).reshape(len(rows), 8)  # integers stay exact (below 2**53); None: NaN
-    ints = table[:, [0, 1, 2, 4, 5]].astype(np.int64)
+    start_ms)`` rows (``start_ms`` None or NaN: none), in record order; ``table``: the trace's actions
+    (``meta.action_table()``)."""
+    values = np.array(rows, dtype=np.float64).reshape(len(rows), 8)  # integers stay exact (below 2**53); None: NaN
+    ints = values[:, [0, 1, 2, 4, 5]].astype(np.int64)
     action, phase, step, replica, rank = ints.T
-    return from_arrays(names, phases, action, phase, step, table[:, 3], replica, rank, table[:, 6], table[:, 7])
+    return from_arrays(table, phases, action, phase, step, values[:, 3], replica, rank, values[:, 6], values[:, 7])
 
 
 def from_arrays(
-    names: list[str],
+    table: ActionTable,
     phases: list[str],
     action: np.ndarray,
     phase: np.ndarray,
@@ -104,12 +105,13 @@ def from_arrays(
     start_ms: np.ndarray,
 ) -> Columns:
     """The columns of records given field by field, in record order (``planner.trace.load`` reads a trace's files
-    into them): ``action``/``phase`` index into ``names``/``phases``; integer fields as int64, the others float64,
-    ``start_ms`` NaN where a record has none."""
-    stage, kind, kinds = _stage_kind(names)
+    into them): ``action``/``phase`` index into ``table.names`` (``meta.action_table()``, whose fields give each
+    action's stage and kind)/``phases``; integer fields as int64, the others float64, ``start_ms`` NaN where a record
+    has none."""
+    stage, kind, kinds = _stage_kind(table)
     i64, f64 = (lambda a: np.array(a, dtype=np.int64)), (lambda a: np.array(a, dtype=np.float64))
     return Columns(
-        names=names,
+        names=list(table.names),
         phases=phases,
         kinds=kinds,
         action=i64(action),
@@ -125,27 +127,43 @@ def from_arrays(
     )
 
 
-def _stage_kind(names: list[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _stage_kind(table: ActionTable) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Per action its stage and its kind's index into the kinds (in order of first appearance), and the kinds."""
-    stages, kind_names, _ = action_fields(names)
-    kinds = list(dict.fromkeys(kind_names))
+    kinds = list(dict.fromkeys(table.kind))
     code = {k: i for i, k in enumerate(kinds)}
-    stage = np.array(stages, dtype=np.int64).reshape(len(names))
-    kind = np.array([code[k] for k in kind_names], dtype=np.int64).reshape(len(names))
+    n = len(table.names)
+    stage = np.array(table.stage, dtype=np.int64).reshape(n)
+    kind = np.array([code[k] for k in table.kind], dtype=np.int64).reshape(n)
     return stage, kind, kinds
 
 
 def group_ids(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Group rows by equal ``keys`` (integer arrays of one length): (each row's group id, one row of each group),
     groups numbered in the keys' sorted order."""
-    if not len(keys[0]):
+    n = len(keys[0])
+    if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    code = np.zeros(len(keys[0]), dtype=np.int64)
+    code = np.zeros(n, dtype=np.int64)
     for k in keys:
-        _, inv = np.unique(k, return_inverse=True)
-        code = code * (int(inv.max()) + 1) + inv
-    _, first, gid = np.unique(code, return_index=True, return_inverse=True)
-    return gid.reshape(-1), first
+        inv, m = _ranks(k)
+        code = code * m + inv
+    gid, groups = _ranks(code)
+    first = np.full(groups, n, dtype=np.int64)
+    np.minimum.at(first, gid, np.arange(n))  # (each group's first row)
+    return gid, first
+
+
+def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each entry's rank among the distinct values of ``k`` (``np.unique``'s inverse) and how many there are: by
+    counting where ``k`` holds integers in ``0..4 len(k)`` (the records' indexes, steps, codes: no sort), else
+    ``np.unique``."""
+    if k.dtype.kind in "iu" and int(k.min()) >= 0 and int(k.max()) <= 4 * k.size:
+        seen = np.zeros(int(k.max()) + 1, dtype=bool)
+        seen[k] = True
+        rank = np.cumsum(seen, dtype=np.int64) - 1
+        return rank[k], int(rank[-1]) + 1
+    values, inv = np.unique(k, return_inverse=True)
+    return inv.reshape(-1), values.size
 
 
 def group_medians(gid: np.ndarray, values: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -11,6 +11,7 @@ compatibility.  The metadata and its checks live in :mod:`planner.schedule.meta`
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
@@ -229,7 +230,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         need = f"pp_degree={m.pp_degree}, replicas={m.replicas} need one file per rank and replica"
 
     names = m.all_actions()
-    index = {a: i for i, a in enumerate(names)}
+    index = dict(zip(names, range(len(names))))
     blocks: list[tuple[np.ndarray, ...]] = []  # each file's records, field by field (planner.trace.columns.from_arrays)
     phases: dict[str, int] = {}
     slow: list[Record] | None = None  # the records checked line by line, from the first file not read fast
@@ -244,14 +245,15 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
             except UnicodeDecodeError as e:
                 raise PlannerError(f"{fname}: not UTF-8 text: {e.reason}") from None
             if slow is None:
-                block = _fast_block(lines, r, {a: index[a] for a in m.rank_orders[r]}, d, phases)
+                order = m.rank_orders[r]
+                block = _fast_block(lines, r, dict(zip(order, map(index.__getitem__, order))), d, phases)
                 if block is not None:
                     blocks.append(block)
                     continue
             slow = [] if slow is None else slow
             slow.extend(_checked_records(fname, lines, r, set(m.rank_orders[r]), d))
     fields = [np.concatenate(f) for f in zip(*blocks)] if blocks else [np.zeros(0)] * 8
-    cols = from_arrays(names, list(phases), *fields)
+    cols = from_arrays(m.action_table(), list(phases), *fields)
     if slow is not None:  # something was off but no error: the files read fast, then the others
         return Trace(m, align_records(m, _records_of(cols) + slow), root)
     if samples(m):  # start times to bring onto rank 0's clock: the records now, columns from them when asked
@@ -309,7 +311,8 @@ def _fast_block(
     :func:`_validate_record` to name the problem (the same records, several times as fast on a 100k-action trace,
     and no :class:`Record` until one is asked for).  ``rank_actions``: the rank's actions and their index in the
     trace's ``meta.all_actions()``; ``phases``: phase -> index, in order of first appearance (grown here)."""
-    lines = [line for line in lines if line and not line.isspace()]
+    if "" in lines or any(map(str.isspace, lines)):  # (what the runtime writes has no blank line)
+        lines = [line for line in lines if line and not line.isspace()]
     n = len(lines)
     try:
         objs = json.loads("[" + ",".join(lines) + "]")
@@ -318,8 +321,8 @@ def _fast_block(
     # one value per line (a line holding two would add one: lines are never empty here, so none can add none)
     if len(objs) != n or (n and {*map(type, objs)} != {dict}):
         return None
-    try:
-        step, action, ms, phase, fr = zip(*map(_RECORD_GET, objs)) if n else ((),) * 5
+    try:  # a field at a time: a tuple per record, transposed, took three times as long
+        step, action, ms, phase, fr = (list(map(get, objs)) for get in _FIELD_GETS)
     except KeyError:
         return None
     start = list(map(_START_GET, objs))
@@ -331,15 +334,22 @@ def _fast_block(
         and all(phase)
         and {*map(type, fr)} <= {int, float}
         and {*map(type, start)} <= {int, float}  # (an explicit null start: the line-by-line check words the error)
-        and {*action} <= rank_actions.keys()
     ):
+        return None
+    try:  # (an action not in the rank's order: a KeyError)
+        action_a = np.fromiter(map(rank_actions.__getitem__, action), dtype=np.int64, count=n)
+    except KeyError:
         return None
     try:
         ms_a, fr_a, start_a = (np.array(x, dtype=np.float64) for x in (ms, fr, start))
         step_a = np.array(step, dtype=np.int64)
     except OverflowError:
         return None
-    given = np.fromiter((s is not _NO_START for s in start), dtype=bool, count=n)
+    missing = start.count(_NO_START)  # (by identity: NaN equals nothing, so an explicit one is not counted)
+    if missing in (0, n):  # every record has a start, or none: the runtime's files
+        given = np.full(n, not missing and n > 0, dtype=bool)
+    else:
+        given = np.fromiter((s is not _NO_START for s in start), dtype=bool, count=n)
     if not (
         np.isfinite(ms_a).all()
         and (ms_a >= 0).all()
@@ -350,7 +360,7 @@ def _fast_block(
     for p in dict.fromkeys(phase):
         phases.setdefault(p, len(phases))
     return (
-        np.fromiter(map(rank_actions.__getitem__, action), dtype=np.int64, count=n),
+        action_a,
         np.fromiter(map(phases.__getitem__, phase), dtype=np.int64, count=n),
         step_a,
         ms_a,
@@ -361,20 +371,22 @@ def _fast_block(
     )
 
 
-_RECORD_GET = operator.itemgetter(*_RECORD_FIELDS)
+_FIELD_GETS = tuple(map(operator.itemgetter, _RECORD_FIELDS))
 _START_GET = operator.methodcaller("get", "start_ms", _NO_START)
 
 
 @dataclass
 class NodeWeights:
-    """Per-action duration bounds (ms): ``w_max`` nothing frozen, ``w_min`` everything frozen."""
+    """Per-action duration bounds (ms): ``w_max`` nothing frozen, ``w_min`` everything frozen (neither changed in
+    place once made: :attr:`freezable` is found once)."""
 
     w_min: dict[str, float]
     w_max: dict[str, float]
 
-    @property
+    @functools.cached_property
     def freezable(self) -> set[str]:
-        """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
+        """Actions of a freezable kind (B, W, OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``); found
+        on first use and kept (it reads every name)."""
         names = list(self.w_max)
         kinds = action_fields(names)[1]
         return {a for a, k in zip(names, kinds) if k in FREEZABLE_KINDS and self.w_max[a] - self.w_min[a] > 0}
