@@ -14,3 +14,22 @@ def linked_figures(text: str, target: str) -> list[str]:
     ``.jsonl`` or ``/`` names the file or folder rather than quoting a figure, and is left out."""
     link = _TEXT + r"\((?:[./\w-]*/)?" + target + r"\)"
     return [q for q in re.findall(link, text) if not q.endswith((".md", ".csv", ".json", ".jsonl", "/"))]
+
+
+def overhead_job_rows(folder) -> list[dict]:
+    """The overhead jobs of a results folder (its ``results.jsonl`` and packed ``jobs/``): each job's figures
+    recomputed from its committed step times (``bench_overhead.json``), checked against its result line, as report
+    rows (kind, schedule, repeat and the figures)."""
+    import json
+
+    from timelyfreeze.experiments.runtime.analysis import overhead_figures
+
+    rows = []
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        job = folder / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}"
+        steps = json.loads((job / "bench_overhead.json").read_text())
+        fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
+        assert fig == {k: rec[k] for k in fig}, job
+        rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
+    return rows

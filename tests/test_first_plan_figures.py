@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.figures_util import linked_figures
+from tests.figures_util import linked_figures, overhead_job_rows
 from timelyfreeze.experiments.runtime import first_plan as fp
 from timelyfreeze.experiments.stats import median_ci
 
@@ -97,22 +97,12 @@ def test_the_overhead_figures_are_what_the_committed_step_times_give(folder):
     """Each overhead job's figures from its packed ``bench_overhead.json`` equal its result line; the report's
     lines from those figures are in the committed ``bench_runtime.md``, and every README figure linked to it is
     in it."""
-    import json
     from types import SimpleNamespace
 
     from timelyfreeze.experiments.runtime import report as rr
-    from timelyfreeze.experiments.runtime.analysis import overhead_figures
 
     overhead = folder / "overhead"
-    lines = [json.loads(line) for line in (overhead / "results.jsonl").read_text().splitlines()]
-    rows = []
-    for rec in lines:
-        steps = json.loads(
-            (overhead / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
-        )
-        fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
-        assert fig == {k: rec[k] for k in fig}
-        rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
+    rows = overhead_job_rows(overhead)
     report = (overhead / "bench_runtime.md").read_text()
     opts = SimpleNamespace(schedules=sorted({r["schedule"] for r in rows}), r_max=0.6)
     made = [line for line in rr._overhead_means(rows, opts) if line]

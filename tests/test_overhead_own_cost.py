@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from tests.figures_util import linked_figures
+from tests.figures_util import linked_figures, overhead_job_rows
 from timelyfreeze.experiments.runtime import report as rr
-from timelyfreeze.experiments.runtime.analysis import overhead_figures
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,15 +24,8 @@ def _lines() -> list[dict]:
 def test_each_jobs_figures_are_what_its_committed_step_times_give_and_the_report_holds_their_means():
     lines = _lines()
     assert sorted((r["schedule"], r["repeat"]) for r in lines) == [(s, k) for s in SCHEDULES for k in range(6)]
-    rows = []
-    for rec in lines:
-        steps = json.loads(
-            (FOLDER / "jobs" / f"{rec['kind']}_{rec['schedule']}_{rec['repeat']}" / "bench_overhead.json").read_text()
-        )
-        fig = overhead_figures([r for r in steps if r["kind"] != "cycle"])
-        assert fig == {k: rec[k] for k in fig}
-        assert "own_pct" in fig  # every job of this protocol split the gather's wait out
-        rows.append({"kind": rec["kind"], "schedule": rec["schedule"], "repeat": rec["repeat"], **fig})
+    rows = overhead_job_rows(FOLDER)
+    assert all("own_pct" in r for r in rows)  # every job of this protocol split the gather's wait out
     report = (FOLDER / "bench_runtime.md").read_text()
     made = [line for line in rr._overhead_means(rows, SimpleNamespace(schedules=list(SCHEDULES), r_max=0.6)) if line]
     assert len(made) == 2 and all(line in report for line in made)
