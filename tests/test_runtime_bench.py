@@ -290,5 +290,12 @@ def test_the_gathers_wait_is_taken_out_of_the_own_cost_and_stated_beside_it():
     rows = [{"kind": "overhead_masked", "schedule": "1F1B", "repeat": i, **fig} for i in range(2)]
     text = rr.report(rows, o)
     assert "direct 0.40 [0.40, 0.40] % (without the gather's wait: 0.25 [0.25, 0.25] %); the masks" in text
+    assert "own_step_ms" not in fig  # rows without the split give none
+    split = [
+        dict(r, own_hook_s=0.0012, own_profiler_s=0.0003, own_step_s=0.001) if r["kind"] == "hooks" else r
+        for r in steps
+    ]
+    parts = rb.overhead_figures(split)
+    assert (parts["own_hook_ms"], parts["own_profiler_ms"], parts["own_step_ms"]) == pytest.approx((1.2, 0.3, 1.0))
     older = [{k: v for k, v in r.items() if k not in ("own_s", "wait_s")} for r in steps]  # jobs before the split
     assert "own_pct" not in rb.overhead_figures(older)

@@ -18,7 +18,9 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
   ``wait_s`` is that wait (the rank that waited most) and ``own_s`` the runtime's time without it (per rank
   ``direct - wait``, the rank that spent most): a rank that reaches the gather first waits for what the
   others still compute, their own code (counted in their ``own``) and the step's imbalance between ranks,
-  which a step without the runtime has too.
+  which a step without the runtime has too. ``own_hook_s``, ``own_profiler_s`` and ``own_step_s`` split that
+  rank's ``own`` into the freezing hook's calls, the profiler listener's calls and the rest (``begin_step`` and
+  ``end_step`` without the wait).
 
 The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_MODE=probe`` in
 the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
@@ -157,7 +159,7 @@ def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tupl
 class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
-        clock, hook_clock, switch_clock, wait_clock = [0.0], [0.0], [0.0], [0.0]
+        clock, hook_clock, switch_clock, wait_clock, listen_clock = [0.0], [0.0], [0.0], [0.0], [0.0]
         extra: dict[str, float] = {}
         cycle = CYCLES[os.environ.get(MODE_ENV) or "plain"]
         kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
@@ -181,7 +183,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
                     st,
                     [
                         _TimedListener(rt.hook, clock, also=hook_clock, prof=prof),
-                        _TimedListener(rt.profiler, clock, prof=prof),
+                        _TimedListener(rt.profiler, clock, also=listen_clock, prof=prof),
                     ],
                 )
             t = time.perf_counter()
@@ -209,6 +211,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             rt.detach_hooks()
         dt = time.perf_counter() - t0
         extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0], "wait_s": wait_clock[0]}
+        extra["profiler_s"] = listen_clock[0]
         times = [None] * dist.get_world_size()
         dist.all_gather_object(times, (dt, clock[0], extra))
         row = {"step": self.step, "kind": kind, "s": max(t[0] for t in times)}
@@ -217,6 +220,10 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             row["hook_s"] = max(t[2]["hook_s"] for t in times)
             row["wait_s"] = max(t[2]["wait_s"] for t in times)
             row["own_s"] = max(t[1] - t[2]["wait_s"] for t in times)
+            # the split of the rank with the most own time: hook, profiler listener, the rest (begin/end_step)
+            top = max(times, key=lambda t: t[1] - t[2]["wait_s"])
+            row["own_hook_s"], row["own_profiler_s"] = top[2]["hook_s"], top[2]["profiler_s"]
+            row["own_step_s"] = top[1] - top[2]["wait_s"] - top[2]["hook_s"] - top[2]["profiler_s"]
         if kind == "masked":
             row["draw_s"] = max(t[2]["draw_s"] for t in times)
             row["switch_s"] = max(t[2]["switch_s"] for t in times)
