@@ -396,21 +396,24 @@ def indexed_makespan(di: DagIndex, durations: Mapping[str, float] | np.ndarray, 
     return float(_starts(di, durations, pred_delay)[1][di.index[SINK]])
 
 
+def duration_array(di: DagIndex, durations: Mapping[str, float]) -> np.ndarray:
+    """``durations`` by action name as an array aligned with ``di.names``, the source and the sink 0 whatever
+    ``durations`` says; an action without one is a one-line :class:`PlannerError`."""
+    dur = list(map(durations.get, di.names))
+    for end in (SOURCE, SINK):
+        if end in di.index:
+            dur[di.index[end]] = 0.0
+    if None in dur:
+        raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
+    return np.array(dur, dtype=np.float64)
+
+
 def _starts(
     di: DagIndex, durations: Mapping[str, float] | np.ndarray, pred_delay: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The durations as an array aligned with ``di.names`` and every node's earliest start
     (:func:`indexed_longest_path`'s arguments)."""
-    if isinstance(durations, np.ndarray):
-        w = np.asarray(durations, dtype=np.float64)
-    else:
-        dur = list(map(durations.get, di.names))
-        for end in (SOURCE, SINK):  # (they take 0, whatever durations says)
-            if end in di.index:
-                dur[di.index[end]] = 0.0
-        if None in dur:
-            raise PlannerError(f"no duration given for action {di.names[dur.index(None)]!r}")
-        w = np.array(dur, dtype=np.float64)
+    w = np.asarray(durations, dtype=np.float64) if isinstance(durations, np.ndarray) else duration_array(di, durations)
     if di.layers is None:
         di.layers = layers(di.pred_ptr, di.pred_idx, di.order.tolist() if di.depth is None else (), di.depth)
     return w, farthest(di.layers, w, pred_delay, floor=-1.0)  # a loop's running best started at -1

@@ -41,9 +41,17 @@ from typing import Iterable, Mapping
 import networkx as nx
 import numpy as np
 
-from planner.errors import PlannerError
 from planner.schedule.actions import action_fields, parse_action
-from planner.schedule.dag import SINK, SOURCE, DagIndex, EdgeDelays, dag_index, edge_delay_array, indexed_makespan
+from planner.schedule.dag import (
+    SINK,
+    SOURCE,
+    DagIndex,
+    EdgeDelays,
+    dag_index,
+    duration_array,
+    edge_delay_array,
+    indexed_makespan,
+)
 from planner.trace.load import NodeWeights
 
 
@@ -172,22 +180,15 @@ def planned_path(
     """The :class:`PlannedPath` of a plan (``weights``, ``ratios``, its delays ``edge_ms``) on ``dag``; a node
     without weights is a :class:`PlannerError`, as in :func:`planner.schedule.dag.longest_path`."""
     di = dag_index(dag)
-    planned = planned_durations(weights, ratios)
+    durations = duration_array(di, planned_durations(weights, ratios))
     position: dict[str, int] = {}
-    dur, at = [], []
-    for name in di.names:
-        if name == SOURCE or name == SINK:
-            dur.append(0.0)
-            at.append(-1)
-            continue
-        if name not in planned:
-            raise PlannerError(f"no duration given for action {name!r}")
-        dur.append(float(planned[name]))
-        at.append(position.setdefault(group_of(name), len(position)))
+    at = [
+        -1 if name == SOURCE or name == SINK else position.setdefault(group_of(name), len(position))
+        for name in di.names
+    ]
     group_at = np.asarray(at, dtype=np.int64)
     group_at[group_at < 0] = len(position)
     delay = edge_delay_array(dag, edge_ms)[di.pred_perm] if edge_ms else None
-    durations = np.asarray(dur, dtype=np.float64)
     return PlannedPath(di, durations, tuple(position), group_at, delay, indexed_makespan(di, durations, delay))
 
 
