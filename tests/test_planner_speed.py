@@ -466,16 +466,21 @@ def test_a_missing_duration_is_named() -> None:
         longest_path(dag, dur)
 
 
-def test_the_monitoring_groups_ranks_are_drifts() -> None:
-    """The monitoring summary reads each group's rank from the metadata's action table: drift.group_ranks' map."""
+def test_the_groups_ranks_from_the_action_table_are_those_of_each_parsed_name() -> None:
+    """``drift.group_ranks`` (the monitoring summary's and the re-planner's) reads each group's rank from the
+    metadata's action table: the map a parse of every name of every rank gives."""
     from planner.schedule.meta import validate_meta
     from planner.schedule.orders import schedule_meta
     from planner.timing.drift import group_ranks
-    from planner.timing.monitor import _group_ranks
 
     for name in ("ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B"):
         meta = validate_meta(schedule_meta(name, 4, 16), name)
-        got, want = _group_ranks(meta), group_ranks(meta.rank_orders)
+        want: dict[str, int] = {}
+        for r, actions in meta.rank_orders.items():
+            for a in actions:
+                p = parse_action(a)
+                want[f"{p.stage}{p.kind}"] = r
+        got = group_ranks(meta)
         assert got == want and sorted(got) == sorted(want)
 
 

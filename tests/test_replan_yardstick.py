@@ -34,7 +34,7 @@ def rank_scaled(scales: dict[str, float], rank_of: dict[str, int], factor: dict[
 
 def test_rank_factors_and_corrected_scales_use_each_ranks_own_f_and_i():
     meta, _, _, _ = setup("ZBVZeroBubble")
-    ranks = drift.group_ranks(meta.rank_orders)
+    ranks = drift.group_ranks(meta)
     assert ranks["0F"] == ranks["3W"] == 0 and ranks["1I"] == ranks["2F"] == 1  # the V: stages 0, 3 on rank 0
     scales = {"0F": 1.2, "0I": 1.2, "3F": 1.2, "3I": 1.2, "0W": 1.5, "1F": 0.9, "1I": 0.9, "2F": 0.9, "2I": 0.9}
     assert drift.rank_factors(scales, ranks) == {0: pytest.approx(1.2), 1: pytest.approx(0.9)}

@@ -41,7 +41,7 @@ from typing import Iterable, Mapping
 import networkx as nx
 import numpy as np
 
-from planner.schedule.actions import action_fields, parse_action
+from planner.schedule.actions import parse_action
 from planner.schedule.dag import (
     SINK,
     SOURCE,
@@ -52,7 +52,7 @@ from planner.schedule.dag import (
     edge_delay_array,
     indexed_makespan,
 )
-from planner.trace.load import NodeWeights
+from planner.trace.load import NodeWeights, TraceMeta
 
 
 def group_of(action: str) -> str:
@@ -90,13 +90,12 @@ def machine_factor(scales: Mapping[str, float]) -> float | None:
     return float(statistics.median(vals)) if vals else None
 
 
-def group_ranks(rank_orders: Mapping[int, Iterable[str]]) -> dict[str, int]:
-    """Group -> the pipeline rank that runs it (``TraceMeta.rank_orders``: rank -> its actions)."""
-    out: dict[str, int] = {}
-    for r, actions in rank_orders.items():
-        stage, kind, _ = action_fields(list(actions))
-        out.update(dict.fromkeys(map("{}{}".format, stage, kind), int(r)))
-    return out
+def group_ranks(meta: TraceMeta) -> dict[str, int]:
+    """Group -> the pipeline rank that runs it, from the metadata's action table (its names are not read again;
+    a group on several ranks, which no schedule has, keeps the last)."""
+    t = meta.action_table()
+    last = dict(zip(zip(t.stage, t.kind), t.rank))
+    return {f"{s}{k}": r for (s, k), r in last.items()}
 
 
 def rank_factors(scales: Mapping[str, float], ranks: Mapping[str, int]) -> dict[int, float]:

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.schedule.actions import parse_action
-from planner.timing.drift import corrected_scales, rank_factors, rank_speeds
+from planner.timing.drift import corrected_scales, group_ranks, rank_factors, rank_speeds
 from planner.timing.estimate import MAD_TO_SIGMA
 from planner.trace.columns import Columns, columns, group_ids, group_medians
-from planner.trace.load import Trace, TraceMeta
+from planner.trace.load import Trace
 
 REFERENCE = "upper"
 """The window every other one is brought to."""
@@ -144,15 +144,7 @@ def _step_scales(
     at = zip(d[first].tolist(), ph[first].tolist(), st[first].tolist(), stage[first].tolist(), kind[first].tolist())
     for (dd, p, k, s, kd), v in zip(at, scale.tolist()):
         per_step.setdefault((dd, c.phases[p], k), {})[f"{s}{c.kinds[kd]}"] = v
-    return per_step, _group_ranks(trace.meta)
-
-
-def _group_ranks(meta: TraceMeta) -> dict[str, int]:
-    """:func:`planner.timing.drift.group_ranks` of ``meta.rank_orders`` (group -> the rank that runs it), from the
-    metadata's action table: its names are not read again."""
-    t = meta.action_table()
-    last = dict(zip(zip(t.stage, t.kind), t.rank))  # (each group's last rank, as group_ranks' update keeps it)
-    return {f"{s}{k}": r for (s, k), r in last.items()}
+    return per_step, group_ranks(trace.meta)
 
 
 def noise_floors(trace: Trace) -> dict[str, float]:

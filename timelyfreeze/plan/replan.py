@@ -77,7 +77,7 @@ class Replanner:
         """The machine factor the plan in force's prediction carries (1 at install; set by ``rescale``)."""
         self.rescales: list[dict[str, Any]] = []
         self._dag = build_dag(meta)
-        self.ranks = plan_drift.group_ranks(meta.rank_orders)
+        self.ranks = plan_drift.group_ranks(meta)
         """Group -> the pipeline rank that runs it."""
         self.weights: NodeWeights | None = None
         """Node weights of the plan in force (the monitoring estimates, rescaled by every re-plan)."""
