@@ -24,6 +24,12 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _bad(message: str) -> None:
+    """Bad input: one ``error:`` line naming the flag, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _plan(path: Path) -> dict:
     plan = json.loads(path.read_text())
     plan.get("solver", {}).pop("seconds", None)
@@ -38,11 +44,13 @@ def main() -> None:
     p.add_argument("--r-max", type=float, default=0.5)
     p.add_argument("--out", required=True, type=Path, help="JSON-lines file, one line per run, then the plan check")
     a = p.parse_args()
-    for tree in (a.before, a.after):
+    for flag, tree in (("--before", a.before), ("--after", a.after)):
         if not (tree / "planner" / "__main__.py").is_file():
-            sys.exit(f"error: --before/--after: {tree} holds no planner/")
+            _bad(f"{flag}: {tree} holds no planner/")
     if a.runs < 1:
-        sys.exit("error: --runs must be at least 1")
+        _bad(f"--runs: must be at least 1, got {a.runs}")
+    if not 0.0 <= a.r_max <= 1.0:
+        _bad(f"--r-max: must lie in [0, 1], got {a.r_max:g}")
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace"
         sys.path.insert(0, str(a.before.resolve()))
