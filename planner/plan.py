@@ -25,7 +25,7 @@ from planner.timing.comm import estimate_edge_delays
 from planner.timing.estimate import DEFAULT_ESTIMATOR, estimate_weights
 from planner.timing.gaps import delay_fields, with_gap_costs
 from planner.timing.jitter import jitter_factors
-from planner.trace.load import NodeWeights, Trace, TraceMeta
+from planner.trace.load import NodeWeights, Trace, TraceMeta, freezable_mask
 
 PLAN_FORMAT = "timelyfreeze-plan/1"
 _TOL = 1e-9  # relative tolerance of load-time checks
@@ -34,7 +34,6 @@ _ACTION_ROW = operator.attrgetter(*_ACTION_FIELDS)
 _PLAN_FIELDS = ("schedule", "num_stages", "num_microbatches", "r_max", "batch_time_ms", "actions", "solver")
 _BATCH_TIME_FIELDS = ("no_freeze", "all_frozen", "planned")
 _SOLVER_FIELDS = ("name", "status", "seconds")
-_FREEZABLE = frozenset(FREEZABLE_KINDS)
 SENSITIVITY_FIELD = "budget_sensitivity"  # writer field (unchecked): stage -> ms saved per +0.01 of its r_max
 # Required field names: top level (_PLAN_FIELDS, plus "format"), per action (_ACTION_FIELDS), in
 # batch_time_ms (_BATCH_TIME_FIELDS) and in solver (_SOLVER_FIELDS); see docs/formats.md.
@@ -133,8 +132,7 @@ def plan_problem(problem: Problem, *, solver: str = "auto", gap: float | None = 
         np.fromiter(map(m.__getitem__, names), np.float64, len(names))
         for m in (weights.w_max, weights.w_min, sol.durations, sol.starts)
     )
-    # weights.freezable of each action, from its kind as the metadata read it and its weights above
-    frz = np.fromiter(map(_FREEZABLE.__contains__, table.kind), bool, len(names)) & (hi - lo > 0)
+    frz = freezable_mask(table.kind, hi, lo)  # weights.freezable of each action, its kind as the metadata read it
     ratio = np.zeros(len(names))
     ratio[frz] = np.minimum(1.0, np.maximum(0.0, (hi[frz] - d[frz]) / (hi[frz] - lo[frz])))
     actions = dict(zip(names, map(ActionPlan, lo.tolist(), hi.tolist(), start.tolist(), d.tolist(), ratio.tolist())))

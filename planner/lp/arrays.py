@@ -22,9 +22,8 @@ import numpy as np
 
 from planner.errors import PlannerError
 from planner.lp.budget import RMax, stage_r_max
-from planner.schedule.actions import FREEZABLE_KINDS
 from planner.schedule.dag import SINK, SOURCE, DagIndex, Layers, dag_index, farthest, layers
-from planner.trace.load import NodeWeights
+from planner.trace.load import NodeWeights, freezable_mask
 
 
 @dataclass
@@ -74,7 +73,7 @@ def dag_arrays(dag: nx.DiGraph, weights: NodeWeights, delay: np.ndarray | None =
             a = next(a for a in acts if a not in weights.w_max or a not in weights.w_min)
             raise PlannerError(f"no node weights for action {a!r}") from None
         rank[idx], stage[idx], wmax[idx] = rk, sg, hi
-        frz = np.fromiter(map(_FREEZABLE.__contains__, kd), dtype=bool, count=len(acts)) & (hi - lo > 0)
+        frz = freezable_mask(kd, hi, lo)
         delta[idx[frz]] = (hi - lo)[frz]
         split = "W" in kd
     st, cn = np.unique(stage[delta > 0], return_counts=True)
@@ -109,7 +108,6 @@ def action_nodes(n: int, src_i: int, snk_i: int) -> np.ndarray:
 
 
 _RANK_STAGE_KIND = tuple(map(operator.itemgetter, ("rank", "stage", "kind")))
-_FREEZABLE = frozenset(FREEZABLE_KINDS)
 
 
 def _rank_successor(di: DagIndex, rank: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import json
 import math
 import operator
 import os
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -390,6 +390,15 @@ class NodeWeights:
         names = list(self.w_max)
         kinds = action_fields(names)[1]
         return {a for a, k in zip(names, kinds) if k in FREEZABLE_KINDS and self.w_max[a] - self.w_min[a] > 0}
+
+
+def freezable_mask(kinds: Sequence[str], w_max: np.ndarray, w_min: np.ndarray) -> np.ndarray:
+    """:attr:`NodeWeights.freezable`'s rule over arrays (one entry per action): a freezable kind (B, W,
+    OVERLAP_F_B) whose duration can shrink (``w_max - w_min > 0``)."""
+    return np.fromiter(map(_FREEZABLE.__contains__, kinds), dtype=bool, count=len(kinds)) & (w_max - w_min > 0)
+
+
+_FREEZABLE = frozenset(FREEZABLE_KINDS)
 
 
 def node_weights(trace: Trace) -> NodeWeights:
