@@ -71,3 +71,15 @@ def test_flags_are_restored_after_every_batch():
     run_step(hook, accum, 2, step, PH.ramp_end + 1)
     assert all(p.requires_grad for p in view.params.values())
     assert isinstance(next(iter(view.params.values())), torch.nn.Parameter)
+
+
+def test_a_draw_is_the_methods_choice_in_registration_order():
+    m, view, hook, accum, step = planned_hook(0.6)
+    stable = PH.ramp_end + 1
+    for mb in range(4):
+        chosen = m.frozen_tensors(stable, 0, mb) - {view.anchor}
+        drawn = hook.draw(stable, 0, mb)
+        assert drawn == tuple(n for n in view.params if n in chosen)
+        assert hook.ratio_of(0, drawn) == sum(view.params[n].numel() for n in drawn) / sum(
+            p.numel() for p in view.params.values()
+        )

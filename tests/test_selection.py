@@ -194,3 +194,37 @@ def test_balanced_subset_edges():
     assert balanced_subset(["a", "b"], [1, 2], 1.0, g) == {"a", "b"}
     with pytest.raises(ValueError, match="2 names but 1 sizes"):
         balanced_subset(["a", "b"], [1], 0.5, g)
+
+
+def _pick_by_definition(ordered, u):
+    """``systematic_pick`` as its docstring defines it: every interval's ends and both ceilings anew."""
+    out, lo = [], 0.0
+    for x, p in ordered:
+        hi = lo + p
+        if math.ceil(hi - u) > math.ceil(lo - u):
+            out.append(x)
+        lo = hi
+    return out
+
+
+def test_fast_forms_draw_what_the_definitions_draw():
+    """The draw's cheaper forms (each end's ceiling computed once, a precomputed sort key, a reseeded
+    generator) pick the same names as the plain forms, bit for bit: the masks of every run stay as they were."""
+    rng = random.Random(99)
+    for _ in range(3000):
+        n = rng.randint(0, 45)
+        names = [f"t{i}" for i in range(n)]
+        sizes = [rng.choice((1, 256, 256 * 64, 65536)) for _ in range(n)]
+        r, u = rng.choice((rng.random(), 0.5, 0.1, 1 / 3, 0.7)), rng.choice((rng.random(), 0.0, 0.5))
+        probs = [rng.choice((r, rng.random(), 0.0, 1.0)) for _ in range(n)]
+        assert systematic_pick(list(zip(names, probs)), u) == _pick_by_definition(list(zip(names, probs)), u)
+        seed = (rng.randrange(100), rng.randrange(1000), rng.randrange(8), rng.randrange(16))
+        perm = torch.randperm(n, generator=action_generator(*seed)).tolist() if n else []
+        order = sorted(perm, key=lambda i: -sizes[i])
+        g = action_generator(*seed)
+        torch.randperm(n, generator=g)
+        v = torch.rand((), dtype=torch.float64, generator=g).item()
+        expect = frozenset(_pick_by_definition([(names[i], r) for i in order], v)) if n and 0 < r < 1 else None
+        reused = action_generator(*seed, into=torch.Generator().manual_seed(rng.randrange(10**6)))
+        if expect is not None:
+            assert balanced_subset(names, sizes, r, reused) == expect

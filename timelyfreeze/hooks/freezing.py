@@ -49,7 +49,11 @@ class FreezingHook:
         self.method = method
         self.get_step = get_step
         self.get_accum = get_accum
-        self._total = {v.stage: sum(p.numel() for p in v.params.values()) for v in views}
+        self._numel = {v.stage: {n: p.numel() for n, p in v.params.items()} for v in views}
+        """Per stage, every tensor's element count (read once: a draw's ratio sums them)."""
+        self._index = {v.stage: {n: i for i, n in enumerate(v.params)} for v in views}
+        """Per stage, every tensor's place in registration order (a draw is handed on in that order)."""
+        self._total = {s: sum(numel.values()) for s, numel in self._numel.items()}
         self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
         """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
         self._frozen: dict[tuple[int, int], tuple[str, ...]] = {}
@@ -74,12 +78,12 @@ class FreezingHook:
         names = self.method.frozen_tensors(step, stage, microbatch, accum=accum)
         if view.anchor is not None and not self.method.may_freeze_anchor:
             names = names - {view.anchor}
-        return tuple(n for n in view.params if n in names)
+        index = self._index[stage]
+        return tuple(sorted(index.keys() & names, key=index.__getitem__))
 
     def ratio_of(self, stage: int, frozen: tuple[str, ...]) -> float:
         """Frozen elements / the stage's trainable elements."""
-        view = self.views[stage]
-        return sum(view.params[n].numel() for n in frozen) / max(1, self._total[stage])
+        return sum(map(self._numel[stage].__getitem__, frozen)) / max(1, self._total[stage])
 
     def ratio_total(self, stage: int) -> int:
         """The stage's trainable elements (the denominator of :meth:`ratio_of`)."""

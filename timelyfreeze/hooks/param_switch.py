@@ -74,6 +74,11 @@ class ParamSwitch:
         return bool(self._fsdp)
 
     def set(self, names, flag: bool) -> None:
+        if not self._fsdp:  # (the attribute's setter: the checks of ``requires_grad_``, without its argument parsing)
+            params = self._params
+            for n in names:
+                params[n].requires_grad = flag
+            return
         for n in names:
             fp = self._fsdp.get(n)
             if fp is None:

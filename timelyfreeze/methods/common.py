@@ -26,6 +26,8 @@ class Units:
         self.members = members
         self._size = {t: view.params[t].numel() for ts in members.values() for t in ts}
         self.numels: list[int] = [sum(self.sizes(u)) for u in self.names]
+        self._one_each = all(ts == (u,) for u, ts in members.items())
+        """Every unit is the tensor of its name (``unit = "tensor"``): the chosen units are the tensors."""
 
     def sizes(self, unit: str) -> list[int]:
         """Element counts of ``unit``'s tensors, in its order."""
@@ -33,6 +35,8 @@ class Units:
 
     def tensors(self, chosen) -> frozenset[str]:
         """The tensors of the chosen units."""
+        if self._one_each:
+            return frozenset(chosen)
         return frozenset(t for u in chosen for t in self.members[u])
 
     def all_tensors(self) -> frozenset[str]:

@@ -21,19 +21,24 @@ right segment), and ``systematic_subset`` draws a subset with exactly those marg
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
 
-def action_generator(seed: int, step: int, stage: int, microbatch: int, accum: int = 0) -> torch.Generator:
+def action_generator(
+    seed: int, step: int, stage: int, microbatch: int, accum: int = 0, into: torch.Generator | None = None
+) -> torch.Generator:
     """A CPU generator seeded by (seed, step, stage, microbatch, accumulation step): reproducible across
     runs and ranks, and a fresh draw for every gradient-accumulation batch of a step (``accum`` 0 keeps
-    the seed of a run without accumulation)."""
+    the seed of a run without accumulation). ``into``: reseed that generator and return it instead of
+    making one (``manual_seed`` resets a CPU generator's whole state, so it draws what a new one would;
+    the caller owns it and must not share it between threads)."""
     key = f"{seed}/{step}/{stage}/{microbatch}" + (f"/{accum}" if accum else "")
     digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    g = torch.Generator()
+    g = into if into is not None else torch.Generator()
     g.manual_seed(int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF)
     return g
 
@@ -137,13 +142,21 @@ def systematic_pick(ordered: Sequence[tuple[str, float]], u: float) -> list[str]
     """Systematic sampling along a fixed order: the probabilities (each in [0, 1]) laid end to end, and
     the names whose interval ``[lo, hi)`` holds one of ``u, u + 1, u + 2, ...`` (``u`` in [0, 1)). For ``u``
     uniform, a name is picked with probability equal to its interval's length."""
+    return _pick((x for x, _ in ordered), (p for _, p in ordered), u)
+
+
+def _pick(names: Iterable[str], probs: Iterable[float], u: float) -> list[str]:
+    """``systematic_pick`` of ``zip(names, probs)``. The intervals' ends are summed in order (``lo + p``),
+    and ``ceil(end - u)`` is computed once per end, for the interval it closes and the one it opens."""
     out = []
     lo = 0.0
-    for x, p in ordered:
-        hi = lo + p
-        if math.ceil(hi - u) > math.ceil(lo - u):  # an integer in [lo - u, hi - u)
+    below = math.ceil(lo - u)
+    for x, p in zip(names, probs):
+        lo += p
+        above = math.ceil(lo - u)
+        if above > below:  # an integer in [lo - p - u, lo - u): the interval holds a point
             out.append(x)
-        lo = hi
+        below = above
     return out
 
 
@@ -168,6 +181,7 @@ def balanced_subset(names: Sequence[str], numels: Sequence[int], ratio: float, g
     if ratio == 1.0:
         return frozenset(names)
     perm = torch.randperm(len(names), generator=gen).tolist()
-    order = sorted(perm, key=lambda i: -int(numels[i]))  # stable: equal sizes keep the random order
+    larger_first = [-int(x) for x in numels]
+    order = sorted(perm, key=larger_first.__getitem__)  # stable: equal sizes keep the random order
     u = torch.rand((), dtype=torch.float64, generator=gen).item()
-    return frozenset(systematic_pick([(names[i], ratio) for i in order], u))
+    return frozenset(_pick(map(names.__getitem__, order), itertools.repeat(ratio), u))

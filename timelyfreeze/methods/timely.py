@@ -8,7 +8,10 @@ progressive ramp (each action's ratio rises linearly from 0 to its planned value
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+import torch
 
 from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from timelyfreeze.job.phases import Phases
@@ -34,6 +37,9 @@ class TimelyFreezeMethod(FreezeMethod):
         self.planned_ratio: dict[tuple[int, int], float] | None = None
         """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
         self.plan_failed: str | None = None
+        self._gens = threading.local()
+        """Per thread, the one generator this method reseeds for every draw (DualPipeV's overlap callback may run
+        a pair's two parts in two threads)."""
 
     # -- plan -------------------------------------------------------------------------------
     def needs_plan(self, step: int) -> bool:
@@ -80,7 +86,10 @@ class TimelyFreezeMethod(FreezeMethod):
         return ((step - 1) // every) * every + 1
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
-        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
+        gen = getattr(self._gens, "gen", None)
+        if gen is None:
+            gen = self._gens.gen = torch.Generator()
+        action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum, into=gen)
         units = self._units[stage]
         return units.tensors(balanced_subset(units.names, units.numels, ratio, gen))
 
