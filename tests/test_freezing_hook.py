@@ -83,3 +83,41 @@ def test_a_draw_is_the_methods_choice_in_registration_order():
         assert hook.ratio_of(0, drawn) == sum(view.params[n].numel() for n in drawn) / sum(
             p.numel() for p in view.params.values()
         )
+
+
+def test_drawing_a_batch_ahead_applies_the_same_masks():
+    """With ``draw_ahead`` the batch's first forward draws every microbatch's masks at once: the same masks,
+    switched around the same actions, recorded the same, and drawn once per (step, accumulation batch)."""
+    runs = []
+    for ahead in (0, 4):
+        m = make()
+        m.set_plan({f"0B{mb}": 0.1 + 0.2 * mb for mb in range(4)})
+        view = m.ctx.stages[0]
+        accum, step = [0], [0]
+        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], draw_ahead=ahead)
+        calls = []
+        draw = hook.draw
+        hook.draw = lambda *a: calls.append(a) or draw(*a)
+        seen = []
+        for s in (PH.ramp_end, PH.ramp_end + 1):
+            step[0] = s
+            for b in range(2):
+                accum[0] = b
+                for mb in range(4):
+                    hook.before_action(0, "F", mb)
+                    seen.append(tuple(n for n, p in view.params.items() if not p.requires_grad))
+                    hook.after_action(0, "F", mb)
+                    hook.before_action(0, "B", mb)
+                    seen.append(tuple(n for n, p in view.params.items() if not p.requires_grad))
+                    hook.after_action(0, "B", mb)
+            seen.append(hook.end_step())
+        runs.append((seen, sorted(calls)))
+    assert runs[0] == runs[1]
+    assert any(len(x) for x in runs[0][0] if isinstance(x, tuple))
+
+
+def test_draw_ahead_waits_for_a_method_whose_masks_may_change_in_a_batch():
+    m = make()
+    assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 4
+    m.masks_fixed_in_batch = False
+    assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 0

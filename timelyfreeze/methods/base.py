@@ -67,6 +67,12 @@ class FreezeMethod:
     """True where the method may freeze the first stage's anchor (``StageView.anchor``) and itself keeps the
     stage's backward meaningful: Egeria freezes its prefix whole, so its output is fixed (its cache)."""
 
+    masks_fixed_in_batch: ClassVar[bool] = False
+    """True where ``frozen_tensors`` depends only on its arguments and on state that changes outside a batch's
+    pipeline run (``begin_step``, ``set_plan``, ``after_backward``, ``after_optimizer_step``): the freezing hook
+    may then draw a batch's masks of every local (stage, microbatch) at the batch's first forward
+    (``timelyfreeze.hooks.freezing``)."""
+
     def __init__(self, cfg: Any, ctx: MethodContext):
         self.cfg = cfg
         self.ctx = ctx

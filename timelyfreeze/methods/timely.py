@@ -23,6 +23,7 @@ from timelyfreeze.methods.selection import action_generator, balanced_subset
 class TimelyFreezeMethod(FreezeMethod):
     name = "timelyfreeze"
     monitor_phases = ("upper", "lower")
+    masks_fixed_in_batch = True  # the plan, the phase and (hybrids) the metric's marks change between steps
 
     def __init__(self, cfg: Any, ctx: MethodContext):
         super().__init__(cfg, ctx)

@@ -89,7 +89,14 @@ class FreezeRuntime:
         self.clock = StepClock(info.use_cuda)
         """The step's marks (host clock on CPU, CUDA events on CUDA), shared by the profiler and the metrics."""
         self.profiler = ActionProfiler(self.pg.rank, use_cuda=info.use_cuda, pairs=pipeline.pairs, clock=self.clock)
-        self.hook = FreezingHook(self.views, self.method, lambda: self.step, lambda: self.accum, pairs=pipeline.pairs)
+        self.hook = FreezingHook(
+            self.views,
+            self.method,
+            lambda: self.step,
+            lambda: self.accum,
+            pairs=pipeline.pairs,
+            draw_ahead=0 if info.use_cuda else info.num_microbatches,  # on a CPU a batch's draws are made at once
+        )
         self._stages = pipeline.stages
         self._hooks_on = False
         self.attach_hooks()
