@@ -93,9 +93,8 @@ class FreezingHook:
             if self._ahead_of != (step, accum):
                 with self._lock:  # (DualPipeV's overlap callback may run a pair's parts in two threads)
                     if self._ahead_of != (step, accum):
-                        self._ahead = {
-                            (s, mb): self._drawn(step, s, mb, accum) for s in self.views for mb in range(self.draw_ahead)
-                        }
+                        every = [(s, mb) for s in self.views for mb in range(self.draw_ahead)]
+                        self._ahead = {key: self._drawn(step, *key, accum) for key in every}
                         self._ahead_of = (step, accum)
             mask = self._ahead.get((stage, microbatch))
             if mask is not None:
