@@ -531,3 +531,26 @@ def test_two_values_on_a_line_or_bad_bytes(tmp_path, text, msg) -> None:
     with pytest.raises(PlannerError, match=msg) as e:
         load_trace(root)
     assert "actions_rank1.jsonl" in str(e.value)
+
+
+def test_a_trace_line_is_the_json_of_its_record():
+    """``ActionRecord.to_line`` (the trace writer's line) is ``json.dumps`` of ``to_json``, character for character."""
+    import json
+    import math
+    import random
+
+    from timelyfreeze.hooks.profiler import ActionRecord
+
+    rng = random.Random(5)
+    odd = [0.0, -0.0, 1e-7, 123456789.123456789, 1e300, math.inf, -math.inf, math.nan, 2, 5e-324]
+    for _ in range(3000):
+        rec = ActionRecord(
+            step=rng.choice((1, 7, 10**9)),
+            action=rng.choice(("0F1", "12W511", "(1F2;3B4)", 'a"b\\c', "é")),
+            ms=rng.choice(odd + [rng.random() * 1e3]),
+            phase=rng.choice(("stable", "lower", "ramp")),
+            freeze_ratio=rng.choice(odd + [rng.random()]),
+            frozen_tensors=rng.choice((None, 0, 23)),
+            start_ms=rng.choice((None, rng.random() * 1e9) + tuple(odd)),
+        )
+        assert rec.to_line() == json.dumps(rec.to_json())

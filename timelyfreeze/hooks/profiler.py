@@ -14,6 +14,7 @@ device through the step's anchor event (``timelyfreeze.hooks.step_clock``): star
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -50,6 +51,37 @@ class ActionRecord:
         if self.start_ms is not None:
             d["start_ms"] = round(self.start_ms, 3)
         return d
+
+    def to_line(self) -> str:
+        """``json.dumps(self.to_json())``, written out directly: the trace gets a line per action every step."""
+        line = (
+            f'{{"step": {_number(self.step)}, "action": {_quoted(self.action)}, "ms": {_number(round(self.ms, 6))}, '
+            f'"phase": {_quoted(self.phase)}, "freeze_ratio": {_number(round(self.freeze_ratio, 6))}'
+        )
+        if self.frozen_tensors is not None:
+            line += f', "frozen_tensors": {_number(self.frozen_tensors)}'
+        if self.start_ms is not None:
+            line += f', "start_ms": {_number(round(self.start_ms, 3))}'
+        return line + "}"
+
+
+_QUOTED: dict[str, str] = {}
+
+
+def _quoted(text: str) -> str:
+    """``json.dumps`` of an action or phase name (a handful per run: each is quoted once)."""
+    out = _QUOTED.get(text)
+    if out is None:
+        out = _QUOTED[text] = json.dumps(text)
+    return out
+
+
+def _number(x) -> str:
+    """``json.dumps`` of a number: an int's or a finite float's ``repr`` (what json writes for them), else json's."""
+    kind = type(x)
+    if kind is int or (kind is float and math.isfinite(x)):
+        return repr(x)
+    return json.dumps(x)
 
 
 class ActionProfiler:
@@ -168,7 +200,7 @@ class TraceWriter:
 
     def write(self, records: list[ActionRecord]) -> None:
         if records:
-            self._f.write("".join(json.dumps(r.to_json()) + "\n" for r in records))
+            self._f.write("".join(r.to_line() + "\n" for r in records))
             self._f.flush()
 
     def close(self) -> None:
