@@ -127,9 +127,15 @@ def _loop_farthest(order, ptr, nbr, w, delay=None, floor=0.0):
     return val
 
 
+@pytest.mark.parametrize("small", [True, False], ids=["node-loop", "level-passes"])
 @pytest.mark.parametrize("seed", range(6))
-def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int) -> None:
+def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int, small: bool, monkeypatch) -> None:
+    """Both of ``farthest``'s forms: the numpy level passes (a DAG above ``LOOP_NODES``) and the node loop."""
+    from planner.schedule import dag as dag_module
     from planner.schedule.dag import farthest, layers
+
+    if not small:
+        monkeypatch.setattr(dag_module, "LOOP_NODES", 0)
 
     rng = np.random.default_rng(seed)
     n = 300
@@ -160,6 +166,10 @@ def test_level_passes_are_the_topological_loop_bit_for_bit(seed: int) -> None:
         )
         got = farthest(lay, w, delay, floor)
         assert got.tolist() == want
+        assert (lay.steps is not None) == small  # the form that ran
+    w[int(rng.integers(n))] = np.inf  # not finite: the level passes, on a small DAG too
+    want = _loop_farthest(order, ptr.tolist(), nbr.tolist(), w.tolist(), None if delay is None else delay.tolist())
+    assert farthest(lay, w, delay).tolist() == want
 
 
 def test_critical_path_is_the_first_predecessor_that_sets_each_start() -> None:
