@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,46 +102,59 @@ class ActionProfiler:
         self._mark = self.clock.mark
         self.pairs = dict(pairs or {})
         self._open: dict[tuple[int, str, int], object] = {}
+        self._ended: list[tuple[tuple[int, str, int], object, object]] = []
+        """``((stage, kind, microbatch), start, end)`` of every action ended since the last :meth:`_settle`: all an
+        action's end does during the step (a list's append is atomic, from either of an overlapped pair's threads)."""
         self._names: dict[tuple[int, str, int], str] = {}
         """Action name of every (stage, kind, microbatch) seen: made once, not per call."""
         self._parts: dict[str, list[tuple[object, object]]] = {}  # pair -> intervals of its parts ended so far
-        self._lock = threading.Lock()
         self._pending: list[tuple] = []
         """``(action, start, end)`` per plain action, ``(action, [(start, end), ...])`` per pair."""
-        self.order: list[str] = []
-        """Actions in the order this rank executed them in the current step (first batch only)."""
+        self._order: list[str] = []
         self._seen: set[str] = set()
 
-    # -- listener (per action: no allocation beyond the timestamps and one tuple) --------------
+    # -- listener (per action: a timestamp, one tuple and one append) -------------------------
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         self._open[(stage, kind, microbatch)] = self._mark() if self.use_cuda else time.perf_counter()
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         end = self._mark() if self.use_cuda else time.perf_counter()
         key = (stage, kind, microbatch)
-        start = self._open.pop(key)
-        name = self._names.get(key)
-        if name is None:
-            name = self._names[key] = f"{stage}{kind}{microbatch}"
-        if name in self.pairs:
-            name = self.pairs[name]
-            with self._lock:  # the two parts may end in two threads (TorchTitan's overlap callback)
+        self._ended.append((key, self._open.pop(key), end))
+
+    def _settle(self) -> None:
+        """Name the actions ended so far, join each pair's parts once both ended (the pair then takes its place
+        in the order there), and note first runs in :attr:`order`. Runs between steps, off the actions' path."""
+        ended, self._ended = self._ended, []
+        for key, start, end in ended:
+            name = self._names.get(key)
+            if name is None:
+                name = self._names[key] = f"{key[0]}{key[1]}{key[2]}"
+            if name in self.pairs:
+                name = self.pairs[name]
                 intervals = self._parts.pop(name, []) + [(start, end)]
                 if len(intervals) < 2:  # the pair's other part is still to come
                     self._parts[name] = intervals
-                    return
-            self._pending.append((name, intervals))
-        else:
-            self._pending.append((name, start, end))
-        if name not in self._seen:
-            self._seen.add(name)
-            self.order.append(name)
+                    continue
+                self._pending.append((name, intervals))
+            else:
+                self._pending.append((name, start, end))
+            if name not in self._seen:
+                self._seen.add(name)
+                self._order.append(name)
+
+    @property
+    def order(self) -> list[str]:
+        """Actions in the order this rank executed them in the current step (first batch only)."""
+        self._settle()
+        return self._order
 
     # -- per step ----------------------------------------------------------------------------
     def collect(self) -> list[tuple[str, float, float | None]]:
         """(action, ms, start ms) of every action timed since the last call, in execution order; the start
         on the host's monotonic clock (with the injected test offset, ``step_clock``). On CUDA this is the
         step's wait for the device (``StepClock.settle``)."""
+        self._settle()
         pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
         self._pending.clear()
         if self.use_cuda:
@@ -167,7 +179,8 @@ class ActionProfiler:
         return out
 
     def reset_order(self) -> None:
-        self.order = []
+        self._settle()
+        self._order = []
         self._seen = set()
 
 
