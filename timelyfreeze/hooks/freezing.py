@@ -39,6 +39,9 @@ from timelyfreeze.hooks.param_switch import ParamSwitch
 from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.base import FreezeMethod
 
+_NO_MASK: tuple[tuple[str, ...], float] = ((), 0.0)
+"""The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
+
 
 class FreezingHook:
     """Stage-hook listener applying ``method``'s choices; one instance per rank."""
@@ -72,20 +75,34 @@ class FreezingHook:
         self._ahead_of: tuple[int, int] | None = None
         """The (step, accumulation batch) whose masks ``_ahead`` holds."""
         self._lock = threading.Lock()
-        self._frozen: dict[tuple[int, int], tuple[str, ...]] = {}
-        self._ratio: dict[tuple[int, int], float] = {}
-        self.applied: dict[str, list[tuple[float, int]]] = {}
+        self._masks: dict[tuple[int, int], tuple[tuple[str, ...], float]] = {}
+        """(frozen tensors, applied ratio) of every (stage, microbatch) whose forward ran and backward has not ended."""
+        self._done: list[tuple[int, str, int, tuple[tuple[str, ...], float]]] = []
+        """(stage, kind, microbatch, mask) of every B/W action ended since :attr:`applied` was last read: all an
+        action's end records during the step (a list's append is atomic, from either of a pair's threads)."""
+        self._names: dict[tuple[int, str, int], str] = {}
+        self._applied: dict[str, list[tuple[float, int]]] = {}
+
+    @property
+    def applied(self) -> dict[str, list[tuple[float, int]]]:
         """(applied ratio = frozen elements / stage's trainable elements, frozen tensor count) of every
-        B/W action of the current step, by action name, one entry per gradient-accumulation batch in the
-        order they ran."""
+        B/W action of the current step, by action name (a DualPipeV pair's under the pair's), one entry per
+        gradient-accumulation batch in the order they ran."""
+        done, self._done = self._done, []
+        for stage, kind, microbatch, (frozen, ratio) in done:
+            name = self._names.get((stage, kind, microbatch))
+            if name is None:
+                name = f"{stage}{kind}{microbatch}"
+                name = self._names[(stage, kind, microbatch)] = self.pairs.get(name, name)
+            self._applied.setdefault(name, []).append((ratio, len(frozen)))
+        return self._applied
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
-        key = (stage, microbatch)
         if kind == "F":
-            frozen, ratio = self._mask(self.get_step(), stage, microbatch, self.get_accum())
-            self._frozen[key] = frozen
-            self._ratio[key] = ratio
-        self.switch[stage].set(self._frozen.get(key, ()), False)
+            mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
+        else:
+            mask = self._masks.get((stage, microbatch), _NO_MASK)
+        self.switch[stage].set(mask[0], False)
 
     def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> tuple[tuple[str, ...], float]:
         """(``draw``, ``ratio_of``) of one forward; with ``draw_ahead``, taken from the batch's masks drawn at once."""
@@ -125,19 +142,18 @@ class FreezingHook:
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
-        frozen = self._frozen.get(key, ())
-        self.switch[stage].set(frozen, True)
-        if kind in ("B", "W"):
-            name = f"{stage}{kind}{microbatch}"
-            self.applied.setdefault(self.pairs.get(name, name), []).append((self._ratio.pop(key, 0.0), len(frozen)))
-            self._frozen.pop(key, None)
+        mask = self._masks.get(key, _NO_MASK)
+        self.switch[stage].set(mask[0], True)
+        if kind == "B" or kind == "W":
+            self._done.append((stage, kind, microbatch, mask))
+            self._masks.pop(key, None)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:
         """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state."""
-        out, self.applied = self.applied, {}
+        out = self.applied
+        self._applied = {}
         self._ahead, self._ahead_of = {}, None
-        self._frozen.clear()
-        self._ratio.clear()
+        self._masks.clear()
         return out
 
     def freezable_tensors(self) -> dict[int, int]:
