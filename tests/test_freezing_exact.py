@@ -309,7 +309,7 @@ def test_graph_of_a_frozen_microbatch_does_not_reach_frozen_tensors():
     reached_names = {ids[i] for i in reached if i in ids}
     assert reached_names.isdisjoint(frozen)
     assert reached_names == set(view.params) - frozen
-    assert 0 < hook._masks[(0, 0)][1] < 1  # (frozen tensors, applied ratio)
+    assert 0 < hook._masks[(0, 0)][1] < 1  # (frozen tensors, applied ratio, bound tensors)
 
 
 def test_anchor_is_never_frozen_and_lower_bound_runs_on_first_stage():

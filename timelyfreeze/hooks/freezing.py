@@ -39,7 +39,11 @@ from timelyfreeze.hooks.param_switch import ParamSwitch
 from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.base import FreezeMethod
 
-_NO_MASK: tuple[tuple[str, ...], float] = ((), 0.0)
+Mask = tuple[tuple[str, ...], float, tuple]
+"""One forward's draw: the frozen tensors (registration order), the applied ratio by elements, and the tensors as the
+stage's switch takes them (``ParamSwitch.bind``)."""
+
+_NO_MASK: Mask = ((), 0.0, ())
 """The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
 
 
@@ -71,13 +75,13 @@ class FreezingHook:
         """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
         self.draw_ahead = draw_ahead if method.masks_fixed_in_batch else 0
         """Microbatches per batch whose masks a batch's first forward draws at once (0: each forward draws its own)."""
-        self._ahead: dict[tuple[int, int], tuple[tuple[str, ...], float]] = {}
+        self._ahead: dict[tuple[int, int], Mask] = {}
         self._ahead_of: tuple[int, int] | None = None
         """The (step, accumulation batch) whose masks ``_ahead`` holds."""
         self._lock = threading.Lock()
-        self._masks: dict[tuple[int, int], tuple[tuple[str, ...], float]] = {}
-        """(frozen tensors, applied ratio) of every (stage, microbatch) whose forward ran and backward has not ended."""
-        self._done: list[tuple[int, str, int, tuple[tuple[str, ...], float]]] = []
+        self._masks: dict[tuple[int, int], Mask] = {}
+        """The mask of every (stage, microbatch) whose forward ran and whose backward has not ended."""
+        self._done: list[tuple[int, str, int, Mask]] = []
         """(stage, kind, microbatch, mask) of every B/W action ended since :attr:`applied` was last read: all an
         action's end records during the step (a list's append is atomic, from either of a pair's threads)."""
         self._names: dict[tuple[int, str, int], str] = {}
@@ -89,7 +93,7 @@ class FreezingHook:
         B/W action of the current step, by action name (a DualPipeV pair's under the pair's), one entry per
         gradient-accumulation batch in the order they ran."""
         done, self._done = self._done, []
-        for stage, kind, microbatch, (frozen, ratio) in done:
+        for stage, kind, microbatch, (frozen, ratio, _) in done:
             name = self._names.get((stage, kind, microbatch))
             if name is None:
                 name = f"{stage}{kind}{microbatch}"
@@ -102,9 +106,9 @@ class FreezingHook:
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
         else:
             mask = self._masks.get((stage, microbatch), _NO_MASK)
-        self.switch[stage].set(mask[0], False)
+        self.switch[stage].flip(mask[2], False)
 
-    def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> tuple[tuple[str, ...], float]:
+    def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         """(``draw``, ``ratio_of``) of one forward; with ``draw_ahead``, taken from the batch's masks drawn at once."""
         if self.draw_ahead:
             if self._ahead_of != (step, accum):
@@ -118,9 +122,9 @@ class FreezingHook:
                 return mask
         return self._drawn(step, stage, microbatch, accum)
 
-    def _drawn(self, step: int, stage: int, microbatch: int, accum: int) -> tuple[tuple[str, ...], float]:
+    def _drawn(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         frozen = self.draw(step, stage, microbatch, accum)
-        return frozen, self.ratio_of(stage, frozen)
+        return frozen, self.ratio_of(stage, frozen), self.switch[stage].bind(frozen)
 
     def draw(self, step: int, stage: int, microbatch: int, accum: int = 0) -> tuple[str, ...]:
         """The tensors the method leaves out of ``microbatch`` on ``stage`` (the anchor kept where the method
@@ -143,7 +147,7 @@ class FreezingHook:
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
         mask = self._masks.get(key, _NO_MASK)
-        self.switch[stage].set(mask[0], True)
+        self.switch[stage].flip(mask[2], True)
         if kind == "B" or kind == "W":
             self._done.append((stage, kind, microbatch, mask))
             self._masks.pop(key, None)

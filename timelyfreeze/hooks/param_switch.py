@@ -73,6 +73,21 @@ class ParamSwitch:
         """True if FSDP2 manages (some of) the stage's parameters."""
         return bool(self._fsdp)
 
+    def bind(self, names) -> tuple:
+        """What :meth:`flip` switches for ``names``, looked up once: the parameters themselves without FSDP (the loop
+        then touches no name), the names under FSDP (whose unsharded copies are found at each switch)."""
+        if not self._fsdp:
+            return tuple(map(self._params.__getitem__, names))
+        return tuple(names)
+
+    def flip(self, bound: tuple, flag: bool) -> None:
+        """``set`` of the names ``bound`` was made from (:meth:`bind`)."""
+        if not self._fsdp:
+            for p in bound:
+                p.requires_grad = flag
+            return
+        self.set(bound, flag)
+
     def set(self, names, flag: bool) -> None:
         if not self._fsdp:  # (the attribute's setter: the checks of ``requires_grad_``, without its argument parsing)
             params = self._params

@@ -126,16 +126,17 @@ class _MaskListener:
     (stage, microbatch) around each of its actions, as the freezing hook switches them; the switches timed."""
 
     def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
-        self.switch, self.masks, self.clock = hook.switch, masks, clock
+        self.switch, self.clock = hook.switch, clock
+        self.masks = {(st, mb): hook.switch[st].bind(f) for (st, mb), f in masks.items()}  # as the hook keeps them
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         t = time.perf_counter()
-        self.switch[stage].set(self.masks.get((stage, microbatch), ()), False)
+        self.switch[stage].flip(self.masks.get((stage, microbatch), ()), False)
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         t = time.perf_counter()
-        self.switch[stage].set(self.masks.get((stage, microbatch), ()), True)
+        self.switch[stage].flip(self.masks.get((stage, microbatch), ()), True)
         self.clock[0] += time.perf_counter() - t
 
 
@@ -179,6 +180,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             extra["draw_s"] = time.perf_counter() - t
             extra["frozen_el"] = sum(rt.hook.ratio_of(st, f) * rt.hook.ratio_total(st) for (st, _), f in masks.items())
             extra["total_el"] = sum(rt.hook.ratio_total(st) for st, _ in masks)
+            masked = _MaskListener(rt.hook, masks, switch_clock)  # its tensors bound before the clock, as drawn
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):
             prof = self._profiler() if kind == "hooks" else None
@@ -211,7 +213,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
                     stage_hooks.install(st, [_NoListener(), _NoListener()])
             if kind == "masked":
                 for st in self._pp_stages():
-                    stage_hooks.install(st, [_MaskListener(rt.hook, masks, switch_clock)])
+                    stage_hooks.install(st, [masked])
             Trainer.train_step(self, data_iterator)
             rt.detach_hooks()
         dt = time.perf_counter() - t0
