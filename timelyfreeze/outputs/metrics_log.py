@@ -19,6 +19,8 @@ class MetricsLog:
         """Only one rank writes the file (pipeline rank 0); every rank may call ``append``."""
         self.tb_log = tb_log
         self._ready = False
+        self._f = None
+        """The file, open from the first row on (appended and flushed per row: nothing is lost in a crash)."""
 
     def append(self, row: dict) -> None:
         """Append ``row`` (it has a ``step``) to the file and its numbers to TensorBoard."""
@@ -36,8 +38,15 @@ class MetricsLog:
         if not self._ready:
             self._ready = True
             self._start_at(row["step"])
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        if self._f is None or self._f.closed:
+            self._f = open(self.path, "a", encoding="utf-8")
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        """Close the file (a later ``append`` opens it again)."""
+        if self._f is not None:
+            self._f.close()
 
     def _start_at(self, first: int) -> None:
         if not self.path.exists():

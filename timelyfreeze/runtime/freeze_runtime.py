@@ -384,6 +384,7 @@ class FreezeRuntime:
         self.detach_hooks()
         if self.writer is not None:
             self.writer.close()
+        self.metrics.close()
         self.ctx.all_gather = None
         self.meter.close()
         self.plans.close()
