@@ -170,9 +170,10 @@ class Replanner:
         corrected: dict[str, list[float]] = {}
         speeds: dict[int, list[float]] = {}
         for w in self.window:
-            for g, c in plan_drift.corrected_scales(w["scales"], self.ranks).items():
+            step_corrected, step_speeds = self._relative(w)
+            for g, c in step_corrected.items():
                 corrected.setdefault(g, []).append(c)
-            for r, v in plan_drift.rank_speeds(plan_drift.rank_factors(w["scales"], self.ranks)).items():
+            for r, v in step_speeds.items():
                 speeds.setdefault(r, []).append(v)
         moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
         ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
@@ -185,6 +186,14 @@ class Replanner:
         }
         self._verdict = (self.window, verdict)
         return verdict
+
+    def _relative(self, w: dict) -> tuple[dict[str, float], dict[int, float]]:
+        """One window step's corrected scales and rank speeds, computed once for the ``patience`` windows that hold
+        it (kept in its entry, beside what ``state_dict`` saves of it)."""
+        if "relative" not in w:
+            factors = plan_drift.rank_factors(w["scales"], self.ranks)
+            w["relative"] = (plan_drift.corrected_scales(w["scales"], self.ranks), plan_drift.rank_speeds(factors))
+        return w["relative"]
 
     def _held(self, values: list[float], limit: float) -> bool:
         """A change that persists: in every step of the window (``values``, one per step), beyond ``limit``
