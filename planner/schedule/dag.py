@@ -154,15 +154,20 @@ def _farthest_loop(lay: Layers, w: np.ndarray, delay: np.ndarray | None, floor: 
         lay.steps = steps
     val = [0.0] * lay.n
     wl = w.tolist()
-    if delay is None:
-        for x, ys, _ in lay.steps:
-            best = max([val[y] + wl[y] for y in ys])
-            val[x] = best if best > floor else floor
-    else:
-        dl = delay.tolist()
-        for x, ys, es in lay.steps:
-            best = max([val[y] + wl[y] + dl[e] for y, e in zip(ys, es)])
-            val[x] = best if best > floor else floor
+    dl = [0.0] * lay.nbr.size if delay is None else delay.tolist()
+    plain = delay is None
+    for x, ys, es in lay.steps:
+        if len(ys) == 1:  # (most nodes of a batch DAG: one or two neighbours, without a list and a max)
+            y = ys[0]
+            best = val[y] + wl[y] if plain else val[y] + wl[y] + dl[es[0]]
+        elif len(ys) == 2:
+            y, z = ys
+            a = val[y] + wl[y] if plain else val[y] + wl[y] + dl[es[0]]
+            b = val[z] + wl[z] if plain else val[z] + wl[z] + dl[es[1]]
+            best = b if b > a else a  # (max([a, b]): the first of equals)
+        else:
+            best = max([val[y] + wl[y] for y in ys] if plain else [val[y] + wl[y] + dl[e] for y, e in zip(ys, es)])
+        val[x] = best if best > floor else floor
     return np.asarray(val, dtype=np.float64)
 
 
