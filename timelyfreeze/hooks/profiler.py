@@ -14,7 +14,6 @@ device through the step's anchor event (``timelyfreeze.hooks.step_clock``): star
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -52,17 +51,32 @@ class ActionRecord:
         return d
 
     def to_line(self) -> str:
-        """``json.dumps(self.to_json())``, written out directly: the trace gets a line per action every step."""
+        """``json.dumps(self.to_json())``, written out directly when every number is a finite float or an int (json
+        writes their ``repr``): the trace gets a line per action every step."""
+        ms, ratio, n = round(self.ms, 6), round(self.freeze_ratio, 6), self.frozen_tensors
+        start = 0.0 if self.start_ms is None else round(self.start_ms, 3)
+        if not (
+            type(self.step) is int
+            and type(ms) is float
+            and type(ratio) is float
+            and type(start) is float
+            and (n is None or type(n) is int)
+            and abs(ms) + abs(ratio) + abs(start) <= _FINITE_MAX  # (False for an inf or a nan)
+        ):
+            return json.dumps(self.to_json())
         line = (
-            f'{{"step": {_number(self.step)}, "action": {_quoted(self.action)}, "ms": {_number(round(self.ms, 6))}, '
-            f'"phase": {_quoted(self.phase)}, "freeze_ratio": {_number(round(self.freeze_ratio, 6))}'
+            f'{{"step": {self.step!r}, "action": {_quoted(self.action)}, "ms": {ms!r}, '
+            f'"phase": {_quoted(self.phase)}, "freeze_ratio": {ratio!r}'
         )
-        if self.frozen_tensors is not None:
-            line += f', "frozen_tensors": {_number(self.frozen_tensors)}'
+        if n is not None:
+            line += f', "frozen_tensors": {n!r}'
         if self.start_ms is not None:
-            line += f', "start_ms": {_number(round(self.start_ms, 3))}'
+            line += f', "start_ms": {start!r}'
         return line + "}"
 
+
+_FINITE_MAX = 1.7976931348623157e308
+"""The largest finite float: a sum of absolute values at most this has no inf or nan in it."""
 
 _QUOTED: dict[str, str] = {}
 
@@ -73,14 +87,6 @@ def _quoted(text: str) -> str:
     if out is None:
         out = _QUOTED[text] = json.dumps(text)
     return out
-
-
-def _number(x) -> str:
-    """``json.dumps`` of a number: an int's or a finite float's ``repr`` (what json writes for them), else json's."""
-    kind = type(x)
-    if kind is int or (kind is float and math.isfinite(x)):
-        return repr(x)
-    return json.dumps(x)
 
 
 class ActionProfiler:
