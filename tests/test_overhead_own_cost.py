@@ -1,6 +1,6 @@
-"""The committed measurement of the runtime's own cost after the one-pass drift check and the overlapped gather
-(``docs/results/runtime/overhead-3``, issue 48 item 5): every figure its page quotes is what the committed step
-times give. Fails when a file is missing."""
+"""The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
+the one-pass drift check and the overlapped gather) and ``overhead-4`` (after the freezing hook's and the step's
+second pass). Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
 
@@ -8,39 +8,63 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from tests.figures_util import linked_figures, overhead_job_rows
 from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDER = ROOT / "docs" / "results" / "runtime" / "overhead-3"
+RUNS = ("overhead-3", "overhead-4")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
-def _lines() -> list[dict]:
-    return [json.loads(line) for line in (FOLDER / "results.jsonl").read_text().splitlines()]
+def _folder(run: str) -> Path:
+    return ROOT / "docs" / "results" / "runtime" / run
 
 
-def test_each_jobs_figures_are_what_its_committed_step_times_give_and_the_report_holds_their_means():
-    lines = _lines()
+def _lines(run: str) -> list[dict]:
+    return [json.loads(line) for line in (_folder(run) / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("run", RUNS)
+def test_each_jobs_figures_are_what_its_committed_step_times_give_and_the_report_holds_their_means(run):
+    lines = _lines(run)
     assert sorted((r["schedule"], r["repeat"]) for r in lines) == [(s, k) for s in SCHEDULES for k in range(6)]
-    rows = overhead_job_rows(FOLDER)
-    assert all("own_pct" in r for r in rows)  # every job of this protocol split the gather's wait out
-    report = (FOLDER / "bench_runtime.md").read_text()
+    rows = overhead_job_rows(_folder(run))
+    assert all("own_pct" in r for r in rows)  # every job of these protocols split the gather's wait out
+    report = (_folder(run) / "bench_runtime.md").read_text()
     made = [line for line in rr._overhead_means(rows, SimpleNamespace(schedules=list(SCHEDULES), r_max=0.6)) if line]
     assert len(made) == 2 and all(line in report for line in made)
 
 
-def test_the_pages_figures_are_the_means_of_the_result_lines():
+@pytest.mark.parametrize("run", RUNS)
+def test_the_pages_figures_are_the_means_of_the_result_lines(run):
     """The page's table, row by row (own %, own ms, direct %, direct ms, the gather's wait in ms), each row 1F1B then
     ZBV: the mean [95 % t-interval] over the 6 jobs, linked to ``results.jsonl``; the README quotes some of them."""
-    lines = _lines()
+    lines = _lines(run)
     made = []
     for key, unit in (("own_pct", "%"), ("own_ms", "ms"), ("direct_pct", "%"), ("direct_ms", "ms"), ("wait_ms", "ms")):
         for schedule in SCHEDULES:
             m, lo, hi, n = mean_ci(r[key] for r in lines if r["schedule"] == schedule)
             assert n == 6
             made.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}] {unit}")
-    assert linked_figures((FOLDER / "README.md").read_text(), r"results\.jsonl") == made
-    for q in linked_figures((ROOT / "README.md").read_text(), r"overhead-3/results\.jsonl"):
+    assert linked_figures((_folder(run) / "README.md").read_text(), r"results\.jsonl") == made
+    for q in linked_figures((ROOT / "README.md").read_text(), rf"{run}/results\.jsonl"):
         assert q in made, q
+
+
+def test_overhead_4s_split_and_conditions_are_its_result_lines():
+    """overhead-4's page also quotes *own*'s split by part (mean ms per step), the jobs' load and their masked steps."""
+    lines = _lines("overhead-4")
+    page = (_folder("overhead-4") / "README.md").read_text()
+    parts = ("own_hook_ms", "own_profiler_ms", "own_step_ms")
+    split = {s: [f"{mean_ci(r[k] for r in lines if r['schedule'] == s)[0]:.2f}" for k in parts] for s in SCHEDULES}
+    one = " ".join(page.split())  # the page's text, its line breaks as spaces
+    words = "1F1B the freezing hook {}, the profiler listener {}, `begin_step`/`end_step` {}"
+    assert words.format(*split["1F1B"]) in one
+    assert "ZBV {}, {} and {}.".format(*split["ZBVZeroBubble"]) in one
+    load = [r["loadavg_1m"] for r in lines]
+    assert f"was {min(load):.2f}-{max(load):.2f}, every job" in one
+    masked = [round(r["plain_ms"]) for r in lines]
+    assert f"Masked steps took {min(masked)}-{max(masked)} ms" in one
