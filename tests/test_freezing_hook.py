@@ -121,3 +121,29 @@ def test_draw_ahead_waits_for_a_method_whose_masks_may_change_in_a_batch():
     assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 4
     m.masks_fixed_in_batch = False
     assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 0
+
+
+def test_b_and_w_switch_only_on_a_stage_that_recomputes_its_forward():
+    """I always runs with its microbatch's flags (torch's split backward groups the weights by them); B and W only
+    where activation checkpointing recomputes the forward inside them (the exactness tests check the gradients)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from timelyfreeze.hooks.freezing import recomputes_forward
+
+    assert not recomputes_forward(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert recomputes_forward(torch.nn.Sequential(checkpoint_wrapper(torch.nn.Linear(2, 2))))
+    for recomputes in (False, True):
+        m, view, hook, accum, step = planned_hook(0.6)
+        hook.recomputes[0] = recomputes
+        step[0] = PH.ramp_end + 1
+        hook.before_action(0, "F", 1)
+        frozen = {n for n, p in view.params.items() if not p.requires_grad}
+        assert frozen
+        hook.after_action(0, "F", 1)
+        for kind in ("I", "W"):
+            hook.before_action(0, kind, 1)
+            off = {n for n, p in view.params.items() if not p.requires_grad}
+            assert off == (frozen if kind == "I" or recomputes else set()), (kind, recomputes)
+            hook.after_action(0, kind, 1)
+            assert all(p.requires_grad for p in view.params.values())
+        assert hook.end_step()["0W1"] == [(hook.ratio_of(0, tuple(n for n in view.params if n in frozen)), len(frozen))]

@@ -7,10 +7,13 @@ call. The autograd graph recorded for ``m`` then has no edge to those leaves, so
 while other microbatches (recorded with the tensors trainable) are untouched and every other
 gradient is computed by exactly the same operations as without freezing.
 
-The same set is switched off again around ``m``'s backward actions (B, I, W). Without activation
-checkpointing that changes nothing; with it, the forward is recomputed inside the backward, and the
-recomputation must see the same ``requires_grad`` flags as the original forward (otherwise autograd
-would save a different set of tensors and the checkpoint's recomputed graph would not match).
+The same set is switched off again around ``m``'s input-gradient action (I): torch's split backward reads
+the flags there to group the stage's weights by what this microbatch's graph reaches (``stage_backward_input``),
+and W then computes the gradients of those groups alone. A full backward (B) and W read no flags: autograd follows
+the graph recorded at the forward. So the hook switches around them only on a stage with activation
+checkpointing (``checkpoint_wrapper``, as TorchTitan applies it), where the forward is recomputed inside the
+backward and the recomputation must see the same ``requires_grad`` flags as the original forward (otherwise
+autograd would save a different set of tensors and the checkpoint's recomputed graph would not match).
 
 Under FSDP2 the stage computes with unsharded copies of its parameters; ``timelyfreeze.hooks.param_switch``
 sets the flag on those too. Every data-parallel replica of a stage draws the same masks (they depend
@@ -72,6 +75,8 @@ class FreezingHook:
         """Per stage, every tensor's place in registration order (a draw is handed on in that order)."""
         self._total = {s: sum(numel.values()) for s, numel in self._numel.items()}
         self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
+        self.recomputes = {v.stage: recomputes_forward(v.module) for v in views}
+        """Per stage: its backward recomputes forward blocks (activation checkpointing), so B and W switch too."""
         """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
         self.draw_ahead = draw_ahead if method.masks_fixed_in_batch else 0
         """Microbatches per batch whose masks a batch's first forward draws at once (0: each forward draws its own)."""
@@ -104,8 +109,10 @@ class FreezingHook:
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         if kind == "F":
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
-        else:
+        elif kind == "I" or self.recomputes[stage]:
             mask = self._masks.get((stage, microbatch), _NO_MASK)
+        else:  # B or W of a stage that recomputes nothing: the flags are not read
+            return
         self.switch[stage].flip(mask[2], False)
 
     def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
@@ -146,11 +153,13 @@ class FreezingHook:
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         key = (stage, microbatch)
-        mask = self._masks.get(key, _NO_MASK)
-        self.switch[stage].flip(mask[2], True)
         if kind == "B" or kind == "W":
+            mask = self._masks.pop(key, _NO_MASK)
+            if self.recomputes[stage]:
+                self.switch[stage].flip(mask[2], True)
             self._done.append((stage, kind, microbatch, mask))
-            self._masks.pop(key, None)
+        else:
+            self.switch[stage].flip(self._masks.get(key, _NO_MASK)[2], True)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:
         """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state."""
@@ -165,3 +174,11 @@ class FreezingHook:
         may freeze it)."""
         keep = not self.method.may_freeze_anchor
         return {s: len(v.params) - (v.anchor is not None and keep) for s, v in self.views.items()}
+
+
+def recomputes_forward(module) -> bool:
+    """True if ``module`` holds activation-checkpointed blocks (``checkpoint_wrapper``, TorchTitan's way; compiled
+    graphs recompute inside their own backward, fixed at the forward, and need no flags)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    return any(isinstance(m, CheckpointWrapper) for m in module.modules())
