@@ -123,18 +123,23 @@ class _TimedResult:
 
 class _MaskListener:
     """The minimal freezing path of a masked step: ``requires_grad`` off on the step's pre-drawn tensors of
-    (stage, microbatch) around each of its actions, as the freezing hook switches them; the switches timed."""
+    (stage, microbatch) around each of its actions that reads the flags, as the freezing hook switches them; the
+    switches timed."""
 
     def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
-        self.switch, self.clock = hook.switch, clock
+        self.switch, self.recomputes, self.clock = hook.switch, hook.recomputes, clock
         self.masks = {(st, mb): hook.switch[st].bind(f) for (st, mb), f in masks.items()}  # as the hook keeps them
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
+        if kind in ("B", "W") and not self.recomputes[stage]:  # the hook's rule: no flag read there
+            return
         t = time.perf_counter()
         self.switch[stage].flip(self.masks.get((stage, microbatch), ()), False)
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
+        if kind in ("B", "W") and not self.recomputes[stage]:
+            return
         t = time.perf_counter()
         self.switch[stage].flip(self.masks.get((stage, microbatch), ()), True)
         self.clock[0] += time.perf_counter() - t
