@@ -340,3 +340,46 @@ def test_the_replanner_builds_a_plans_arrays_once_and_assesses_a_window_once(mon
     assert calls == {"planned_path": 1, "window_scales": 5}  # one per full window (steps 2-6)
     rp.install(as_lists(weights), ratios, plan.batch_time_ms, edges)
     assert calls["planned_path"] == 2
+
+
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble", "Interleaved1F1B"])
+def test_the_machine_factors_bounds_skip_only_rescales_that_would_not_happen(schedule, monkeypatch):
+    """``rescale`` first bounds the machine factor by the ranks' factors and 1 (no longest path); where both bounds
+    are within the limit it returns None. The same steps give the same events, factors and verdicts as computing
+    the factor every step, and the factor always lies within its bounds."""
+    import random
+
+    from planner.timing.comm import cross_rank_edges
+
+    meta, weights, plan, ratios = setup(schedule, 2, 8)
+    rnd = random.Random(11)
+    edges = [[u, v, rnd.uniform(0.0, 3.0)] for u, v in cross_rank_edges(build_dag(meta))]
+    groups = sorted({drift.group_of(a) for a in weights.w_max})
+    steps = []
+    for k in range(80):  # long quiet stretches, machine-wide changes, and changes on one rank
+        base = rnd.choice((1.0, 1.0, 1.15, 0.9, rnd.uniform(0.8, 1.3)))
+        steps.append(
+            {g: base * rnd.uniform(0.97, 1.03) * (1.2 if k > 50 and g.startswith("1") else 1.0) for g in groups}
+        )
+
+    def run(bounded: bool):
+        rp = Replanner(meta, 0.1, 3)
+        rp.install(as_lists(weights), ratios, {"no_freeze": 100.0, "all_frozen": 60.0, "planned": 80.0}, edges)
+        if not bounded:
+            monkeypatch.setattr(rp, "_machine_range", lambda verdict: None)
+        out = []
+        for k, scales in enumerate(steps):
+            rp.observe(scales)
+            verdict = rp.assess()
+            event = None if rp.due() else rp.rescale(k)
+            if verdict is not None and bounded:
+                skipped.append("machine" not in verdict)  # the longest path was not needed this step
+                lo, hi = rp._machine_range(verdict)
+                assert lo <= verdict["machine"] <= hi
+            out.append((event, rp.machine, None if verdict is None else dict(verdict, machine=verdict["machine"])))
+        return out
+
+    skipped: list[bool] = []
+    got, want = run(True), run(False)
+    assert got == want
+    assert any(e is not None for e, _, _ in want) and sum(skipped) > 20

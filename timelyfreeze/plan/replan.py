@@ -119,6 +119,9 @@ class Replanner:
         self.batch_ms = dict(batch_ms)
         self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
         self._path = plan_drift.planned_path(self._dag, self.weights, self.ratios, self.edge_ms)
+        self._path_nonnegative = bool((self._path.durations >= 0).all()) and (
+            self._path.pred_delay is None or bool((self._path.pred_delay >= 0).all())
+        )
         self.window = []
 
     def local_scales(self, samples: list[tuple[str, float, float]]) -> dict[str, float] | None:
@@ -177,13 +180,9 @@ class Replanner:
                 speeds.setdefault(r, []).append(v)
         moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
         ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
-        verdict = {
-            "scales": scales,
-            "factors": factors,
-            "machine": self._machine(factors, scales),
-            "moved": moved,
-            "ranks_moved": ranks_moved,
-        }
+        verdict = _Verdict(
+            lambda: self._machine(factors, scales), scales=scales, factors=factors, moved=moved, ranks_moved=ranks_moved
+        )
         self._verdict = (self.window, verdict)
         return verdict
 
@@ -208,6 +207,18 @@ class Replanner:
             return job
         per_group = {g: factors.get(r, job) for g, r in self.ranks.items()}
         return 1.0 + plan_drift.path_drift(self._path, per_group)
+
+    def _machine_range(self, verdict: dict[str, Any]) -> tuple[float, float] | None:
+        """Bounds of :meth:`machine_of` without its longest path: every duration is scaled by one of the ranks'
+        factors (the job's for a rank without one, 1 for a group without a rank) and the delays by 1, so every
+        path, the longest too, stretches by a factor between the least and the largest of those and 1. None where
+        a negative duration or delay would break that."""
+        if not self._path_nonnegative:
+            return None
+        factors, scales = verdict["factors"], verdict["scales"]
+        job = plan_drift.machine_factor(scales) or 1.0
+        used = [factors.get(r, job) for r in set(self.ranks.values())] + [1.0]
+        return min(used), max(used)
 
     def due(self) -> bool:
         """A re-plan is due: some group changed relative to its rank, or some rank relative to the others,
@@ -240,8 +251,12 @@ class Replanner:
         verdict = self.assess()
         if verdict is None or verdict["moved"] or verdict["ranks_moved"] or self.batch_ms is None:
             return None
+        limit = self.machine_limit()
+        bounds = self._machine_range(verdict)
+        if bounds is not None and all(abs(b / self.machine - 1.0) < limit - 1e-9 for b in bounds):
+            return None  # m lies between the bounds, within the limit (|m / machine - 1| is largest at an end)
         m = verdict["machine"]
-        if abs(m / self.machine - 1.0) <= self.machine_limit():
+        if abs(m / self.machine - 1.0) <= limit:
             return None
         old = self.predicted_ms()
         self.machine = m
@@ -381,3 +396,18 @@ def takes_effect(saves: float, frees: float, min_gain: float) -> bool:
     the same weights. ``min_gain`` 0 takes every due re-plan, also one that buys nothing: two optima of one LP
     differ by the solver's tolerance, so ``saves`` and ``frees`` of an equal plan may be a hair below 0."""
     return min_gain == 0.0 or max(saves, frees) >= min_gain
+
+
+class _Verdict(dict):
+    """:meth:`Replanner.assess`'s verdict, a plain dict whose ``"machine"`` is computed when first read: a longest
+    path, which the stable steps' rescale check mostly does without (``Replanner._machine_range``)."""
+
+    def __init__(self, machine, **fields):
+        super().__init__(**fields)
+        self._machine = machine
+
+    def __missing__(self, key: str):
+        if key != "machine":
+            raise KeyError(key)
+        self["machine"] = value = self._machine()
+        return value
