@@ -75,9 +75,9 @@ class FreezingHook:
         """Per stage, every tensor's place in registration order (a draw is handed on in that order)."""
         self._total = {s: sum(numel.values()) for s, numel in self._numel.items()}
         self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
+        """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
         self.recomputes = {v.stage: recomputes_forward(v.module) for v in views}
         """Per stage: its backward recomputes forward blocks (activation checkpointing), so B and W switch too."""
-        """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
         self.draw_ahead = draw_ahead if method.masks_fixed_in_batch else 0
         """Microbatches per batch whose masks a batch's first forward draws at once (0: each forward draws its own)."""
         self._ahead: dict[tuple[int, int], Mask] = {}
