@@ -1,6 +1,7 @@
 """The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
-the one-pass drift check and the overlapped gather) and ``overhead-4`` (after the freezing hook's and the step's
-second pass). Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
+the one-pass drift check and the overlapped gather), ``overhead-4`` (after the freezing hook's and the step's second
+pass) and ``overhead-5`` (fewer switches, one longest path a step). Every figure each page quotes is what its
+committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("overhead-3", "overhead-4")
+RUNS = ("overhead-3", "overhead-4", "overhead-5")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
@@ -54,10 +55,11 @@ def test_the_pages_figures_are_the_means_of_the_result_lines(run):
         assert q in made, q
 
 
-def test_overhead_4s_split_and_conditions_are_its_result_lines():
-    """overhead-4's page also quotes *own*'s split by part (mean ms per step), the jobs' load and their masked steps."""
-    lines = _lines("overhead-4")
-    page = (_folder("overhead-4") / "README.md").read_text()
+@pytest.mark.parametrize("run", ("overhead-4", "overhead-5"))
+def test_the_split_and_conditions_are_the_result_lines(run):
+    """These pages also quote *own*'s split by part (mean ms per step), the jobs' load and their masked steps."""
+    lines = _lines(run)
+    page = (_folder(run) / "README.md").read_text()
     parts = ("own_hook_ms", "own_profiler_ms", "own_step_ms")
     split = {s: [f"{mean_ci(r[k] for r in lines if r['schedule'] == s)[0]:.2f}" for k in parts] for s in SCHEDULES}
     one = " ".join(page.split())  # the page's text, its line breaks as spaces
@@ -68,3 +70,11 @@ def test_overhead_4s_split_and_conditions_are_its_result_lines():
     assert f"was {min(load):.2f}-{max(load):.2f}, every job" in one
     masked = [round(r["plain_ms"]) for r in lines]
     assert f"Masked steps took {min(masked)}-{max(masked)} ms" in one
+
+
+def test_overhead_5_compares_its_masked_steps_with_overhead_4s():
+    """overhead-5's page: how much longer its masked steps took than overhead-4's (the mean of the jobs' medians)."""
+    before, after = ([r["plain_ms"] for r in _lines(run)] for run in ("overhead-4", "overhead-5"))
+    b, a = sum(before) / len(before), sum(after) / len(after)
+    one = " ".join((_folder("overhead-5") / "README.md").read_text().split())
+    assert f"took about {round(100 * (a / b - 1))} % longer" in one and f"{b:.0f} to {a:.0f} ms" in one
