@@ -39,6 +39,7 @@ import threading
 from typing import Callable
 
 from timelyfreeze.hooks.param_switch import ParamSwitch
+from timelyfreeze.hooks.stage_hooks import ActionNames
 from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.base import FreezeMethod
 
@@ -63,9 +64,10 @@ class FreezingHook:
         draw_ahead: int = 0,
     ):
         self.views = {v.stage: v for v in views}
-        self.pairs = dict(pairs or {})
-        """``planner.schedule.actions.part_owners`` of this rank's DualPipeV pairs: a pair's backward part records its
-        ratio under the pair's name (its forward part only draws the masks of its own microbatch)."""
+        self.names = ActionNames(pairs)
+        """Every call's action name, and its DualPipeV pair's (``planner.schedule.actions.part_owners``): a pair's
+        backward part records its ratio under the pair's name (its forward part only draws the masks of its own
+        microbatch)."""
         self.method = method
         self.get_step = get_step
         self.get_accum = get_accum
@@ -89,7 +91,6 @@ class FreezingHook:
         self._done: list[tuple[int, str, int, Mask]] = []
         """(stage, kind, microbatch, mask) of every B/W action ended since :attr:`applied` was last read: all an
         action's end records during the step (a list's append is atomic, from either of a pair's threads)."""
-        self._names: dict[tuple[int, str, int], str] = {}
         self._applied: dict[str, list[tuple[float, int]]] = {}
 
     @property
@@ -99,21 +100,23 @@ class FreezingHook:
         gradient-accumulation batch in the order they ran."""
         done, self._done = self._done, []
         for stage, kind, microbatch, (frozen, ratio, _) in done:
-            name = self._names.get((stage, kind, microbatch))
-            if name is None:
-                name = f"{stage}{kind}{microbatch}"
-                name = self._names[(stage, kind, microbatch)] = self.pairs.get(name, name)
-            self._applied.setdefault(name, []).append((ratio, len(frozen)))
+            name, pair = self.names.of(stage, kind, microbatch)
+            self._applied.setdefault(pair or name, []).append((ratio, len(frozen)))
         return self._applied
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         if kind == "F":
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
-        elif kind == "I" or self.recomputes[stage]:
+        elif self.reads_flags(stage, kind):
             mask = self._masks.get((stage, microbatch), _NO_MASK)
-        else:  # B or W of a stage that recomputes nothing: the flags are not read
+        else:
             return
         self.switch[stage].flip(mask[2], False)
+
+    def reads_flags(self, stage: int, kind: str) -> bool:
+        """Whether an action of ``kind`` on ``stage`` reads the ``requires_grad`` flags, so runs with its microbatch's
+        set switched off: F and I always, B and W only where the stage recomputes its forward inside them."""
+        return kind == "F" or kind == "I" or self.recomputes[stage]
 
     def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         """(``draw``, ``ratio_of``) of one forward; with ``draw_ahead``, taken from the batch's masks drawn at once."""
@@ -155,7 +158,7 @@ class FreezingHook:
         key = (stage, microbatch)
         if kind == "B" or kind == "W":
             mask = self._masks.pop(key, _NO_MASK)
-            if self.recomputes[stage]:
+            if self.reads_flags(stage, kind):
                 self.switch[stage].flip(mask[2], True)
             self._done.append((stage, kind, microbatch, mask))
         else:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from planner.fileio import write_json_atomically
 from planner.trace.load import TraceMeta, rank_file_name
+from timelyfreeze.hooks.stage_hooks import ActionNames
 from timelyfreeze.hooks.step_clock import StepClock
 
 
@@ -106,13 +107,12 @@ class ActionProfiler:
         self.clock = clock if clock is not None else StepClock(use_cuda)
         """Where CUDA marks and their host times come from (shared with the step metrics)."""
         self._mark = self.clock.mark
-        self.pairs = dict(pairs or {})
+        self.names = ActionNames(pairs)
+        """Every call's action name, and its pair's."""
         self._open: dict[tuple[int, str, int], object] = {}
         self._ended: list[tuple[tuple[int, str, int], object, object]] = []
         """``((stage, kind, microbatch), start, end)`` of every action ended since the last :meth:`_settle`: all an
         action's end does during the step (a list's append is atomic, from either of an overlapped pair's threads)."""
-        self._names: dict[tuple[int, str, int], str] = {}
-        """Action name of every (stage, kind, microbatch) seen: made once, not per call."""
         self._parts: dict[str, list[tuple[object, object]]] = {}  # pair -> intervals of its parts ended so far
         self._pending: list[tuple] = []
         """``(action, start, end)`` per plain action, ``(action, [(start, end), ...])`` per pair."""
@@ -133,11 +133,9 @@ class ActionProfiler:
         in the order there), and note first runs in :attr:`order`. Runs between steps, off the actions' path."""
         ended, self._ended = self._ended, []
         for key, start, end in ended:
-            name = self._names.get(key)
-            if name is None:
-                name = self._names[key] = f"{key[0]}{key[1]}{key[2]}"
-            if name in self.pairs:
-                name = self.pairs[name]
+            name, pair = self.names.of(*key)
+            if pair is not None:
+                name = pair
                 intervals = self._parts.pop(name, []) + [(start, end)]
                 if len(intervals) < 2:  # the pair's other part is still to come
                     self._parts[name] = intervals

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from planner.schedule.actions import part_owners
+from planner.schedule.actions import Action, part_owners
 from timelyfreeze.hooks import fsdp_unshard
 
 
@@ -129,3 +129,20 @@ def overlap_pairs(schedule) -> dict[str, str]:
     if not program or rank not in program:
         return {}
     return part_owners(str(a) for a in program[rank] if a is not None and getattr(a, "sub_actions", None))
+
+
+class ActionNames:
+    """What a listener calls the compute call ``(stage, kind, microbatch)``: its action name, and the name of the
+    DualPipeV pair it is a part of (``pairs``: :func:`overlap_pairs`; None for a plain action), each made once."""
+
+    def __init__(self, pairs: dict[str, str] | None = None):
+        self.pairs = dict(pairs or {})
+        self._known: dict[tuple[int, str, int], tuple[str, str | None]] = {}
+
+    def of(self, stage: int, kind: str, microbatch: int) -> tuple[str, str | None]:
+        key = (stage, kind, microbatch)
+        known = self._known.get(key)
+        if known is None:
+            name = str(Action(stage, kind, microbatch))
+            known = self._known[key] = (name, self.pairs.get(name))
+        return known

@@ -218,8 +218,8 @@ class HostViewRecorder:
                 self.run_ahead()
             t = self.now()
             before(stage, kind, microbatch)
-            name = f"{stage}{kind}{microbatch}"
-            entry = _Enqueued(prof.pairs.get(name, name), t, prof._open[(stage, kind, microbatch)], None)
+            name, pair = prof.names.of(stage, kind, microbatch)
+            entry = _Enqueued(pair or name, t, prof._open[(stage, kind, microbatch)], None)
             self._pending.append(entry)
             if prof.use_cuda:
                 if self._poller is None:
@@ -235,7 +235,7 @@ class HostViewRecorder:
             while any(e.seen_ms is None for e in entries) and time.monotonic() < deadline:
                 self.poll() if not self._poll_thread else time.sleep(1e-3)
             self.step += 1
-            self._write(out, entries, set(prof.pairs.values()))
+            self._write(out, entries, set(prof.names.pairs.values()))
             return out
 
         prof.before_action, prof.collect = before_action, collect_and_write
