@@ -82,17 +82,15 @@ class ParamSwitch:
 
     def flip(self, bound: tuple, flag: bool) -> None:
         """``set`` of the names ``bound`` was made from (:meth:`bind`)."""
-        if not self._fsdp:
+        if not self._fsdp:  # (the attribute's setter: the checks of ``requires_grad_``, without its argument parsing)
             for p in bound:
                 p.requires_grad = flag
             return
         self.set(bound, flag)
 
     def set(self, names, flag: bool) -> None:
-        if not self._fsdp:  # (the attribute's setter: the checks of ``requires_grad_``, without its argument parsing)
-            params = self._params
-            for n in names:
-                params[n].requires_grad = flag
+        if not self._fsdp:
+            self.flip(self.bind(names), flag)
             return
         for n in names:
             fp = self._fsdp.get(n)

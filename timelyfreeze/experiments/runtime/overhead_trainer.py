@@ -79,14 +79,12 @@ class _TimedListener:
         self.inner, self.clock, self.also, self.prof = inner, clock, also, prof
 
     def _timed(self, call, *args) -> None:
-        if self.prof is None:  # the call alone between the two clock reads
-            t = time.perf_counter()
+        t = time.perf_counter()
+        if self.prof is None:  # the call alone between the two clock reads (no frame of the bench's own)
             call(*args)
-            dt = time.perf_counter() - t
         else:
-            t = time.perf_counter()
             _profiled(self.prof, call, *args)
-            dt = time.perf_counter() - t
+        dt = time.perf_counter() - t
         self.clock[0] += dt
         if self.also is not None:
             self.also[0] += dt
@@ -127,18 +125,18 @@ class _MaskListener:
     switches timed."""
 
     def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
-        self.switch, self.recomputes, self.clock = hook.switch, hook.recomputes, clock
+        self.switch, self.reads_flags, self.clock = hook.switch, hook.reads_flags, clock
         self.masks = {(st, mb): hook.switch[st].bind(f) for (st, mb), f in masks.items()}  # as the hook keeps them
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if kind in ("B", "W") and not self.recomputes[stage]:  # the hook's rule: no flag read there
+        if not self.reads_flags(stage, kind):  # the hook's rule
             return
         t = time.perf_counter()
         self.switch[stage].flip(self.masks.get((stage, microbatch), ()), False)
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if kind in ("B", "W") and not self.recomputes[stage]:
+        if not self.reads_flags(stage, kind):
             return
         t = time.perf_counter()
         self.switch[stage].flip(self.masks.get((stage, microbatch), ()), True)
