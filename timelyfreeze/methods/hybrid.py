@@ -23,7 +23,7 @@ from timelyfreeze.methods.apf import APFMetric
 from timelyfreeze.methods.autofreeze import AutoFreezeMetric
 from timelyfreeze.methods.base import MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
-from timelyfreeze.methods.selection import action_generator, inclusion_probabilities, systematic_subset
+from timelyfreeze.methods.selection import inclusion_probabilities, systematic_subset
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 MARKED_WEIGHT = 1.0
@@ -74,7 +74,7 @@ class _MetricHybrid(TimelyFreezeMethod):
         raise NotImplementedError
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
-        gen = action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
+        gen = self.generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
         units = self._units[stage]
         probs = inclusion_probabilities(units.numels, unit_weights(units, self._marked(step, stage)), ratio)
         return units.tensors(systematic_subset(units.names, probs, gen))

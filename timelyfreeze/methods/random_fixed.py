@@ -23,7 +23,7 @@ from timelyfreeze.job.errors import FreezeConfigError
 from timelyfreeze.job.fields import check_section, fail
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
-from timelyfreeze.methods.selection import action_generator, balanced_subset
+from timelyfreeze.methods.selection import balanced_subset
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 
@@ -133,7 +133,7 @@ class RandomFixed(TimelyFreezeMethod):
             return super().frozen_tensors(step, stage, microbatch, accum)
         if step <= self.warmup_steps or self.ratio == 0.0:
             return frozenset()
-        gen = action_generator(self.seed, step, stage, microbatch, accum)
+        gen = self.generator(self.seed, step, stage, microbatch, accum)
         units = self._units[stage]
         return units.tensors(balanced_subset(units.names, units.numels, self.ratio, gen))
 

@@ -38,9 +38,6 @@ class TimelyFreezeMethod(FreezeMethod):
         self.planned_ratio: dict[tuple[int, int], float] | None = None
         """(stage, microbatch) -> planned ratio of that action's B or W; None before the plan."""
         self.plan_failed: str | None = None
-        self._gens = threading.local()
-        """Per thread, the one generator this method reseeds for every draw (DualPipeV's overlap callback may run
-        a pair's two parts in two threads)."""
 
     # -- plan -------------------------------------------------------------------------------
     def needs_plan(self, step: int) -> bool:
@@ -86,11 +83,17 @@ class TimelyFreezeMethod(FreezeMethod):
         every = max(1, int(self.cfg.advanced.resample_every))
         return ((step - 1) // every) * every + 1
 
-    def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
-        gen = getattr(self._gens, "gen", None)
+    def generator(self, seed: int, step: int, stage: int, microbatch: int, accum: int = 0) -> torch.Generator:
+        """``action_generator(seed, step, stage, microbatch, accum)``: this thread's one generator, reseeded (a
+        generator per thread: DualPipeV's overlap callback may run a pair's two parts in two threads)."""
+        gens = self.__dict__.setdefault("_gens", threading.local())  # (also for subclasses that skip __init__)
+        gen = getattr(gens, "gen", None)
         if gen is None:
-            gen = self._gens.gen = torch.Generator()
-        action_generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum, into=gen)
+            gen = gens.gen = torch.Generator()
+        return action_generator(seed, step, stage, microbatch, accum, into=gen)
+
+    def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
+        gen = self.generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
         units = self._units[stage]
         return units.tensors(balanced_subset(units.names, units.numels, ratio, gen))
 

@@ -209,10 +209,10 @@ class Replanner:
         return 1.0 + plan_drift.path_drift(self._path, per_group)
 
     def _machine_range(self, verdict: dict[str, Any]) -> tuple[float, float] | None:
-        """Bounds of :meth:`machine_of` without its longest path: every duration is scaled by one of the ranks'
-        factors (the job's for a rank without one, 1 for a group without a rank) and the delays by 1, so every
-        path, the longest too, stretches by a factor between the least and the largest of those and 1. None where
-        a negative duration or delay would break that."""
+        """Bounds of :meth:`_machine` (the verdict's ``"machine"``) without its longest path: every duration is
+        scaled by one of the ranks' factors (the job's for a rank without one, 1 for a group without a rank) and the
+        delays by 1, so every path, the longest too, stretches by a factor between the least and the largest of
+        those and 1. None where a negative duration or delay would break that."""
         if not self._path_nonnegative:
             return None
         factors, scales = verdict["factors"], verdict["scales"]
