@@ -147,3 +147,31 @@ def test_b_and_w_switch_only_on_a_stage_that_recomputes_its_forward():
             hook.after_action(0, kind, 1)
             assert all(p.requires_grad for p in view.params.values())
         assert hook.end_step()["0W1"] == [(hook.ratio_of(0, tuple(n for n in view.params if n in frozen)), len(frozen))]
+
+
+def test_prepare_draws_the_batch_before_its_first_forward():
+    """``prepare`` (the runtime's ``begin_batch``) draws every microbatch's masks of the batch before the pipeline
+    runs; the forwards then take those, the same masks a forward draws for itself, and draw nothing more."""
+    seen = []
+    for prepared in (False, True):
+        m = make()
+        m.set_plan({f"0B{mb}": 0.1 + 0.2 * mb for mb in range(4)})
+        view = m.ctx.stages[0]
+        accum, step = [0], [PH.ramp_end + 1]
+        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], draw_ahead=4)
+        calls = []
+        draw = hook.draw
+        hook.draw = lambda *a: calls.append(a) or draw(*a)
+        masks = []
+        for b in range(2):
+            accum[0] = b
+            if prepared:
+                hook.prepare(step[0], b)
+                assert len(calls) == 4 * (b + 1)  # the whole batch, before any forward
+            for mb in range(4):
+                hook.before_action(0, "F", mb)
+                masks.append(tuple(n for n, p in view.params.items() if not p.requires_grad))
+                hook.after_action(0, "F", mb)
+            assert len(calls) == 4 * (b + 1)
+        seen.append((masks, sorted(calls)))
+    assert seen[0] == seen[1] and any(seen[0][0])

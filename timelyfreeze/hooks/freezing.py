@@ -21,12 +21,13 @@ only on seed, step, stage, microbatch and accumulation batch), so FSDP's reduce-
 the step sums, on every rank, gradients of the same tensors.
 
 Where the method's masks are fixed within a batch (``FreezeMethod.masks_fixed_in_batch``) and the hook is told
-``draw_ahead`` (the runtime does so on a CPU), the batch's first forward draws the masks of every local (stage,
-microbatch) at once, the same draws a forward would make for itself. On a CPU a draw made between two actions
-runs with the caches the action before it left cold (one diagnostic job, the debug model's last 1F1B stage: its 8
-draws took about 1.3 ms a step one forward at a time, and the hook's whole time fell from 2.0 to 0.75 ms a step
-when they were drawn together). On a GPU the host runs ahead of the device, so the draws stay
-with their forwards, where they overlap the device's work.
+``draw_ahead`` (the runtime does so on a CPU), the masks of every local (stage, microbatch) of a batch are drawn at
+once, the same draws a forward would make for itself: when the batch begins (``prepare``, before the pipeline runs,
+where every rank but the first waits for its first input anyway), or else at the batch's first forward. On a CPU a
+draw made between two actions runs with the caches the action before it left cold (one diagnostic job, the debug
+model's last 1F1B stage: its 8 draws took about 1.3 ms a step one forward at a time, and the hook's whole time fell
+from 2.0 to 0.75 ms a step when they were drawn together). On a GPU the host runs ahead of the device, so the draws
+stay with their forwards, where they overlap the device's work.
 
 The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
 by elements; a DualPipeV ``OVERLAP_F_B`` pair records the ratio of its backward part (the forward part
@@ -118,15 +119,25 @@ class FreezingHook:
         set switched off: F and I always, B and W only where the stage recomputes its forward inside them."""
         return kind == "F" or kind == "I" or self.recomputes[stage]
 
+    def prepare(self, step: int, accum: int) -> None:
+        """Accumulation batch ``accum`` of ``step`` is about to run: with ``draw_ahead``, draw its masks now, before
+        the pipeline starts (a rank after the first waits there for its first input anyway; without this call the
+        batch's first forward draws them)."""
+        if self.draw_ahead and self._ahead_of != (step, accum):
+            self._draw_batch(step, accum)
+
+    def _draw_batch(self, step: int, accum: int) -> None:
+        with self._lock:  # (DualPipeV's overlap callback may run a pair's parts in two threads)
+            if self._ahead_of != (step, accum):
+                every = [(s, mb) for s in self.views for mb in range(self.draw_ahead)]
+                self._ahead = {key: self._drawn(step, *key, accum) for key in every}
+                self._ahead_of = (step, accum)
+
     def _mask(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         """(``draw``, ``ratio_of``) of one forward; with ``draw_ahead``, taken from the batch's masks drawn at once."""
         if self.draw_ahead:
             if self._ahead_of != (step, accum):
-                with self._lock:  # (DualPipeV's overlap callback may run a pair's parts in two threads)
-                    if self._ahead_of != (step, accum):
-                        every = [(s, mb) for s in self.views for mb in range(self.draw_ahead)]
-                        self._ahead = {key: self._drawn(step, *key, accum) for key in every}
-                        self._ahead_of = (step, accum)
+                self._draw_batch(step, accum)
             mask = self._ahead.get((stage, microbatch))
             if mask is not None:
                 return mask
@@ -139,10 +150,10 @@ class FreezingHook:
     def draw(self, step: int, stage: int, microbatch: int, accum: int = 0) -> tuple[str, ...]:
         """The tensors the method leaves out of ``microbatch`` on ``stage`` (the anchor kept where the method
         may not freeze it), in registration order: the same on every rank."""
-        view = self.views[stage]
+        anchor = self.views[stage].anchor
         names = self.method.frozen_tensors(step, stage, microbatch, accum=accum)
-        if view.anchor is not None and not self.method.may_freeze_anchor:
-            names = names - {view.anchor}
+        if anchor is not None and anchor in names and not self.method.may_freeze_anchor:
+            names = names - {anchor}
         index = self._index[stage]
         return tuple(sorted(index.keys() & names, key=index.__getitem__))
 

@@ -9,6 +9,7 @@ import torch
 
 from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.base import MethodContext
+from timelyfreeze.methods.selection import balanced_draw, larger_first
 
 
 def freezable_names(view: StageView) -> list[str]:
@@ -26,12 +27,19 @@ class Units:
         self.members = members
         self._size = {t: view.params[t].numel() for ts in members.values() for t in ts}
         self.numels: list[int] = [sum(self.sizes(u)) for u in self.names]
+        self._key = larger_first(self.numels)
+        """``balanced_subset``'s sort key of the units, made once (:meth:`balanced`)."""
         self._one_each = all(ts == (u,) for u, ts in members.items())
         """Every unit is the tensor of its name (``unit = "tensor"``): the chosen units are the tensors."""
 
     def sizes(self, unit: str) -> list[int]:
         """Element counts of ``unit``'s tensors, in its order."""
         return [self._size[t] for t in self.members[unit]]
+
+    def balanced(self, ratio: float, gen: torch.Generator) -> frozenset[str]:
+        """The tensors of ``balanced_subset(names, numels, ratio, gen)``: the draw of TimelyFreeze and the random
+        control."""
+        return self.tensors(balanced_draw(self.names, self._key, ratio, gen))
 
     def tensors(self, chosen) -> frozenset[str]:
         """The tensors of the chosen units."""

@@ -23,7 +23,6 @@ from timelyfreeze.job.errors import FreezeConfigError
 from timelyfreeze.job.fields import check_section, fail
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units, warmup_of
-from timelyfreeze.methods.selection import balanced_subset
 from timelyfreeze.methods.timely import TimelyFreezeMethod
 
 
@@ -134,8 +133,7 @@ class RandomFixed(TimelyFreezeMethod):
         if step <= self.warmup_steps or self.ratio == 0.0:
             return frozenset()
         gen = self.generator(self.seed, step, stage, microbatch, accum)
-        units = self._units[stage]
-        return units.tensors(balanced_subset(units.names, units.numels, self.ratio, gen))
+        return self._units[stage].balanced(self.ratio, gen)
 
     def state_dict(self) -> dict[str, Any]:
         return {}  # everything comes from the config (and the matched run's trace)

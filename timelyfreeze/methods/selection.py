@@ -21,7 +21,6 @@ right segment), and ``systematic_subset`` draws a subset with exactly those marg
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 from typing import Iterable, Sequence
 
@@ -175,13 +174,33 @@ def balanced_subset(names: Sequence[str], numels: Sequence[int], ratio: float, g
     Two draws from ``gen`` (the permutation, then ``u``)."""
     if len(numels) != len(names):
         raise ValueError(f"{len(names)} names but {len(numels)} sizes")
+    return balanced_draw(names, larger_first(numels), ratio, gen)
+
+
+def larger_first(numels: Sequence[int]) -> list[int]:
+    """``balanced_subset``'s sort key of every position (larger tensors first), for a caller that draws from the same
+    tensors often (``methods.common.Units``) to make once."""
+    return [-int(x) for x in numels]
+
+
+def balanced_draw(names: Sequence[str], key: Sequence[int], ratio: float, gen: torch.Generator) -> frozenset[str]:
+    """``balanced_subset(names, numels, ratio, gen)`` with ``key = larger_first(numels)`` made by the caller."""
     ratio = _clamp_ratio(ratio)
     if not names or ratio == 0.0:
         return frozenset()
     if ratio == 1.0:
         return frozenset(names)
-    perm = torch.randperm(len(names), generator=gen).tolist()
-    larger_first = [-int(x) for x in numels]
-    order = sorted(perm, key=larger_first.__getitem__)  # stable: equal sizes keep the random order
+    order = torch.randperm(len(names), generator=gen).tolist()
+    order.sort(key=key.__getitem__)  # stable: equal sizes keep the random order
     u = torch.rand((), dtype=torch.float64, generator=gen).item()
-    return frozenset(_pick(map(names.__getitem__, order), itertools.repeat(ratio), u))
+    # _pick([names[i] for i in order], [ratio] * len(order), u), its loop written out for one probability
+    out = []
+    lo = 0.0
+    below = math.ceil(lo - u)
+    for i in order:
+        lo += ratio
+        above = math.ceil(lo - u)
+        if above > below:
+            out.append(names[i])
+        below = above
+    return frozenset(out)

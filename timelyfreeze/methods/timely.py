@@ -17,7 +17,7 @@ from planner.schedule.actions import FREEZABLE_KINDS, parse_action
 from timelyfreeze.job.phases import Phases
 from timelyfreeze.methods.base import FreezeMethod, MethodContext
 from timelyfreeze.methods.common import Units
-from timelyfreeze.methods.selection import action_generator, balanced_subset
+from timelyfreeze.methods.selection import action_generator
 
 
 class TimelyFreezeMethod(FreezeMethod):
@@ -71,10 +71,10 @@ class TimelyFreezeMethod(FreezeMethod):
         return self.phases.phase(step) == "lower" or step == self.compile_step
 
     def action_ratio(self, step: int, stage: int, microbatch: int) -> float:
-        if self._freezes_all(step):
-            return 1.0
         p = self.phases.phase(step)
-        if p in ("progressive", "stable") and self.planned_ratio is not None:
+        if p == "lower" or step == self.compile_step:  # (``_freezes_all``, with the phase read once)
+            return 1.0
+        if (p == "progressive" or p == "stable") and self.planned_ratio is not None:
             return self.planned_ratio.get((stage, microbatch), 0.0) * self.phases.ramp(step)
         return 0.0
 
@@ -86,7 +86,9 @@ class TimelyFreezeMethod(FreezeMethod):
     def generator(self, seed: int, step: int, stage: int, microbatch: int, accum: int = 0) -> torch.Generator:
         """``action_generator(seed, step, stage, microbatch, accum)``: this thread's one generator, reseeded (a
         generator per thread: DualPipeV's overlap callback may run a pair's two parts in two threads)."""
-        gens = self.__dict__.setdefault("_gens", threading.local())  # (also for subclasses that skip __init__)
+        gens = self.__dict__.get("_gens")
+        if gens is None:  # made on first use (also for subclasses that skip __init__)
+            gens = self._gens = threading.local()
         gen = getattr(gens, "gen", None)
         if gen is None:
             gen = gens.gen = torch.Generator()
@@ -94,8 +96,7 @@ class TimelyFreezeMethod(FreezeMethod):
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
         gen = self.generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
-        units = self._units[stage]
-        return units.tensors(balanced_subset(units.names, units.numels, ratio, gen))
+        return self._units[stage].balanced(ratio, gen)
 
     def frozen_tensors(self, step: int, stage: int, microbatch: int, accum: int = 0) -> frozenset[str]:
         ratio = self.action_ratio(step, stage, microbatch)

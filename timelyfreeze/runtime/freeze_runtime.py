@@ -149,8 +149,10 @@ class FreezeRuntime:
         self.meter.begin(float(self.ctx.get_lr()))  # the LR this step's optimizer update uses
 
     def begin_batch(self, index: int) -> None:
-        """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks."""
+        """Gradient-accumulation batch ``index`` (0-based) of the step starts: methods draw fresh masks (on a CPU the
+        freezing hook draws them all here, ``FreezingHook.prepare``)."""
         self.accum = index
+        self.hook.prepare(self.step, index)
 
     def add_batch(self, time: float | tuple[Any, Any], loss: Any | None) -> None:
         """One pipeline batch (``schedule.step`` call) finished: its wall time (seconds, or two marks of

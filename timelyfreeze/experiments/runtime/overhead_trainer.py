@@ -10,17 +10,18 @@ detached step computes. Steps up to the end of the ramp run normally (monitoring
 Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0):
 
 * ``s``: the step's wall time (the slowest rank's); the bench compares attached with detached steps;
-* ``direct_s`` (attached steps): the time spent inside the runtime's own code on the rank that spent
-  most, i.e. ``begin_step`` and ``end_step`` plus every call of the stage-hook listeners (each listener
-  is timed by a wrapper installed through ``stage_hooks.install``, the hooks' own extension point). It
-  misses indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step
-  noise of the wall times. It includes the time a rank waits in the per-step gather for the other ranks;
-  ``wait_s`` is that wait (the rank that waited most) and ``own_s`` the runtime's time without it (per rank
-  ``direct - wait``, the rank that spent most): a rank that reaches the gather first waits for what the
-  others still compute, their own code (counted in their ``own``) and the step's imbalance between ranks,
-  which a step without the runtime has too. ``own_hook_s``, ``own_profiler_s`` and ``own_step_s`` split that
-  rank's ``own`` into the freezing hook's calls, the profiler listener's calls and the rest (``begin_step`` and
-  ``end_step`` without the wait).
+* ``direct_s`` (attached steps): the time spent inside the runtime's own code on the rank that spent most, i.e.
+  ``begin_step`` and ``end_step`` plus every call of the stage-hook listeners (each listener is timed by a wrapper
+  installed through ``stage_hooks.install``, the hooks' own extension point), plus the runtime's calls inside the step
+  (``begin_batch``, where the freezing hook draws the masks on a CPU, ``add_batch`` and ``after_backward``). It misses
+  indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step noise of the wall
+  times. It includes the time a rank waits in the per-step gather for the other ranks; ``wait_s`` is that wait (the
+  rank that waited most) and ``own_s`` the runtime's time without it (per rank ``direct - wait``, the rank that spent
+  most): a rank that reaches the gather first waits for what the others still compute, their own code (counted in
+  their ``own``) and the step's imbalance between ranks, which a step without the runtime has too. ``own_hook_s``,
+  ``own_profiler_s`` and ``own_step_s`` split that rank's ``own`` into the freezing hook's calls (its listener calls
+  and the draws of ``FreezingHook.prepare``), the profiler listener's calls and the rest (``begin_step``, ``end_step``
+  without the wait, and the other calls).
 
 The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_MODE=probe`` in
 the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
@@ -94,6 +95,24 @@ class _TimedListener:
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
         self._timed(self.inner.after_action, stage, kind, microbatch)
+
+
+_BATCH_CALLS = ("begin_batch", "add_batch", "after_backward")
+"""The runtime's calls the trainer makes inside a step, between ``begin_step`` and ``end_step``."""
+
+
+class _TimedCall:
+    """One of the runtime's calls (:data:`_BATCH_CALLS`), its time added to ``clock[0]``; profiled with a profiler."""
+
+    def __init__(self, call, clock: list[float], prof: cProfile.Profile | None = None):
+        self.call, self.clock, self.prof = call, clock, prof
+
+    def __call__(self, *args):
+        t = time.perf_counter()
+        try:
+            return _profiled(self.prof, self.call, *args)
+        finally:
+            self.clock[0] += time.perf_counter() - t
 
 
 class _TimedGather:
@@ -200,7 +219,15 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             _profiled(prof, rt.begin_step, self.step)
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
-            Trainer.train_step(self, data_iterator)
+            for name in _BATCH_CALLS:  # the runtime's calls inside the step, each timed (set on the instance)
+                setattr(rt, name, _TimedCall(getattr(rt, name), clock, prof))
+            rt.hook.prepare = _TimedCall(rt.hook.prepare, hook_clock)  # (inside begin_batch: the hook's part of it)
+            try:
+                Trainer.train_step(self, data_iterator)
+            finally:
+                for name in _BATCH_CALLS:
+                    delattr(rt, name)  # the class's own methods again
+                del rt.hook.prepare
             extra["frozen_el"], extra["total_el"] = _applied_elements(rt.hook, rt.hook.applied)
             rt.job.start_gather_floats = _TimedGather(rt.job.start_gather_floats, wait_clock)
             t = time.perf_counter()
