@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Mapping
 
 import networkx as nx
@@ -55,8 +56,10 @@ from planner.schedule.dag import (
 from planner.trace.load import NodeWeights, TraceMeta
 
 
+@lru_cache(maxsize=None)
 def group_of(action: str) -> str:
-    """The group key of an action: its stage and kind, e.g. ``"1B"`` for ``"1B7"``."""
+    """The group key of an action: its stage and kind, e.g. ``"1B"`` for ``"1B7"`` (each name once per process, as
+    ``parse_action``: the runtime asks for every action's group every stable step)."""
     a = parse_action(action)
     return f"{a.stage}{a.kind}"
 
