@@ -554,3 +554,23 @@ def test_a_trace_line_is_the_json_of_its_record():
             start_ms=rng.choice((None, rng.random() * 1e9) + tuple(odd)),
         )
         assert rec.to_line() == json.dumps(rec.to_json())
+
+
+def test_a_trace_line_is_the_json_of_its_record_at_the_fast_forms_bounds():
+    """The direct line's numbers at and beside the bounds of their fixed-format form (1e-4, the 15-digit limits, the
+    rounding to zero), and at random magnitudes, against ``json.dumps``."""
+    import json
+    import math
+    import random
+
+    from timelyfreeze.hooks.profiler import ActionRecord
+
+    rng = random.Random(6)
+    edges = [1e-4, 9.99999e-5, 1.00001e-4, 5e-7, 4.9e-7, 5.1e-7, 9.5e-7, 0.0000005, 1e9, 999999999.9999995, 1e12]
+    edges += [999999999999.9995, 0.1 + 0.2, 2.675, 1.0000005, 0.5e-6, 123.4565, 1e16, 1 / 3, 2 / 3]
+    for _ in range(20000):
+        x = rng.choice(edges) if rng.random() < 0.3 else 10 ** rng.uniform(-8, 13) * rng.choice((1, 1, 1.0 / 3))
+        x = math.nextafter(x, rng.choice((0.0, math.inf))) if rng.random() < 0.3 else x
+        x = -x if rng.random() < 0.2 else x
+        rec = ActionRecord(7, "0F1", x, "stable", x if rng.random() < 0.5 else 0.0, None, x)
+        assert rec.to_line() == json.dumps(rec.to_json()), x

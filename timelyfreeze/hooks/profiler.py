@@ -52,32 +52,43 @@ class ActionRecord:
         return d
 
     def to_line(self) -> str:
-        """``json.dumps(self.to_json())``, written out directly when every number is a finite float or an int (json
-        writes their ``repr``): the trace gets a line per action every step."""
-        ms, ratio, n = round(self.ms, 6), round(self.freeze_ratio, 6), self.frozen_tensors
-        start = 0.0 if self.start_ms is None else round(self.start_ms, 3)
-        if not (
-            type(self.step) is int
-            and type(ms) is float
-            and type(ratio) is float
-            and type(start) is float
-            and (n is None or type(n) is int)
-            and abs(ms) + abs(ratio) + abs(start) <= _FINITE_MAX  # (False for an inf or a nan)
-        ):
+        """``json.dumps(self.to_json())``, written out directly when every number is a float or an int in a range whose
+        rounded ``repr`` :func:`_rounded` writes without ``repr`` (json writes a float's ``repr``): the trace gets a
+        line per action every step."""
+        n = self.frozen_tensors
+        if type(self.step) is not int or (n is not None and type(n) is not int):
+            return json.dumps(self.to_json())
+        ms, ratio = _rounded(self.ms, ".6f", _MS_MAX), _rounded(self.freeze_ratio, ".6f", _MS_MAX)
+        start = None if self.start_ms is None else _rounded(self.start_ms, ".3f", _START_MAX)
+        if ms is None or ratio is None or (start is None and self.start_ms is not None):
             return json.dumps(self.to_json())
         line = (
-            f'{{"step": {self.step!r}, "action": {_quoted(self.action)}, "ms": {ms!r}, '
-            f'"phase": {_quoted(self.phase)}, "freeze_ratio": {ratio!r}'
+            f'{{"step": {self.step!r}, "action": {_quoted(self.action)}, "ms": {ms}, '
+            f'"phase": {_quoted(self.phase)}, "freeze_ratio": {ratio}'
         )
         if n is not None:
             line += f', "frozen_tensors": {n!r}'
-        if self.start_ms is not None:
-            line += f', "start_ms": {start!r}'
+        if start is not None:
+            line += f', "start_ms": {start}'
         return line + "}"
 
 
-_FINITE_MAX = 1.7976931348623157e308
-"""The largest finite float: a sum of absolute values at most this has no inf or nan in it."""
+_MS_MAX = 1e9
+_START_MAX = 1e12
+"""Below these, a float rounded to 6 (3) places has at most 15 significant digits."""
+
+
+def _rounded(x, places: str, high: float) -> str | None:
+    """``repr(round(x, k))`` of a float ``x`` (``places``: ``".6f"`` or ``".3f"``, k = 6 or 3) that is 0 or has
+    ``1e-4 <= |x| < high``; None for anything else. ``round`` and the fixed format take the same correctly rounded
+    k-place decimal of ``x``; with at most 15 significant digits (``high``) that decimal is the shortest that reads
+    back as the rounded float, so ``repr`` writes its digits, in fixed notation from 1e-4 up, with a trailing ``.0``
+    where it has no fraction. One decimal conversion instead of two."""
+    if type(x) is not float or not (x == 0.0 or 1e-4 <= abs(x) < high):
+        return None
+    text = format(x, places).rstrip("0")
+    return text + "0" if text[-1] == "." else text
+
 
 _QUOTED: dict[str, str] = {}
 
