@@ -170,13 +170,20 @@ class ActionProfiler:
         on the host's monotonic clock (with the injected test offset, ``step_clock``). On CUDA this is the
         step's wait for the device (``StepClock.settle``)."""
         self._settle()
-        pending = [(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in self._pending]
-        self._pending.clear()
+        pending, self._pending = self._pending, []
         if self.use_cuda:
-            return self._collect_cuda(pending)
-        out = [(a, _union(iv) * 1e3, min(s for s, _ in iv) * 1e3) for a, iv in pending]
+            return self._collect_cuda([(p[0], [(p[1], p[2])]) if len(p) == 3 else p for p in pending])
         offset = self.clock.offset_ms
-        return [(a, ms, start + offset) for a, ms, start in out] if offset else out
+        out = []
+        for p in pending:
+            if len(p) == 3:  # a plain action: its interval (``_union`` of one is ``end - start``)
+                a, s, e = p
+                ms, start = (e - s) * 1e3, s * 1e3
+            else:
+                a, iv = p
+                ms, start = _union(iv) * 1e3, min(s for s, _ in iv) * 1e3
+            out.append((a, ms, start + offset) if offset else (a, ms, start))
+        return out
 
     def _collect_cuda(self, pending: list) -> list[tuple[str, float, float]]:
         """The CUDA branch of ``collect``: after the step's wait for the device every event has a host time
