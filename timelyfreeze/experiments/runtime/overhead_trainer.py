@@ -162,6 +162,10 @@ class _MaskListener:
         self.clock[0] += time.perf_counter() - t
 
 
+def _no_draws(step: int, accum: int) -> None:
+    """``FreezingHook.prepare`` in a detached step: the trainer still calls the runtime's ``begin_batch``."""
+
+
 def _profiled(prof: cProfile.Profile | None, call, *args):
     """``call(*args)``, inside ``prof`` when there is one (``PROFILE_ENV``)."""
     if prof is None:
@@ -244,7 +248,11 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             if kind == "masked":
                 for st in self._pp_stages():
                     stage_hooks.install(st, [masked])
-            Trainer.train_step(self, data_iterator)
+            rt.hook.prepare = _no_draws  # a detached step draws nothing (a masked one drew before its clock)
+            try:
+                Trainer.train_step(self, data_iterator)
+            finally:
+                del rt.hook.prepare
             rt.detach_hooks()
         dt = time.perf_counter() - t0
         extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0], "wait_s": wait_clock[0]}
