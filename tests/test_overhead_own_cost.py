@@ -1,7 +1,7 @@
 """The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
 the one-pass drift check and the overlapped gather), ``overhead-4`` (after the freezing hook's and the step's second
-pass) and ``overhead-5`` (fewer switches, one longest path a step). Every figure each page quotes is what its
-committed step times give. Fails when a file is missing."""
+pass), ``overhead-5`` (fewer switches, one longest path a step) and ``overhead-6`` (the draws in ``begin_batch``).
+Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("overhead-3", "overhead-4", "overhead-5")
+RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
@@ -55,7 +55,7 @@ def test_the_pages_figures_are_the_means_of_the_result_lines(run):
         assert q in made, q
 
 
-@pytest.mark.parametrize("run", ("overhead-4", "overhead-5"))
+@pytest.mark.parametrize("run", ("overhead-4", "overhead-5", "overhead-6"))
 def test_the_split_and_conditions_are_the_result_lines(run):
     """These pages also quote *own*'s split by part (mean ms per step), the jobs' load and their masked steps."""
     lines = _lines(run)
@@ -63,7 +63,8 @@ def test_the_split_and_conditions_are_the_result_lines(run):
     parts = ("own_hook_ms", "own_profiler_ms", "own_step_ms")
     split = {s: [f"{mean_ci(r[k] for r in lines if r['schedule'] == s)[0]:.2f}" for k in parts] for s in SCHEDULES}
     one = " ".join(page.split())  # the page's text, its line breaks as spaces
-    words = "1F1B the freezing hook {}, the profiler listener {}, `begin_step`/`end_step` {}"
+    rest = "`begin_step`/`end_step` and the other calls" if run == "overhead-6" else "`begin_step`/`end_step`"
+    words = "1F1B the freezing hook {}, the profiler listener {}, " + rest + " {}"
     assert words.format(*split["1F1B"]) in one
     assert "ZBV {}, {} and {}.".format(*split["ZBVZeroBubble"]) in one
     load = [r["loadavg_1m"] for r in lines]
@@ -78,3 +79,25 @@ def test_overhead_5_compares_its_masked_steps_with_overhead_4s():
     b, a = sum(before) / len(before), sum(after) / len(after)
     one = " ".join((_folder("overhead-5") / "README.md").read_text().split())
     assert f"took about {round(100 * (a / b - 1))} % longer" in one and f"{b:.0f} to {a:.0f} ms" in one
+
+
+def test_overhead_6_compares_its_code_and_its_steps_with_overhead_5s():
+    """overhead-6's page: the own code in ms and the masked steps against overhead-5's (means over each run's jobs),
+    and the range of ZBV's jobs."""
+    before, after = _lines("overhead-5"), _lines("overhead-6")
+    one = " ".join((_folder("overhead-6") / "README.md").read_text().split())
+
+    def mean(lines, key, schedule=None):
+        vals = [r[key] for r in lines if schedule is None or r["schedule"] == schedule]
+        return sum(vals) / len(vals)
+
+    own = [f"{mean(x, 'own_ms', s):.2f}" for s in SCHEDULES for x in (before, after)]
+    assert "fell from {} to {} (1F1B) and from {} to {} (ZBV)".format(*own) in one
+    b, a = mean(before, "plain_ms"), mean(after, "plain_ms")
+    assert f"ran about {round(100 * (1 - a / b))} % faster" in one and f"{b:.0f} to {a:.0f} ms" in one
+    zbv = [r for r in after if r["schedule"] == "ZBVZeroBubble"]
+    own_ms, steps, pct = ([r[k] for r in zbv] for k in ("own_ms", "plain_ms", "own_pct"))
+    assert (
+        f"{min(own_ms):.1f}-{max(own_ms):.1f} ms of own code at {min(steps):.0f}-{max(steps):.0f} ms steps, "
+        f"{min(pct):.2f}-{max(pct):.2f} %" in one
+    )
