@@ -21,6 +21,7 @@ right segment), and ``systematic_subset`` draws a subset with exactly those marg
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from typing import Iterable, Sequence
 
@@ -193,14 +194,4 @@ def balanced_draw(names: Sequence[str], key: Sequence[int], ratio: float, gen: t
     order = torch.randperm(len(names), generator=gen).tolist()
     order.sort(key=key.__getitem__)  # stable: equal sizes keep the random order
     u = torch.rand((), dtype=torch.float64, generator=gen).item()
-    # _pick([names[i] for i in order], [ratio] * len(order), u), its loop written out for one probability
-    out = []
-    lo = 0.0
-    below = math.ceil(lo - u)
-    for i in order:
-        lo += ratio
-        above = math.ceil(lo - u)
-        if above > below:
-            out.append(names[i])
-        below = above
-    return frozenset(out)
+    return frozenset(_pick(map(names.__getitem__, order), itertools.repeat(ratio), u))
