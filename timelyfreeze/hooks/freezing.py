@@ -82,7 +82,8 @@ class FreezingHook:
         self.recomputes = {v.stage: recomputes_forward(v.module) for v in views}
         """Per stage: its backward recomputes forward blocks (activation checkpointing), so B and W switch too."""
         self.draw_ahead = draw_ahead if method.masks_fixed_in_batch else 0
-        """Microbatches per batch whose masks a batch's first forward draws at once (0: each forward draws its own)."""
+        """Microbatches per batch whose masks are drawn at once, by :meth:`prepare` or else by the batch's first forward
+        (0: each forward draws its own)."""
         self._ahead: dict[tuple[int, int], Mask] = {}
         self._ahead_of: tuple[int, int] | None = None
         """The (step, accumulation batch) whose masks ``_ahead`` holds."""

@@ -70,7 +70,7 @@ class FreezeMethod:
     masks_fixed_in_batch: ClassVar[bool] = False
     """True where ``frozen_tensors`` depends only on its arguments and on state that changes outside a batch's
     pipeline run (``begin_step``, ``set_plan``, ``after_backward``, ``after_optimizer_step``): the freezing hook
-    may then draw a batch's masks of every local (stage, microbatch) at the batch's first forward
+    may then draw a batch's masks of every local (stage, microbatch) at once, when the batch begins
     (``timelyfreeze.hooks.freezing``)."""
 
     def __init__(self, cfg: Any, ctx: MethodContext):
