@@ -70,49 +70,37 @@ class _NoListener:
         pass
 
 
-class _TimedListener:
-    """A stage-hook listener that adds the time its inner listener takes to ``clock[0]`` (and ``also[0]``); with a
-    profiler, the inner listener's calls are profiled too."""
-
-    def __init__(
-        self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None
-    ):
-        self.inner, self.clock, self.also, self.prof = inner, clock, also, prof
-
-    def _timed(self, call, *args) -> None:
-        t = time.perf_counter()
-        if self.prof is None:  # the call alone between the two clock reads (no frame of the bench's own)
-            call(*args)
-        else:
-            _profiled(self.prof, call, *args)
-        dt = time.perf_counter() - t
-        self.clock[0] += dt
-        if self.also is not None:
-            self.also[0] += dt
-
-    def before_action(self, stage: int, kind: str, microbatch: int) -> None:
-        self._timed(self.inner.before_action, stage, kind, microbatch)
-
-    def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        self._timed(self.inner.after_action, stage, kind, microbatch)
-
-
-_BATCH_CALLS = ("begin_batch", "add_batch", "after_backward")
-"""The runtime's calls the trainer makes inside a step, between ``begin_step`` and ``end_step``."""
-
-
 class _TimedCall:
-    """One of the runtime's calls (:data:`_BATCH_CALLS`), its time added to ``clock[0]``; profiled with a profiler."""
+    """A call of the runtime's, its time added to ``clock[0]`` (and ``also[0]``); with a profiler, profiled too."""
 
-    def __init__(self, call, clock: list[float], prof: cProfile.Profile | None = None):
-        self.call, self.clock, self.prof = call, clock, prof
+    def __init__(self, call, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None):
+        self.call, self.clock, self.also, self.prof = call, clock, also, prof
 
     def __call__(self, *args):
         t = time.perf_counter()
         try:
+            if self.prof is None:  # the call alone between the two clock reads (no frame of the bench's own)
+                return self.call(*args)
             return _profiled(self.prof, self.call, *args)
         finally:
-            self.clock[0] += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.clock[0] += dt
+            if self.also is not None:
+                self.also[0] += dt
+
+
+class _TimedListener:
+    """A stage-hook listener whose inner listener's calls are each a :class:`_TimedCall`."""
+
+    def __init__(
+        self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None
+    ):
+        self.before_action = _TimedCall(inner.before_action, clock, also, prof)
+        self.after_action = _TimedCall(inner.after_action, clock, also, prof)
+
+
+_BATCH_CALLS = ("begin_batch", "add_batch", "after_backward")
+"""The runtime's calls the trainer makes inside a step, between ``begin_step`` and ``end_step``."""
 
 
 class _TimedGather:
@@ -224,7 +212,7 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
             for name in _BATCH_CALLS:  # the runtime's calls inside the step, each timed (set on the instance)
-                setattr(rt, name, _TimedCall(getattr(rt, name), clock, prof))
+                setattr(rt, name, _TimedCall(getattr(rt, name), clock, prof=prof))
             rt.hook.prepare = _TimedCall(rt.hook.prepare, hook_clock)  # (inside begin_batch: the hook's part of it)
             try:
                 Trainer.train_step(self, data_iterator)
