@@ -41,25 +41,25 @@ class ActionRecord:
         d = {
             "step": self.step,
             "action": self.action,
-            "ms": round(self.ms, 6),
+            "ms": round(self.ms, _MS.k),
             "phase": self.phase,
-            "freeze_ratio": round(self.freeze_ratio, 6),
+            "freeze_ratio": round(self.freeze_ratio, _MS.k),
         }
         if self.frozen_tensors is not None:
             d["frozen_tensors"] = self.frozen_tensors
         if self.start_ms is not None:
-            d["start_ms"] = round(self.start_ms, 3)
+            d["start_ms"] = round(self.start_ms, _START.k)
         return d
 
     def to_line(self) -> str:
         """``json.dumps(self.to_json())``, written out directly when every number is a float or an int in a range whose
-        rounded ``repr`` :func:`_rounded` writes without ``repr`` (json writes a float's ``repr``): the trace gets a
-        line per action every step."""
+        rounded ``repr`` :meth:`_Places.text` writes without ``repr`` (json writes a float's ``repr``): the trace gets
+        a line per action every step."""
         n = self.frozen_tensors
         if type(self.step) is not int or (n is not None and type(n) is not int):
             return json.dumps(self.to_json())
-        ms, ratio = _rounded(self.ms, ".6f", _MS_MAX), _rounded(self.freeze_ratio, ".6f", _MS_MAX)
-        start = None if self.start_ms is None else _rounded(self.start_ms, ".3f", _START_MAX)
+        ms, ratio = _MS.text(self.ms), _MS.text(self.freeze_ratio)
+        start = None if self.start_ms is None else _START.text(self.start_ms)
         if ms is None or ratio is None or (start is None and self.start_ms is not None):
             return json.dumps(self.to_json())
         line = (
@@ -73,21 +73,32 @@ class ActionRecord:
         return line + "}"
 
 
-_MS_MAX = 1e9
-_START_MAX = 1e12
-"""Below these, a float rounded to 6 (3) places has at most 15 significant digits."""
+class _Places:
+    """The decimal places ``k`` a trace number is rounded to (``to_json``), and the text of the rounded number
+    (``to_line``)."""
+
+    def __init__(self, k: int):
+        self.k = k
+        self._fixed = f".{k}f"
+        self._high = 10.0 ** (15 - k)
+        """Below it, a float rounded to ``k`` places has at most 15 significant digits."""
+
+    def text(self, x) -> str | None:
+        """``repr(round(x, k))`` of a float ``x`` that is 0 or has ``1e-4 <= |x| < 10 ** (15 - k)``; None for anything
+        else. ``round`` and the fixed format take the same correctly rounded k-place decimal of ``x``; with at most 15
+        significant digits that decimal is the shortest that reads back as the rounded float, so ``repr`` writes its
+        digits, in fixed notation from 1e-4 up, with a trailing ``.0`` where it has no fraction. One decimal
+        conversion instead of two."""
+        if type(x) is not float or not (x == 0.0 or 1e-4 <= abs(x) < self._high):
+            return None
+        text = format(x, self._fixed).rstrip("0")
+        return text + "0" if text[-1] == "." else text
 
 
-def _rounded(x, places: str, high: float) -> str | None:
-    """``repr(round(x, k))`` of a float ``x`` (``places``: ``".6f"`` or ``".3f"``, k = 6 or 3) that is 0 or has
-    ``1e-4 <= |x| < high``; None for anything else. ``round`` and the fixed format take the same correctly rounded
-    k-place decimal of ``x``; with at most 15 significant digits (``high``) that decimal is the shortest that reads
-    back as the rounded float, so ``repr`` writes its digits, in fixed notation from 1e-4 up, with a trailing ``.0``
-    where it has no fraction. One decimal conversion instead of two."""
-    if type(x) is not float or not (x == 0.0 or 1e-4 <= abs(x) < high):
-        return None
-    text = format(x, places).rstrip("0")
-    return text + "0" if text[-1] == "." else text
+_MS = _Places(6)
+"""An action's ms and its freeze ratio."""
+_START = _Places(3)
+"""An action's start (ms on the host's clock)."""
 
 
 _QUOTED: dict[str, str] = {}
