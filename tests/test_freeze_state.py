@@ -221,3 +221,14 @@ def test_a_failed_plan_is_reported_in_the_summary(tmp_path):
         "failures": plans.failures,
     }
     assert "  FAILED: planning failed" in format_summary(summary)
+
+
+def test_rows_before_a_step_keep_the_history_or_drop_the_steps_done_again():
+    """``FreezeRuntime.begin_step``'s history: untouched (the same list, no pass over it) when the step is new, the rows
+    of earlier steps when a resumed run does steps again."""
+    from timelyfreeze.runtime.freeze_runtime import rows_before
+
+    history = [{"step": s, "phase": "stable"} for s in range(1, 6)]
+    assert rows_before(history, 6) is history
+    assert rows_before(history, 4) == history[:3]
+    assert rows_before(history, 1) == [] and rows_before([], 1) == []

@@ -141,7 +141,7 @@ class FreezeRuntime:
     def begin_step(self, step: int) -> None:
         if self.writer is None and self.cfg.advanced.trace:
             self.writer = TraceWriter(self.paths.trace, self.pg.rank, replica=self.job.replica, resume_step=step - 1)
-        self.state.history = [h for h in self.state.history if h["step"] < step]
+        self.state.history = rows_before(self.state.history, step)
         self.step = step
         self.accum = 0
         self.profiler.reset_order()
@@ -218,9 +218,10 @@ class FreezeRuntime:
 
     def _records(self, step: int, phase: str) -> list[ActionRecord]:
         """The step's timed actions with the ratio each applied (one per accumulation batch, in order)."""
-        applied = {a: list(v) for a, v in self.hook.end_step().items()}
+        applied = {a: iter(v) for a, v in self.hook.end_step().items()}
+        none = iter(())
         return [
-            ActionRecord(step, a, ms, phase, *(applied[a].pop(0) if applied.get(a) else (0.0, None)), start)
+            ActionRecord(step, a, ms, phase, *next(applied.get(a, none), (0.0, None)), start)
             for a, ms, start in self.profiler.collect()
         ]
 
@@ -392,6 +393,15 @@ class FreezeRuntime:
         self.plans.close()
         self.clocks.close()
         self.pg = self.job = None
+
+
+def rows_before(history: list[dict], step: int) -> list[dict]:
+    """The metrics rows of the steps before ``step``: ``history`` itself where its last row is (every step but one
+    done again after a resume: no pass over a history that grows with the run), else its rows before ``step``.
+    ``history`` is in step order (appended step by step; a restored one is checked so, ``runtime.state.check``)."""
+    if history and history[-1]["step"] >= step:
+        return [h for h in history if h["step"] < step]
+    return history
 
 
 def _all_actions(meta: dict) -> list[str]:
