@@ -47,6 +47,31 @@ def test_step_scales_are_medians_per_group():
     assert drift.window_scales([{"0B": 1.0}, {"0B": 3.0, "1F": 2.0}, {"0B": 2.0}]) == {"0B": 2.0, "1F": 2.0}
 
 
+def test_step_scales_through_kept_bounds_are_the_definition():
+    """``step_scales`` with ``action_bounds`` (the re-planner keeps them per plan) gives the same floats as
+    ``measured / expected_ms`` per sample, medians per group: ratios inside, on and outside [0, 1], NaN included."""
+    import math
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    _, weights, _, _ = setup("ZBVZeroBubble", 2, 4)
+    bounds = drift.action_bounds(weights)
+    for _ in range(200):
+        samples = []
+        for a in weights.w_max:
+            ratio = rng.choice([0.0, 1.0, rng.random(), rng.uniform(-1, 2), math.nan, 1])
+            samples.append((a, rng.uniform(0.1, 20.0), ratio))
+        expect: dict[str, list[float]] = {}
+        for a, ms, ratio in samples:
+            e = drift.expected_ms(weights, a, ratio)
+            if e > 0:
+                expect.setdefault(drift.group_of(a), []).append(ms / e)
+        want = {g: float(statistics.median(v)) for g, v in sorted(expect.items())}
+        assert drift.step_scales(samples, weights, bounds) == want
+        assert drift.step_scales(samples, weights) == want
+
+
 def test_drift_is_zero_at_unit_scales_and_homogeneous():
     meta, weights, _, ratios = setup()
     dag = build_dag(meta)

@@ -70,16 +70,34 @@ def expected_ms(weights: NodeWeights, action: str, ratio: float) -> float:
     return hi - min(1.0, max(0.0, ratio)) * (hi - lo)
 
 
-def step_scales(samples: Iterable[tuple[str, float, float]], weights: NodeWeights) -> dict[str, float]:
+ActionBounds = dict[str, tuple[str, float, float]]
+"""Per action: its group, ``w_max`` and ``w_max - w_min`` (:func:`action_bounds`)."""
+
+
+def action_bounds(weights: NodeWeights) -> ActionBounds:
+    """What :func:`step_scales` looks up per action, made once for a caller that scales many steps by one plan's
+    weights (the runtime's re-planner, every stable step)."""
+    return {a: (group_of(a), hi, hi - weights.w_min[a]) for a, hi in weights.w_max.items()}
+
+
+def step_scales(
+    samples: Iterable[tuple[str, float, float]], weights: NodeWeights, bounds: ActionBounds | None = None
+) -> dict[str, float]:
     """Per group, the median over the step's ``(action, measured ms, applied ratio)`` samples of measured /
-    expected. Actions the weights do not know, and expected times <= 0, are left out."""
+    expected. Actions the weights do not know, and expected times <= 0, are left out. ``bounds``:
+    :func:`action_bounds` of ``weights``, where the caller keeps it."""
+    if bounds is None:
+        bounds = action_bounds(weights)
     ratios: dict[str, list[float]] = {}
     for action, ms, ratio in samples:
-        if action not in weights.w_max:
+        known = bounds.get(action)
+        if known is None:
             continue
-        e = expected_ms(weights, action, ratio)
+        group, hi, span = known
+        # expected_ms, written out (the same float): the ratio clamped to [0, 1], through min/max where it is not in it
+        e = hi - (ratio if 0.0 <= ratio <= 1.0 else min(1.0, max(0.0, ratio))) * span
         if e > 0:
-            ratios.setdefault(group_of(action), []).append(ms / e)
+            ratios.setdefault(group, []).append(ms / e)
     return {g: float(statistics.median(v)) for g, v in sorted(ratios.items())}
 
 

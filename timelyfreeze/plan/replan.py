@@ -115,6 +115,7 @@ class Replanner:
         self.weights = NodeWeights(
             {a: float(w[0]) for a, w in weights.items()}, {a: float(w[1]) for a, w in weights.items()}
         )
+        self._bounds = plan_drift.action_bounds(self.weights)
         self.ratios = {a: float(r) for a, r in ratios.items()}
         self.batch_ms = dict(batch_ms)
         self.edge_ms = {(str(u), str(v)): float(ms) for u, v, ms in edge_ms or []}
@@ -128,7 +129,7 @@ class Replanner:
         """This rank's per-group scales of one step from its ``(action, ms, applied ratio)`` samples."""
         if self.weights is None:
             return None
-        return plan_drift.step_scales(samples, self.weights)
+        return plan_drift.step_scales(samples, self.weights, self._bounds)
 
     # -- per stable step ------------------------------------------------------------------------
     def observe(self, scales: dict[str, float]) -> float | None:
