@@ -109,7 +109,7 @@ class FreezingHook:
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         if kind == "F":
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
-        elif self.reads_flags(stage, kind):
+        elif kind == "I" or self.recomputes[stage]:  # (:meth:`reads_flags`, written out: every action comes here)
             mask = self._masks.get((stage, microbatch), _NO_MASK)
         else:
             return
@@ -117,7 +117,8 @@ class FreezingHook:
 
     def reads_flags(self, stage: int, kind: str) -> bool:
         """Whether an action of ``kind`` on ``stage`` reads the ``requires_grad`` flags, so runs with its microbatch's
-        set switched off: F and I always, B and W only where the stage recomputes its forward inside them."""
+        set switched off: F and I always, B and W only where the stage recomputes its forward inside them (the
+        listener's two calls test the same, written out)."""
         return kind == "F" or kind == "I" or self.recomputes[stage]
 
     def prepare(self, step: int, accum: int) -> None:
@@ -170,7 +171,7 @@ class FreezingHook:
         key = (stage, microbatch)
         if kind == "B" or kind == "W":
             mask = self._masks.pop(key, _NO_MASK)
-            if self.reads_flags(stage, kind):
+            if self.recomputes[stage]:  # (B and W read the flags only there: :meth:`reads_flags`)
                 self.switch[stage].flip(mask[2], True)
             self._done.append((stage, kind, microbatch, mask))
         else:

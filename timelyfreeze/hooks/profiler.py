@@ -25,7 +25,7 @@ from timelyfreeze.hooks.stage_hooks import ActionNames
 from timelyfreeze.hooks.step_clock import StepClock
 
 
-@dataclass
+@dataclass(slots=True)
 class ActionRecord:
     step: int
     action: str

@@ -47,13 +47,13 @@ def _run(stage, kind: str, mb: int, fn, *args, **kwargs):
     if kind == "F":
         fsdp_unshard.unshard(stage._kept_unsharded)  # before the listeners: the wait is no compute
     sidx = stage.stage_index
-    for lst in stage._listeners:
-        lst.before_action(sidx, kind, mb)
+    for before in stage._before:
+        before(sidx, kind, mb)
     try:
         return fn(*args, **kwargs)
     finally:
-        for lst in reversed(stage._listeners):
-            lst.after_action(sidx, kind, mb)
+        for after in stage._after:
+            after(sidx, kind, mb)
 
 
 def _forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any):
@@ -111,13 +111,15 @@ def install(stage, listeners: list[ActionListener]) -> None:
         stage.__class__ = _hooked_class(type(stage))
         stage._kept_unsharded = fsdp_unshard.kept_unsharded(getattr(stage, "submod", None))
     stage._listeners = list(listeners)
+    stage._before = tuple(lst.before_action for lst in stage._listeners)  # (bound once: every action calls them)
+    stage._after = tuple(lst.after_action for lst in reversed(stage._listeners))
 
 
 def uninstall(stage) -> None:
     """Back to the stage's own class: plain compute."""
     if _is_hooked(stage):
         stage.__class__ = stage._base_class
-        del stage._listeners, stage._kept_unsharded
+        del stage._listeners, stage._before, stage._after, stage._kept_unsharded
 
 
 def overlap_pairs(schedule) -> dict[str, str]:

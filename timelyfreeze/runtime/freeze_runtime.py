@@ -396,9 +396,9 @@ class FreezeRuntime:
 
 
 def rows_before(history: list[dict], step: int) -> list[dict]:
-    """The metrics rows of the steps before ``step``: ``history`` itself where its last row is (every step but one
-    done again after a resume: no pass over a history that grows with the run), else its rows before ``step``.
-    ``history`` is in step order (appended step by step; a restored one is checked so, ``runtime.state.check``)."""
+    """The metrics rows of the steps before ``step``: ``history`` itself where its last row is before ``step`` (every
+    new step: no pass over a list that grows with the run), else its rows before ``step`` (a resumed run doing steps
+    again). ``history`` is in step order (appended step by step; a restored one is checked so, ``runtime.state.check``)."""
     if history and history[-1]["step"] >= step:
         return [h for h in history if h["step"] < step]
     return history
