@@ -106,7 +106,9 @@ def _is_hooked(stage) -> bool:
 
 def install(stage, listeners: list[ActionListener]) -> None:
     """Make ``stage`` call ``listeners`` around its compute actions (idempotent: a second call only
-    replaces the listeners)."""
+    replaces the listeners). Their ``before_action``/``after_action`` are looked up here, once: a wrapper set on a
+    listener later (as the GPU host-view recorder sets one, in the profiler's ``__init__``, before this call) needs
+    another call of ``install``."""
     if not _is_hooked(stage):
         stage.__class__ = _hooked_class(type(stage))
         stage._kept_unsharded = fsdp_unshard.kept_unsharded(getattr(stage, "submod", None))

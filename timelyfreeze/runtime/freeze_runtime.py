@@ -398,7 +398,7 @@ class FreezeRuntime:
 def rows_before(history: list[dict], step: int) -> list[dict]:
     """The metrics rows of the steps before ``step``: ``history`` itself where its last row is before ``step`` (every
     new step: no pass over a list that grows with the run), else its rows before ``step`` (a resumed run doing steps
-    again). ``history`` is in step order (appended step by step; a restored one is checked so, ``runtime.state.check``)."""
+    again). ``history`` is in step order (appended step by step; a restored one is checked so: ``runtime.state``)."""
     if history and history[-1]["step"] >= step:
         return [h for h in history if h["step"] < step]
     return history
