@@ -297,5 +297,20 @@ def test_the_gathers_wait_is_taken_out_of_the_own_cost_and_stated_beside_it():
     ]
     parts = rb.overhead_figures(split)
     assert (parts["own_hook_ms"], parts["own_profiler_ms"], parts["own_step_ms"]) == pytest.approx((1.2, 0.3, 1.0))
+    split = [  # the bench since the actions' frames are timed whole
+        dict(r, own_actions_s=0.002, own_draws_s=0.0003, own_step_s=0.001) if r["kind"] == "hooks" else r for r in steps
+    ]
+    parts = rb.overhead_figures(split)
+    assert (parts["own_actions_ms"], parts["own_draws_ms"], parts["own_step_ms"]) == pytest.approx((2.0, 0.3, 1.0))
+    assert "own_hook_ms" not in parts and "own_profiler_ms" not in parts
+    no_hook = [{k: v for k, v in r.items() if k != "hook_s"} for r in steps]  # (the new bench has no hook_s)
+    text = rr.report(
+        [
+            {"kind": "overhead_masked", "schedule": "1F1B", "repeat": i, **rb.overhead_figures(no_hook)}
+            for i in range(2)
+        ],
+        o,
+    )
+    assert "switches 0.050 [0.050, 0.050] %; mean applied ratio" in text and "the freezing hook inside" not in text
     older = [{k: v for k, v in r.items() if k not in ("own_s", "wait_s")} for r in steps]  # jobs before the split
     assert "own_pct" not in rb.overhead_figures(older)

@@ -132,7 +132,8 @@ def overhead_figures(rows: list[dict]) -> dict:
     (``hooks``; ``probe`` where the job has it) the mean :func:`paired_differences` over the median detached
     step (``masked`` steps where the job has them, else ``plain``), and the median direct cost (and, where the
     rows have them, the median own cost without the gather's wait, and that wait: ``own_pct``, ``own_ms``,
-    ``wait_ms``; and its split, ``own_hook_ms``, ``own_profiler_ms``, ``own_step_ms``). With masked steps also the
+    ``wait_ms``; and its split, ``own_actions_ms``, ``own_draws_ms``, ``own_step_ms``, or in rows of the older bench
+    ``own_hook_ms``, ``own_profiler_ms``, ``own_step_ms``). With masked steps also the
     masks' own cost per masked step (``draw_pct``: the method's selection for every (stage, microbatch);
     ``switch_pct``: the ``requires_grad`` switches) and the mean applied freeze ratio of each kind."""
     base = "masked" if any(r["kind"] == "masked" for r in rows) else "plain"
@@ -153,8 +154,9 @@ def overhead_figures(rows: list[dict]) -> dict:
         own, wait = (statistics.median(r[k] for r in hooks) for k in ("own_s", "wait_s"))
         out |= {"own_ms": own * 1e3, "own_pct": 100 * own / plain, "wait_ms": wait * 1e3}
     if hooks and all("own_step_s" in r for r in hooks):  # the most-spending rank's own time, split by part
-        for part in ("hook", "profiler", "step"):
-            out[f"own_{part}_ms"] = statistics.median(r[f"own_{part}_s"] for r in hooks) * 1e3
+        for part in ("actions", "draws", "hook", "profiler", "step"):  # (hook, profiler: rows of the older bench)
+            if all(f"own_{part}_s" in r for r in hooks):
+                out[f"own_{part}_ms"] = statistics.median(r[f"own_{part}_s"] for r in hooks) * 1e3
     if any(r["kind"] == "probe" for r in rows):
         out["probe_pct"] = 100 * statistics.fmean(paired_differences(rows, "probe")) / plain
     if base == "masked":

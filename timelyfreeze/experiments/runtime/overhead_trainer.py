@@ -11,17 +11,23 @@ Two figures per step go to ``<dump_folder>/bench_overhead.json`` (global rank 0)
 
 * ``s``: the step's wall time (the slowest rank's); the bench compares attached with detached steps;
 * ``direct_s`` (attached steps): the time spent inside the runtime's own code on the rank that spent most, i.e.
-  ``begin_step`` and ``end_step`` plus every call of the stage-hook listeners (each listener is timed by a wrapper
-  installed through ``stage_hooks.install``, the hooks' own extension point), plus the runtime's calls inside the step
-  (``begin_batch``, where the freezing hook draws the masks on a CPU, ``add_batch`` and ``after_backward``). It misses
+  ``begin_step`` and ``end_step``, plus every action's frame around its compute call, plus the runtime's calls inside
+  the step (``begin_batch``, where the freezing hook draws the masks on a CPU, ``add_batch`` and ``after_backward``).
+  An action's frame is all of the stage hooks' ``_run`` but the compute call: from entering ``_run`` to the
+  profiler's start mark and from its end mark to leaving ``_run`` (``_TimedRun``, a wrapper of ``_run`` for the
+  step), so it holds the stage hooks' own lines, both listeners' calls (the freezing hook's switches among them) and
+  the profiler's own work; of the bench, only its two clock reads. (Up to 9ab9a4d the bench timed the two listeners'
+  calls instead, each through a wrapper: the stage hooks' own lines were not counted, the wrappers' frames partly
+  were.) The CPU profiler's marks are ``perf_counter`` readings, the bench's clock (the bench runs on CPU). It misses
   indirect costs (cache effects, waits a slower rank causes), and has none of the step-to-step noise of the wall
   times. It includes the time a rank waits in the per-step gather for the other ranks; ``wait_s`` is that wait (the
   rank that waited most) and ``own_s`` the runtime's time without it (per rank ``direct - wait``, the rank that spent
   most): a rank that reaches the gather first waits for what the others still compute, their own code (counted in
-  their ``own``) and the step's imbalance between ranks, which a step without the runtime has too. ``own_hook_s``,
-  ``own_profiler_s`` and ``own_step_s`` split that rank's ``own`` into the freezing hook's calls (its listener calls
-  and the draws of ``FreezingHook.prepare``), the profiler listener's calls and the rest (``begin_step``, ``end_step``
-  without the wait, and the other calls).
+  their ``own``) and the step's imbalance between ranks, which a step without the runtime has too.
+  ``own_actions_s``, ``own_draws_s`` and ``own_step_s`` split that rank's ``own`` into the actions' frames, the
+  freezing hook's draws in ``begin_batch`` (``FreezingHook.prepare``) and the rest (``begin_step``, ``end_step``
+  without the wait, and the other calls). Rows of the older bench have ``own_hook_s`` (the hook's listener calls and
+  draws), ``own_profiler_s`` (the profiler listener's calls) and ``own_step_s`` instead.
 
 The stable steps cycle attached, detached, detached (``CYCLES``). With ``TIMELYFREEZE_OVERHEAD_MODE=probe`` in
 the environment (``bench_runtime.py --overhead-probe``) they cycle attached, detached, *probe*, detached,
@@ -38,8 +44,8 @@ force, the same draw as an attached step's); during the step a minimal stage-hoo
 or drift check. Each masked row also has ``draw_s`` (the draw, timed) and ``switch_s`` (the switches, timed),
 each the rank that spent most, and ``ratio`` (the mean applied freeze ratio over the step's (stage,
 microbatch)s, by elements over every rank's stages, as the metrics' ``freeze_ratio``), as attached rows have
-``ratio`` and ``hook_s`` (the freezing hook's calls:
-draw and switches inside the full runtime). One accumulation batch per step (the bench's layouts).
+``ratio`` (rows of the older bench also ``hook_s``, the freezing hook's calls: draw and switches inside the full
+runtime). One accumulation batch per step (the bench's layouts).
 """
 
 import cProfile
@@ -71,10 +77,10 @@ class _NoListener:
 
 
 class _TimedCall:
-    """A call of the runtime's, its time added to ``clock[0]`` (and ``also[0]``); with a profiler, profiled too."""
+    """A call of the runtime's, its time added to ``clock[0]``; with a profiler, profiled too."""
 
-    def __init__(self, call, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None):
-        self.call, self.clock, self.also, self.prof = call, clock, also, prof
+    def __init__(self, call, clock: list[float], prof: cProfile.Profile | None = None):
+        self.call, self.clock, self.prof = call, clock, prof
 
     def __call__(self, *args):
         t = time.perf_counter()
@@ -85,19 +91,42 @@ class _TimedCall:
         finally:
             dt = time.perf_counter() - t
             self.clock[0] += dt
-            if self.also is not None:
-                self.also[0] += dt
 
 
 class _TimedListener:
     """A stage-hook listener whose inner listener's calls are each a :class:`_TimedCall`."""
 
-    def __init__(
-        self, inner, clock: list[float], also: list[float] | None = None, prof: cProfile.Profile | None = None
-    ):
-        self.before_action = _TimedCall(inner.before_action, clock, also, prof)
-        self.after_action = _TimedCall(inner.after_action, clock, also, prof)
+    def __init__(self, inner, clock: list[float], prof: cProfile.Profile | None = None):
+        self.before_action = _TimedCall(inner.before_action, clock, prof)
+        self.after_action = _TimedCall(inner.after_action, clock, prof)
 
+
+class _TimedRun:
+    """``stage_hooks._run`` (``run``) with each action's frame (``direct_s`` in the module docstring) added to
+    ``clock[0]`` and ``actions[0]``: set on the module for an attached step, put back after it. The frame ends at the
+    start mark the profiler's ``before_action`` reads and starts again at its end mark (the entry ``after_action``
+    appends to the profiler's list during the call: one thread runs the actions, as in every bench schedule)."""
+
+    def __init__(self, run, profiler, clock: list[float], actions: list[float]):
+        self.run, self.profiler, self.clock, self.actions = run, profiler, clock, actions
+
+    def __call__(self, stage, kind: str, mb: int, fn, *args, **kwargs):
+        ended = self.profiler._ended
+        n = len(ended)
+        t = time.perf_counter()
+        try:
+            return self.run(stage, kind, mb, fn, *args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            if len(ended) > n:  # (timed by the profiler: autograd on)
+                _, start, stop = ended[n]
+                dt = (start - t) + (end - stop)
+                self.clock[0] += dt
+                self.actions[0] += dt
+
+
+_RUN = stage_hooks._run
+"""The stage hooks' own ``_run``, which an attached step's :class:`_TimedRun` wraps."""
 
 _BATCH_CALLS = ("begin_batch", "add_batch", "after_backward")
 """The runtime's calls the trainer makes inside a step, between ``begin_step`` and ``end_step``."""
@@ -179,7 +208,7 @@ def _applied_elements(hook, applied: dict[str, list[tuple[float, int]]]) -> tupl
 class OverheadBenchTrainer(TimelyFreezeTrainer):
     def train_step(self, data_iterator):
         rt = self.freeze_rt
-        clock, hook_clock, switch_clock, wait_clock, listen_clock = [0.0], [0.0], [0.0], [0.0], [0.0]
+        clock, draw_clock, switch_clock, wait_clock, actions_clock = [0.0], [0.0], [0.0], [0.0], [0.0]
         extra: dict[str, float] = {}
         cycle = CYCLES[os.environ.get(MODE_ENV) or "plain"]
         kind = "cycle" if self.step <= rt.phases.ramp_end else cycle[(self.step - rt.phases.ramp_end - 1) % len(cycle)]
@@ -198,25 +227,22 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
         t0 = time.perf_counter()
         if kind in ("cycle", "hooks"):
             prof = self._profiler() if kind == "hooks" else None
-            rt.attach_hooks()
-            for st in self._pp_stages():  # same listeners, same order, each one timed
-                stage_hooks.install(
-                    st,
-                    [
-                        _TimedListener(rt.hook, clock, also=hook_clock, prof=prof),
-                        _TimedListener(rt.profiler, clock, also=listen_clock, prof=prof),
-                    ],
-                )
+            rt.attach_hooks()  # the runtime's listeners, as it installs them
+            if prof is not None:  # (the diagnostic profile: each listener call inside cProfile; timed by the frames)
+                for st in self._pp_stages():
+                    stage_hooks.install(st, [_TimedListener(x, [0.0], prof=prof) for x in (rt.hook, rt.profiler)])
+            stage_hooks._run = _TimedRun(_RUN, rt.profiler, clock, actions_clock)
             t = time.perf_counter()
             _profiled(prof, rt.begin_step, self.step)
             self._batch_in_step = 0
             clock[0] += time.perf_counter() - t
             for name in _BATCH_CALLS:  # the runtime's calls inside the step, each timed (set on the instance)
                 setattr(rt, name, _TimedCall(getattr(rt, name), clock, prof=prof))
-            rt.hook.prepare = _TimedCall(rt.hook.prepare, hook_clock)  # (inside begin_batch: the hook's part of it)
+            rt.hook.prepare = _TimedCall(rt.hook.prepare, draw_clock)  # (inside begin_batch: the hook's part of it)
             try:
                 Trainer.train_step(self, data_iterator)
             finally:
+                stage_hooks._run = _RUN
                 for name in _BATCH_CALLS:
                     delattr(rt, name)  # the class's own methods again
                 del rt.hook.prepare
@@ -243,20 +269,19 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
                 del rt.hook.prepare
             rt.detach_hooks()
         dt = time.perf_counter() - t0
-        extra |= {"hook_s": hook_clock[0], "switch_s": switch_clock[0], "wait_s": wait_clock[0]}
-        extra["profiler_s"] = listen_clock[0]
+        extra |= {"draws_s": draw_clock[0], "switch_s": switch_clock[0], "wait_s": wait_clock[0]}
+        extra["actions_s"] = actions_clock[0]
         times = [None] * dist.get_world_size()
         dist.all_gather_object(times, (dt, clock[0], extra))
         row = {"step": self.step, "kind": kind, "s": max(t[0] for t in times)}
         if kind in ("cycle", "hooks"):
             row["direct_s"] = max(t[1] for t in times)
-            row["hook_s"] = max(t[2]["hook_s"] for t in times)
             row["wait_s"] = max(t[2]["wait_s"] for t in times)
             row["own_s"] = max(t[1] - t[2]["wait_s"] for t in times)
-            # the split of the rank with the most own time: hook, profiler listener, the rest (begin/end_step)
+            # the split of the rank with the most own time: the actions' frames, the draws, the rest (begin/end_step)
             top = max(times, key=lambda t: t[1] - t[2]["wait_s"])
-            row["own_hook_s"], row["own_profiler_s"] = top[2]["hook_s"], top[2]["profiler_s"]
-            row["own_step_s"] = top[1] - top[2]["wait_s"] - top[2]["hook_s"] - top[2]["profiler_s"]
+            row["own_actions_s"], row["own_draws_s"] = top[2]["actions_s"], top[2]["draws_s"]
+            row["own_step_s"] = top[1] - top[2]["wait_s"] - top[2]["actions_s"] - top[2]["draws_s"]
         if kind == "masked":
             row["draw_s"] = max(t[2]["draw_s"] for t in times)
             row["switch_s"] = max(t[2]["switch_s"] for t in times)
