@@ -1,6 +1,7 @@
 """The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
 the one-pass drift check and the overlapped gather), ``overhead-4`` (after the freezing hook's and the step's second
-pass), ``overhead-5`` (fewer switches, one longest path a step) and ``overhead-6`` (the draws in ``begin_batch``).
+pass), ``overhead-5`` (fewer switches, one longest path a step), ``overhead-6`` (the draws in ``begin_batch``) and
+``overhead-7`` (each action's whole frame counted).
 Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6")
+RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6", "overhead-7")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
@@ -101,3 +102,34 @@ def test_overhead_6_compares_its_code_and_its_steps_with_overhead_5s():
         f"{min(own_ms):.1f}-{max(own_ms):.1f} ms of own code at {min(steps):.0f}-{max(steps):.0f} ms steps, "
         f"{min(pct):.2f}-{max(pct):.2f} %" in one
     )
+
+
+def test_overhead_7_quotes_its_split_conditions_and_overhead_6s_figures():
+    """overhead-7's page: *own*'s split by part (the actions' frames, the draws, the rest; mean ms per step), the
+    masked steps' switches and draw, the jobs' load and masked steps, and overhead-6's means beside its own."""
+    lines = _lines("overhead-7")
+    one = " ".join((_folder("overhead-7") / "README.md").read_text().split())
+
+    def mean(key, schedule, run_lines=lines):
+        return mean_ci(r[key] for r in run_lines if r["schedule"] == schedule)[0]
+
+    split = {s: [f"{mean(k, s):.2f}" for k in ("own_actions_ms", "own_draws_ms", "own_step_ms")] for s in SCHEDULES}
+    words = "1F1B the actions' frames {}, the draws {}, `begin_step`/`end_step` and the other calls {}"
+    assert words.format(*split["1F1B"]) in one
+    assert "ZBV {}, {} and {}.".format(*split["ZBVZeroBubble"]) in one
+    for key in ("switch_pct", "draw_pct"):
+        assert all(f"{mean(key, s):.3f}" in one for s in SCHEDULES)
+    load = [r["loadavg_1m"] for r in lines]
+    assert f"was {min(load):.2f}-{max(load):.2f}, every job" in one
+    masked = [round(r["plain_ms"]) for r in lines]
+    assert f"Masked steps took {min(masked)}-{max(masked)} ms" in one
+    before = _lines("overhead-6")
+    own6 = [f"{mean_ci(r['own_pct'] for r in before if r['schedule'] == s)[0]:.2f}" for s in SCHEDULES]
+    assert "overhead-6 had {} % (1F1B) and {} % (ZBV)".format(*own6) in one
+    b, a = (sum(r["plain_ms"] for r in x) / len(x) for x in (before, lines))
+    assert f"medians was {a:.0f} ms, against {b:.0f} ms in overhead-6" in one
+    assert f"ran about {round(100 * (a / b - 1))} % slower" in one
+    zbv = [r["own_pct"] for r in lines if r["schedule"] == "ZBVZeroBubble"]
+    assert f"ZBV's jobs spread over {min(zbv):.2f}-{max(zbv):.2f} %" in one
+    ms = [f"{mean(k, s):.1f}" for s, k in (("1F1B", "own_ms"), ("ZBVZeroBubble", "own_ms"))]
+    assert "about {} ms of a 1F1B step and about {} ms of a ZBV step".format(*ms) in one
