@@ -157,8 +157,8 @@ class _TimedResult:
 
 class _MaskListener:
     """The minimal freezing path of a masked step: ``requires_grad`` off on the step's pre-drawn tensors of
-    (stage, microbatch) around each of its actions that reads the flags, as the freezing hook switches them; the
-    switches timed."""
+    (stage, microbatch) around each of its actions that runs with them off (``reads_flags``), as the freezing hook
+    switches them; the switches timed."""
 
     def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
         self.switch, self.reads_flags, self.clock = hook.switch, hook.reads_flags, clock
