@@ -66,8 +66,14 @@ def group_of(action: str) -> str:
 
 def expected_ms(weights: NodeWeights, action: str, ratio: float) -> float:
     """The plan model's duration of ``action`` at freeze ratio ``ratio`` (clamped to [0, 1])."""
-    hi, lo = weights.w_max[action], weights.w_min[action]
-    return hi - min(1.0, max(0.0, ratio)) * (hi - lo)
+    hi = weights.w_max[action]
+    return _expected(hi, hi - weights.w_min[action], ratio)
+
+
+def _expected(hi: float, span: float, ratio: float) -> float:
+    """``w_max - r * (w_max - w_min)`` with ``r`` the ratio clamped to [0, 1] (through ``min``/``max`` only where it is
+    not in [0, 1]: the same float)."""
+    return hi - (ratio if 0.0 <= ratio <= 1.0 else min(1.0, max(0.0, ratio))) * span
 
 
 ActionBounds = dict[str, tuple[str, float, float]]
@@ -94,8 +100,7 @@ def step_scales(
         if known is None:
             continue
         group, hi, span = known
-        # expected_ms, written out (the same float): the ratio clamped to [0, 1], through min/max where it is not in it
-        e = hi - (ratio if 0.0 <= ratio <= 1.0 else min(1.0, max(0.0, ratio))) * span
+        e = _expected(hi, span, ratio)
         if e > 0:
             ratios.setdefault(group, []).append(ms / e)
     return {g: float(statistics.median(v)) for g, v in sorted(ratios.items())}

@@ -66,13 +66,14 @@ class TimelyFreezeMethod(FreezeMethod):
             return "noplan"
         return p
 
-    def _freezes_all(self, step: int) -> bool:
-        """The lower-bound window, and under compile the last warm-up step: every unit frozen."""
-        return self.phases.phase(step) == "lower" or step == self.compile_step
+    def _freezes_all(self, step: int, phase: str | None = None) -> bool:
+        """The lower-bound window, and under compile the last warm-up step: every unit frozen (``phase``: the step's,
+        where the caller read it already)."""
+        return (phase or self.phases.phase(step)) == "lower" or step == self.compile_step
 
     def action_ratio(self, step: int, stage: int, microbatch: int) -> float:
         p = self.phases.phase(step)
-        if p == "lower" or step == self.compile_step:  # (``_freezes_all``, with the phase read once)
+        if self._freezes_all(step, p):
             return 1.0
         if (p == "progressive" or p == "stable") and self.planned_ratio is not None:
             return self.planned_ratio.get((stage, microbatch), 0.0) * self.phases.ramp(step)
