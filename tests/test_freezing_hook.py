@@ -124,7 +124,7 @@ def test_draw_ahead_waits_for_a_method_whose_masks_may_change_in_a_batch():
 
 
 def test_b_and_w_switch_only_on_a_stage_that_recomputes_its_forward():
-    """I always runs with its microbatch's flags (torch's split backward groups the weights by them); B and W only
+    """I always runs with its microbatch's set off (torch then skips the frozen tensors' accumulators); B and W only
     where activation checkpointing recomputes the forward inside them (the exactness tests check the gradients)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 

@@ -174,7 +174,7 @@ class FreezingHook:
         key = (stage, microbatch)
         if kind == "B" or kind == "W":
             mask = self._masks.pop(key, _NO_MASK)
-            if self.recomputes[stage]:  # (B and W read the flags only there: :meth:`reads_flags`)
+            if self.recomputes[stage]:  # (B and W run with the set off only there: :meth:`reads_flags`)
                 self.switch[stage].flip(mask[2], True)
             self._done.append((stage, kind, microbatch, mask))
         else:

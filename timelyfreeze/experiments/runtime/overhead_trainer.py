@@ -49,6 +49,7 @@ runtime). One accumulation batch per step (the bench's layouts).
 """
 
 import cProfile
+import functools
 import json
 import os
 import time
@@ -93,12 +94,13 @@ class _TimedCall:
             self.clock[0] += dt
 
 
-class _TimedListener:
-    """A stage-hook listener whose inner listener's calls are each a :class:`_TimedCall`."""
+class _ProfiledListener:
+    """A stage-hook listener whose inner listener's calls each run inside ``prof`` (the diagnostic profile; their time
+    is counted in the actions' frames, :class:`_TimedRun`)."""
 
-    def __init__(self, inner, clock: list[float], prof: cProfile.Profile | None = None):
-        self.before_action = _TimedCall(inner.before_action, clock, prof)
-        self.after_action = _TimedCall(inner.after_action, clock, prof)
+    def __init__(self, inner, prof: cProfile.Profile):
+        self.before_action = functools.partial(_profiled, prof, inner.before_action)
+        self.after_action = functools.partial(_profiled, prof, inner.after_action)
 
 
 class _TimedRun:
@@ -228,9 +230,9 @@ class OverheadBenchTrainer(TimelyFreezeTrainer):
         if kind in ("cycle", "hooks"):
             prof = self._profiler() if kind == "hooks" else None
             rt.attach_hooks()  # the runtime's listeners, as it installs them
-            if prof is not None:  # (the diagnostic profile: each listener call inside cProfile; timed by the frames)
+            if prof is not None:  # (the diagnostic profile: each listener call inside cProfile)
                 for st in self._pp_stages():
-                    stage_hooks.install(st, [_TimedListener(x, [0.0], prof=prof) for x in (rt.hook, rt.profiler)])
+                    stage_hooks.install(st, [_ProfiledListener(x, prof) for x in (rt.hook, rt.profiler)])
             stage_hooks._run = _TimedRun(_RUN, rt.profiler, clock, actions_clock)
             t = time.perf_counter()
             _profiled(prof, rt.begin_step, self.step)
