@@ -180,7 +180,7 @@ def run_case(case: str) -> dict:
     method = WithAlwaysFrozen(views, 0.5)
     order = BackwardOrder()
     for st in stages:
-        stage_hooks.install(st, [FreezingHook(views, method, lambda: 1), order])
+        stage_hooks.install(st, [FreezingHook(views, method, lambda: 1, num_microbatches=N_MB), order])
     replica = replica_index(layout, mesh)
     x, y = data(replica)
     sched.step(x, target=y)

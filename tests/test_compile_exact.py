@@ -140,7 +140,7 @@ def run(schedule: str, ac: bool, ratio: float, compile: bool = True):
     rec = Recorder(("B",) if compile else ("F", "B"))
     order = BackwardOrder()
     for st in stages:
-        stage_hooks.install(st, [FreezingHook(views, method, lambda: 1), order, rec])
+        stage_hooks.install(st, [FreezingHook(views, method, lambda: 1, num_microbatches=N_MB), order, rec])
     param_grads: dict[tuple[int, str, int], torch.Tensor] = {}
     for view in views:
         for n, p in view.params.items():

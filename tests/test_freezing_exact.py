@@ -127,7 +127,7 @@ def run_pipeline(schedule: str, ratio: float, ac: bool, overlap: bool = False, p
     views = build_stage_views(stages, n_layers=2 * n_stages)
     method = RandomPerAction(views, ratio)
     pairs = stage_hooks.overlap_pairs(sched)
-    hook = FreezingHook(views, method, lambda: 1, pairs=pairs)
+    hook = FreezingHook(views, method, lambda: 1, pairs=pairs, num_microbatches=N_MB)
     order = BackwardOrder()
     prof = ActionProfiler(0, use_cuda=False, pairs=pairs)
     if profiler is not None:
@@ -290,7 +290,7 @@ def test_graph_of_a_frozen_microbatch_does_not_reach_frozen_tensors():
         def frozen_tensors(self, step, stage, mb, accum=0):
             return frozen
 
-    hook = FreezingHook([view], Fixed(), lambda: 1)
+    hook = FreezingHook([view], Fixed(), lambda: 1, num_microbatches=1)
     hook.before_action(0, "F", 0)
     out = part(torch.randint(0, V, (1, SEQ)))
     hook.after_action(0, "F", 0)
@@ -309,7 +309,7 @@ def test_graph_of_a_frozen_microbatch_does_not_reach_frozen_tensors():
     reached_names = {ids[i] for i in reached if i in ids}
     assert reached_names.isdisjoint(frozen)
     assert reached_names == set(view.params) - frozen
-    assert 0 < hook._masks[(0, 0)][1] < 1  # (frozen tensors, applied ratio, bound tensors)
+    assert 0 < hook._masks[(0, 0)][1] < 1  # (frozen tensors, applied ratio, their bits)
 
 
 def test_anchor_is_never_frozen_and_lower_bound_runs_on_first_stage():

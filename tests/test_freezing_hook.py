@@ -29,7 +29,7 @@ def planned_hook(ratio: float):
     m.set_plan({f"0B{mb}": ratio for mb in range(4)})
     view = m.ctx.stages[0]
     accum, step = [0], [0]
-    return m, view, FreezingHook([view], m, lambda: step[0], lambda: accum[0]), accum, step
+    return m, view, FreezingHook([view], m, lambda: step[0], lambda: accum[0], num_microbatches=4), accum, step
 
 
 def test_each_accumulation_batch_draws_its_own_masks():
@@ -94,7 +94,7 @@ def test_drawing_a_batch_ahead_applies_the_same_masks():
         m.set_plan({f"0B{mb}": 0.1 + 0.2 * mb for mb in range(4)})
         view = m.ctx.stages[0]
         accum, step = [0], [0]
-        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], draw_ahead=ahead)
+        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], num_microbatches=4, draw_ahead=bool(ahead))
         calls = []
         draw = hook.draw
         hook.draw = lambda *a: calls.append(a) or draw(*a)
@@ -118,35 +118,39 @@ def test_drawing_a_batch_ahead_applies_the_same_masks():
 
 def test_draw_ahead_waits_for_a_method_whose_masks_may_change_in_a_batch():
     m = make()
-    assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 4
+    assert FreezingHook(m.ctx.stages, m, lambda: 1, num_microbatches=4, draw_ahead=True).draw_ahead == 4
     m.masks_fixed_in_batch = False
-    assert FreezingHook(m.ctx.stages, m, lambda: 1, draw_ahead=4).draw_ahead == 0
+    assert FreezingHook(m.ctx.stages, m, lambda: 1, num_microbatches=4, draw_ahead=True).draw_ahead == 0
 
 
-def test_b_and_w_switch_only_on_a_stage_that_recomputes_its_forward():
-    """I always runs with its microbatch's set off (torch then skips the frozen tensors' accumulators); B and W only
-    where activation checkpointing recomputes the forward inside them (the exactness tests check the gradients)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+def test_every_action_runs_with_its_microbatchs_set_off_and_the_batch_ends_with_every_tensor_on():
+    """F, I, W and B of a microbatch each run with exactly that microbatch's drawn set off (B and W as I: a tensor of
+    the set is in none of the microbatch's graph, and checkpointed blocks recompute with the forward's flags); between
+    two actions the flags stay as the first left them; after the stage's last backward of the batch (the fourth B or W
+    here) every tensor is on again, and ``end_step`` puts every tensor on whatever ran."""
+    m, view, hook, accum, step = planned_hook(0.6)
+    step[0] = PH.ramp_end + 1
 
-    from timelyfreeze.hooks.freezing import recomputes_forward
+    def off():
+        return {n for n, p in view.params.items() if not p.requires_grad}
 
-    assert not recomputes_forward(torch.nn.Sequential(torch.nn.Linear(2, 2)))
-    assert recomputes_forward(torch.nn.Sequential(checkpoint_wrapper(torch.nn.Linear(2, 2))))
-    for recomputes in (False, True):
-        m, view, hook, accum, step = planned_hook(0.6)
-        hook.recomputes[0] = recomputes
-        step[0] = PH.ramp_end + 1
-        hook.before_action(0, "F", 1)
-        frozen = {n for n, p in view.params.items() if not p.requires_grad}
-        assert frozen
-        hook.after_action(0, "F", 1)
-        for kind in ("I", "W"):
-            hook.before_action(0, kind, 1)
-            off = {n for n, p in view.params.items() if not p.requires_grad}
-            assert off == (frozen if kind == "I" or recomputes else set()), (kind, recomputes)
-            hook.after_action(0, kind, 1)
-            assert all(p.requires_grad for p in view.params.values())
-        assert hook.end_step()["0W1"] == [(hook.ratio_of(0, tuple(n for n in view.params if n in frozen)), len(frozen))]
+    sets = {}
+    order = [("F", 0), ("F", 1), ("I", 0), ("W", 0), ("F", 2), ("B", 1), ("F", 3), ("I", 2), ("B", 3), ("W", 2)]
+    for i, (kind, mb) in enumerate(order):
+        hook.before_action(0, kind, mb)
+        if kind == "F":
+            sets[mb] = set(hook.draw(step[0], 0, mb))
+        assert off() == sets[mb], (kind, mb)
+        assert hook.switch[0].off == hook.switch[0].bits(sets[mb])
+        hook.after_action(0, kind, mb)
+        if i < len(order) - 1:
+            assert off() == sets[mb], (kind, mb)  # left as it is until the next action
+    assert all(sets.values()) and len({frozenset(x) for x in sets.values()}) > 1  # the test switched something
+    assert not off() and hook.switch[0].off == 0
+    hook.before_action(0, "F", 0)  # a batch stopped short of its last backward
+    assert off()
+    hook.end_step()
+    assert not off() and hook.switch[0].off == 0
 
 
 def test_prepare_draws_the_batch_before_its_first_forward():
@@ -158,7 +162,7 @@ def test_prepare_draws_the_batch_before_its_first_forward():
         m.set_plan({f"0B{mb}": 0.1 + 0.2 * mb for mb in range(4)})
         view = m.ctx.stages[0]
         accum, step = [0], [PH.ramp_end + 1]
-        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], draw_ahead=4)
+        hook = FreezingHook([view], m, lambda: step[0], lambda: accum[0], num_microbatches=4, draw_ahead=True)
         calls = []
         draw = hook.draw
         hook.draw = lambda *a: calls.append(a) or draw(*a)

@@ -86,3 +86,20 @@ def test_without_fsdp_the_tensor_itself_is_switched():
     assert not model.weight.requires_grad and model.bias.requires_grad
     switch.set(["weight"], True)
     assert model.weight.requires_grad
+
+
+def test_a_move_switches_off_exactly_the_target_and_keeps_count():
+    """``move`` goes from the tensors off now to the target's, whatever came before; ``set`` changes only its names."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 3))
+    params = dict(model.named_parameters())
+    switch = ParamSwitch(model, params)
+    names = list(params)
+    for target in (["0.weight", "1.bias"], ["1.bias", "1.weight"], [], names, ["0.bias"]):
+        switch.move(switch.bits(target))
+        assert {n for n, p in params.items() if not p.requires_grad} == set(target)
+        assert switch.off == switch.bits(target)
+    switch.set(["1.weight"], False)
+    assert {n for n, p in params.items() if not p.requires_grad} == {"0.bias", "1.weight"}
+    switch.set(["0.bias", "0.weight"], True)
+    assert {n for n, p in params.items() if not p.requires_grad} == {"1.weight"}
+    assert switch.off == switch.bits(["1.weight"])

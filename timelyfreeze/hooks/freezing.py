@@ -7,16 +7,20 @@ call. The autograd graph recorded for ``m`` then has no edge to those leaves, so
 while other microbatches (recorded with the tensors trainable) are untouched and every other
 gradient is computed by exactly the same operations as without freezing.
 
-The same set is switched off again around ``m``'s input-gradient action (I). The gradients would be the same with it
-on (``tests/test_freezing_exact.py`` passes either way): a frozen tensor reaches no node of ``m``'s graph, so
-``stage_backward_input`` puts it in none of the groups whose gradients W computes. Switched off, torch skips looking
-up its gradient accumulator (a ``view_as`` each: about 3.7 us warm, against 0.24 us for the two switches, one
-microbenchmark) and walking its closure. A full backward (B) reads no flags: autograd follows the graph recorded at the
-forward. W looks up every weight's accumulator and finds those of ``m``'s groups, as every tensor is on outside F and
-I. So the hook switches around B and W only on a stage with activation
-checkpointing (``checkpoint_wrapper``, as TorchTitan applies it), where the forward is recomputed inside the
-backward and the recomputation must see the same ``requires_grad`` flags as the original forward (otherwise
-autograd would save a different set of tensors and the checkpoint's recomputed graph would not match).
+Every other action of ``m`` (B, I, W) runs with the same set off, and the switch moves from one set to the next
+(``ParamSwitch.move``): only the tensors whose flag differs are set, and after the stage's last backward of the batch
+(every microbatch's B or W ended) every tensor is on again. A tensor in ``m``'s set is in none of ``m``'s graph, so
+an action of ``m`` never needs it on; every tensor outside the set is on for every action of ``m``, as the graph
+recorded at the forward needs (a B accumulates no gradient into a tensor switched off, and W finds the accumulators
+of ``m``'s weights through their flags). Off at I and W, torch skips looking up a frozen tensor's gradient
+accumulator (a ``view_as`` each, about 3.7 us warm); and on a stage with activation checkpointing
+(``checkpoint_wrapper``, as TorchTitan applies it), where the forward is recomputed inside the backward, the
+recomputation sees the flags of the original forward, as it must (otherwise autograd would save a different set of
+tensors and the checkpoint's recomputed graph would not match). Between two actions of one stage the flags stay as
+the first left them: two random sets with ratio ``r`` share ``r**2`` of the tensors on average, so going straight
+from one to the next sets about ``2 r (1 - r)`` of the stage's flags where switching back on after each action and
+off before the next set ``2 r``; and the action after an I of the same microbatch (its W, in the zero-bubble
+schedules) sets none.
 
 Under FSDP2 the stage computes with unsharded copies of its parameters; ``timelyfreeze.hooks.param_switch``
 sets the flag on those too. Every data-parallel replica of a stage draws the same masks (they depend
@@ -47,11 +51,11 @@ from timelyfreeze.hooks.stage_hooks import ActionNames
 from timelyfreeze.job.stage_view import StageView
 from timelyfreeze.methods.base import FreezeMethod
 
-Mask = tuple[tuple[str, ...], float, tuple]
+Mask = tuple[tuple[str, ...], float, int]
 """One forward's draw: the frozen tensors (registration order), the applied ratio by elements, and the tensors as the
-stage's switch takes them (``ParamSwitch.bind``)."""
+stage's switch takes them (``ParamSwitch.bits``)."""
 
-_NO_MASK: Mask = ((), 0.0, ())
+_NO_MASK: Mask = ((), 0.0, 0)
 """The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
 
 
@@ -65,7 +69,9 @@ class FreezingHook:
         get_step: Callable[[], int],
         get_accum: Callable[[], int] = lambda: 0,
         pairs: dict[str, str] | None = None,
-        draw_ahead: int = 0,
+        *,
+        num_microbatches: int,
+        draw_ahead: bool = False,
     ):
         self.views = {v.stage: v for v in views}
         self.names = ActionNames(pairs)
@@ -82,9 +88,11 @@ class FreezingHook:
         self._total = {s: sum(numel.values()) for s, numel in self._numel.items()}
         self.switch = {v.stage: ParamSwitch(v.module, v.params) for v in views}
         """Per stage: sets ``requires_grad`` on the tensors the stage computes with (FSDP2 included)."""
-        self.recomputes = {v.stage: recomputes_forward(v.module) for v in views}
-        """Per stage: its backward recomputes forward blocks (activation checkpointing), so B and W switch too."""
-        self.draw_ahead = draw_ahead if method.masks_fixed_in_batch else 0
+        self.num_microbatches = num_microbatches
+        """Microbatches per batch: after a stage's that many backwards (B or W) every tensor of it is on again."""
+        self._left = dict.fromkeys(self.views, num_microbatches)
+        """Per stage, the backwards of the batch still to end."""
+        self.draw_ahead = num_microbatches if draw_ahead and method.masks_fixed_in_batch else 0
         """Microbatches per batch whose masks are drawn at once, by :meth:`prepare` or else by the batch's first forward
         (0: each forward draws its own)."""
         self._ahead: dict[tuple[int, int], Mask] = {}
@@ -112,17 +120,11 @@ class FreezingHook:
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         if kind == "F":
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
-        elif kind == "I" or self.recomputes[stage]:  # (:meth:`reads_flags`, written out: every action comes here)
-            mask = self._masks.get((stage, microbatch), _NO_MASK)
         else:
-            return
-        self.switch[stage].flip(mask[2], False)
-
-    def reads_flags(self, stage: int, kind: str) -> bool:
-        """Whether an action of ``kind`` on ``stage`` runs with its microbatch's set switched off: F (its graph leaves
-        them out) and I (torch skips their accumulators) always, B and W only where the stage recomputes its forward
-        inside them (module docstring; the listener's two calls test the same, written out)."""
-        return kind == "F" or kind == "I" or self.recomputes[stage]
+            mask = self._masks.get((stage, microbatch), _NO_MASK)
+        switch = self.switch[stage]
+        if switch.off != mask[2]:
+            switch.move(mask[2])
 
     def prepare(self, step: int, accum: int) -> None:
         """Accumulation batch ``accum`` of ``step`` is about to run: with ``draw_ahead``, draw its masks now, before
@@ -150,7 +152,7 @@ class FreezingHook:
 
     def _drawn(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         frozen = self.draw(step, stage, microbatch, accum)
-        return frozen, self.ratio_of(stage, frozen), self.switch[stage].bind(frozen)
+        return frozen, self.ratio_of(stage, frozen), self.switch[stage].bits(frozen)
 
     def draw(self, step: int, stage: int, microbatch: int, accum: int = 0) -> tuple[str, ...]:
         """The tensors the method leaves out of ``microbatch`` on ``stage`` (the anchor kept where the method
@@ -171,21 +173,29 @@ class FreezingHook:
         return self._total[stage]
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        key = (stage, microbatch)
         if kind == "B" or kind == "W":
-            mask = self._masks.pop(key, _NO_MASK)
-            if self.recomputes[stage]:  # (B and W run with the set off only there: :meth:`reads_flags`)
-                self.switch[stage].flip(mask[2], True)
-            self._done.append((stage, kind, microbatch, mask))
+            self._done.append((stage, kind, microbatch, self._masks.pop((stage, microbatch), _NO_MASK)))
+            self.backward_ended(stage)
+
+    def backward_ended(self, stage: int) -> None:
+        """A microbatch's backward (B or W) ended on ``stage``: after the batch's last, every tensor is on again."""
+        left = self._left[stage] - 1
+        if left > 0:
+            self._left[stage] = left
         else:
-            self.switch[stage].flip(self._masks.get(key, _NO_MASK)[2], True)
+            self._left[stage] = self.num_microbatches
+            self.switch[stage].move(0)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:
-        """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state."""
+        """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state (every
+        tensor on, where a batch stopped short of its last backward)."""
         out = self.applied
         self._applied = {}
         self._ahead, self._ahead_of = {}, None
         self._masks.clear()
+        for stage, switch in self.switch.items():
+            switch.move(0)
+            self._left[stage] = self.num_microbatches
         return out
 
     def freezable_tensors(self) -> dict[int, int]:
@@ -193,11 +203,3 @@ class FreezingHook:
         may freeze it)."""
         keep = not self.method.may_freeze_anchor
         return {s: len(v.params) - (v.anchor is not None and keep) for s, v in self.views.items()}
-
-
-def recomputes_forward(module) -> bool:
-    """True if ``module`` holds activation-checkpointed blocks (``checkpoint_wrapper``, TorchTitan's way; compiled
-    graphs recompute inside their own backward, fixed at the forward, and need no flags)."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-
-    return any(isinstance(m, CheckpointWrapper) for m in module.modules())

@@ -52,10 +52,16 @@ def _fsdp_params_by_name(module: torch.nn.Module) -> dict[str, object]:
 
 
 class ParamSwitch:
-    """``set(names, flag)`` on one stage module's parameters (by their names in the module)."""
+    """``requires_grad`` of one stage module's parameters (by their names in the module), switched from one set of
+    tensors off to the next: :attr:`off` says which are off now, and :meth:`move` sets only the flags that differ."""
 
     def __init__(self, module: torch.nn.Module, params: dict[str, torch.nn.Parameter]):
         self._params = params
+        self._names = tuple(params)
+        self._tensors = tuple(params.values())
+        self._bit = {n: 1 << i for i, n in enumerate(params)}
+        self.off = 0
+        """The tensors off now, as :meth:`bits` writes them (every flag the switch set; 0: every tensor on)."""
         self._fsdp = _fsdp_params_by_name(module)
         if not self._fsdp:
             return
@@ -73,25 +79,44 @@ class ParamSwitch:
         """True if FSDP2 manages (some of) the stage's parameters."""
         return bool(self._fsdp)
 
-    def bind(self, names) -> tuple:
-        """What :meth:`flip` switches for ``names``, looked up once: the parameters themselves without FSDP (the loop
-        then touches no name), the names under FSDP (whose unsharded copies are found at each switch)."""
-        if not self._fsdp:
-            return tuple(map(self._params.__getitem__, names))
-        return tuple(names)
+    def bits(self, names) -> int:
+        """``names`` as one integer, looked up once: bit ``i`` for the ``i``-th tensor in registration order."""
+        out = 0
+        for n in names:
+            out |= self._bit[n]
+        return out
 
-    def flip(self, bound: tuple, flag: bool) -> None:
-        """``set`` of the names ``bound`` was made from (:meth:`bind`)."""
-        if not self._fsdp:  # (the attribute's setter: the checks of ``requires_grad_``, without its argument parsing)
-            for p in bound:
-                p.requires_grad = flag
+    def move(self, target: int) -> None:
+        """Switch off exactly the tensors of ``target`` (:meth:`bits`), every other one on, from :attr:`off`: only the
+        flags that differ are set (a tensor off in both stays off untouched)."""
+        off = self.off
+        if off == target:
             return
-        self.set(bound, flag)
+        self.off = target
+        on, down = off & ~target, target & ~off
+        if self._fsdp:
+            self._set_fsdp(self._names_of(on), True)
+            self._set_fsdp(self._names_of(down), False)
+            return
+        tensors = self._tensors  # (the attribute's setter: the checks of ``requires_grad_``, without its parsing)
+        while on:
+            low = on & -on
+            tensors[low.bit_length() - 1].requires_grad = True
+            on ^= low
+        while down:
+            low = down & -down
+            tensors[low.bit_length() - 1].requires_grad = False
+            down ^= low
 
     def set(self, names, flag: bool) -> None:
-        if not self._fsdp:
-            self.flip(self.bind(names), flag)
-            return
+        """``requires_grad = flag`` on ``names``, the others as they are."""
+        bits = self.bits(names)
+        self.move(self.off & ~bits if flag else self.off | bits)
+
+    def _names_of(self, bits: int) -> list[str]:
+        return [n for i, n in enumerate(self._names) if bits >> i & 1]
+
+    def _set_fsdp(self, names, flag: bool) -> None:
         for n in names:
             fp = self._fsdp.get(n)
             if fp is None:

@@ -95,7 +95,8 @@ class FreezeRuntime:
             lambda: self.step,
             lambda: self.accum,
             pairs=pipeline.pairs,
-            draw_ahead=0 if info.use_cuda else info.num_microbatches,  # on a CPU a batch's draws are made at once
+            num_microbatches=info.num_microbatches,
+            draw_ahead=not info.use_cuda,  # on a CPU a batch's draws are made at once
         )
         self._stages = pipeline.stages
         self._hooks_on = False

@@ -158,27 +158,26 @@ class _TimedResult:
 
 
 class _MaskListener:
-    """The minimal freezing path of a masked step: ``requires_grad`` off on the step's pre-drawn tensors of
-    (stage, microbatch) around each of its actions that runs with them off (``reads_flags``), as the freezing hook
-    switches them; the switches timed."""
+    """The minimal freezing path of a masked step: the step's pre-drawn tensors of (stage, microbatch) off for each of
+    its actions, switched as the freezing hook switches them (``ParamSwitch.move``, every tensor on again after the
+    stage's last backward of the batch); the switches timed."""
 
     def __init__(self, hook, masks: dict[tuple[int, int], tuple[str, ...]], clock: list[float]):
-        self.switch, self.reads_flags, self.clock = hook.switch, hook.reads_flags, clock
-        self.masks = {(st, mb): hook.switch[st].bind(f) for (st, mb), f in masks.items()}  # as the hook keeps them
+        self.switch, self.backward_ended, self.clock = hook.switch, hook.backward_ended, clock
+        self.masks = {(st, mb): hook.switch[st].bits(f) for (st, mb), f in masks.items()}  # as the hook keeps them
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if not self.reads_flags(stage, kind):  # the hook's rule
-            return
         t = time.perf_counter()
-        self.switch[stage].flip(self.masks.get((stage, microbatch), ()), False)
+        switch, bits = self.switch[stage], self.masks.get((stage, microbatch), 0)
+        if switch.off != bits:
+            switch.move(bits)
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
-        if not self.reads_flags(stage, kind):
-            return
-        t = time.perf_counter()
-        self.switch[stage].flip(self.masks.get((stage, microbatch), ()), True)
-        self.clock[0] += time.perf_counter() - t
+        if kind == "B" or kind == "W":
+            t = time.perf_counter()
+            self.backward_ended(stage)
+            self.clock[0] += time.perf_counter() - t
 
 
 def _no_draws(step: int, accum: int) -> None:
