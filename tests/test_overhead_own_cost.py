@@ -1,7 +1,7 @@
 """The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
 the one-pass drift check and the overlapped gather), ``overhead-4`` (after the freezing hook's and the step's second
-pass), ``overhead-5`` (fewer switches, one longest path a step), ``overhead-6`` (the draws in ``begin_batch``) and
-``overhead-7`` (each action's whole frame counted).
+pass), ``overhead-5`` (fewer switches, one longest path a step), ``overhead-6`` (the draws in ``begin_batch``),
+``overhead-7`` (each action's whole frame counted) and ``overhead-8`` (the switches set lazily).
 Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6", "overhead-7")
+RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6", "overhead-7", "overhead-8")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
@@ -104,14 +104,15 @@ def test_overhead_6_compares_its_code_and_its_steps_with_overhead_5s():
     )
 
 
-def test_overhead_7_quotes_its_split_conditions_and_overhead_6s_figures():
-    """overhead-7's page: *own*'s split by part (the actions' frames, the draws, the rest; mean ms per step), the
-    masked steps' switches and draw, the jobs' load and masked steps, and overhead-6's means beside its own."""
-    lines = _lines("overhead-7")
-    one = " ".join((_folder("overhead-7") / "README.md").read_text().split())
+def _split_conditions_and_before(run: str, before_run: str) -> tuple[list[dict], list[dict], str]:
+    """The checks a whole-frame page (overhead-7 on) shares: *own*'s split by part (the actions' frames, the draws, the
+    rest; mean ms per step), the masked steps' switches and draw, the jobs' load and masked steps, and the run before's
+    mean *own* beside its own. Returns (its lines, the run before's lines, the page's text on one line)."""
+    lines, before = _lines(run), _lines(before_run)
+    one = " ".join((_folder(run) / "README.md").read_text().split())
 
-    def mean(key, schedule, run_lines=lines):
-        return mean_ci(r[key] for r in run_lines if r["schedule"] == schedule)[0]
+    def mean(key, schedule):
+        return mean_ci(r[key] for r in lines if r["schedule"] == schedule)[0]
 
     split = {s: [f"{mean(k, s):.2f}" for k in ("own_actions_ms", "own_draws_ms", "own_step_ms")] for s in SCHEDULES}
     words = "1F1B the actions' frames {}, the draws {}, `begin_step`/`end_step` and the other calls {}"
@@ -123,9 +124,19 @@ def test_overhead_7_quotes_its_split_conditions_and_overhead_6s_figures():
     assert f"was {min(load):.2f}-{max(load):.2f}, every job" in one
     masked = [round(r["plain_ms"]) for r in lines]
     assert f"Masked steps took {min(masked)}-{max(masked)} ms" in one
-    before = _lines("overhead-6")
-    own6 = [f"{mean_ci(r['own_pct'] for r in before if r['schedule'] == s)[0]:.2f}" for s in SCHEDULES]
-    assert "overhead-6 had {} % (1F1B) and {} % (ZBV)".format(*own6) in one
+    own = [f"{mean_ci(r['own_pct'] for r in before if r['schedule'] == s)[0]:.2f}" for s in SCHEDULES]
+    assert "{} had {} % (1F1B) and {} % (ZBV)".format(before_run, *own) in one
+    return lines, before, one
+
+
+def test_overhead_7_quotes_its_split_conditions_and_overhead_6s_figures():
+    """overhead-7's page: *own*'s split by part (the actions' frames, the draws, the rest; mean ms per step), the
+    masked steps' switches and draw, the jobs' load and masked steps, and overhead-6's means beside its own."""
+    lines, before, one = _split_conditions_and_before("overhead-7", "overhead-6")
+
+    def mean(key, schedule):
+        return mean_ci(r[key] for r in lines if r["schedule"] == schedule)[0]
+
     b, a = (sum(r["plain_ms"] for r in x) / len(x) for x in (before, lines))
     assert f"medians was {a:.0f} ms, against {b:.0f} ms in overhead-6" in one
     assert f"ran about {round(100 * (a / b - 1))} % slower" in one
@@ -133,3 +144,45 @@ def test_overhead_7_quotes_its_split_conditions_and_overhead_6s_figures():
     assert f"ZBV's jobs spread over {min(zbv):.2f}-{max(zbv):.2f} %" in one
     ms = [f"{mean(k, s):.1f}" for s, k in (("1F1B", "own_ms"), ("ZBVZeroBubble", "own_ms"))]
     assert "about {} ms of a 1F1B step and about {} ms of a ZBV step".format(*ms) in one
+
+
+def test_overhead_8_quotes_its_split_conditions_overhead_7s_figures_and_own_less_the_switches():
+    """overhead-8's page: *own*'s split by part and the masked steps' switches and draw (means), the jobs' load and
+    masked steps, overhead-7's means beside its own, and beside the verdict *own less the switches*: per job
+    ``own_pct - switch_pct``, mean [95 % t-interval] over the 6 jobs of each schedule."""
+    lines, before, one = _split_conditions_and_before("overhead-8", "overhead-7")
+    less = []
+    for s in SCHEDULES:
+        m, lo, hi, n = mean_ci(r["own_pct"] - r["switch_pct"] for r in lines if r["schedule"] == s)
+        assert n == 6
+        less.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}] %")
+    assert "own less the switches: 1F1B {}, ZBV {}".format(*less) in one
+    switch7 = [f"{mean_ci(r['switch_pct'] for r in before if r['schedule'] == s)[0]:.3f}" for s in SCHEDULES]
+    assert "(overhead-7, by the old rule: {} and {} %)".format(*switch7) in one
+    b, a = (sum(r["plain_ms"] for r in x) / len(x) for x in (before, lines))
+    assert f"medians was {a:.0f} ms, against {b:.0f} ms in overhead-7" in one
+    zbv = [r["own_pct"] for r in lines if r["schedule"] == "ZBVZeroBubble"]
+    assert f"its jobs spread over {min(zbv):.2f}-{max(zbv):.2f} %" in one
+    wall = [
+        "{:.2f} [{:.2f}, {:.2f}] %".format(*mean_ci(r["overhead_pct"] for r in lines if r["schedule"] == s)[:3])
+        for s in SCHEDULES
+    ]
+    assert "The wall comparison resolves nothing ({} and {})".format(*wall) in one
+
+
+def test_the_runtime_index_quotes_overhead_8():
+    """``docs/results/runtime/README.md``'s sentence on overhead-8: own per schedule (mean [interval], ms) and own
+    less the switches, from the result lines."""
+    lines = _lines("overhead-8")
+    index = " ".join((ROOT / "docs" / "results" / "runtime" / "README.md").read_text().split())
+
+    def ci(values):
+        m, lo, hi, _ = mean_ci(values)
+        return f"{m:.2f} % [{lo:.2f}, {hi:.2f}]"
+
+    by = {s: [r for r in lines if r["schedule"] == s] for s in SCHEDULES}
+    own = [ci(r["own_pct"] for r in by[s]) for s in SCHEDULES]
+    ms = [f"{mean_ci(r['own_ms'] for r in by[s])[0]:.1f}" for s in SCHEDULES]
+    assert f"gives {own[0]} (1F1B, {ms[0]} ms) and {own[1]} (ZBV, {ms[1]} ms)" in index
+    less = [ci(r["own_pct"] - r["switch_pct"] for r in by[s]) for s in SCHEDULES]
+    assert f"{less[0]} and {less[1]}." in index
