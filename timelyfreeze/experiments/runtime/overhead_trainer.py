@@ -40,8 +40,9 @@ With ``TIMELYFREEZE_OVERHEAD_MODE=masked`` (``bench_runtime.py --overhead-masked
 force: it freezes what the plan says, without the runtime. Before its clock starts, the freezing hook's own
 ``draw`` picks the frozen tensors of every (local stage, microbatch) of the step (the same method, the same plan in
 force, the same draw as an attached step's); during the step a minimal stage-hook listener only switches
-``requires_grad`` on them around each action (the hook's ``ParamSwitch``): no profiler, trace, gather, metrics
-or drift check. Each masked row also has ``draw_s`` (the draw, timed) and ``switch_s`` (the switches, timed),
+``requires_grad`` on them before each action, by the hook's rule and through its ``ParamSwitch`` (every tensor on
+again after a stage's last backward): no profiler, trace, gather, metrics or drift check. Each masked row also
+has ``draw_s`` (the draw, timed) and ``switch_s`` (the switches, timed),
 each the rank that spent most, and ``ratio`` (the mean applied freeze ratio over the step's (stage,
 microbatch)s, by elements over every rank's stages, as the metrics' ``freeze_ratio``), as attached rows have
 ``ratio`` (rows of the older bench also ``hook_s``, the freezing hook's calls: draw and switches inside the full
