@@ -199,6 +199,8 @@ CASES = [
     ("DualPipeV", False),  # B, I then W, and OVERLAP_F_B pairs (forward of one stage + B of the other)
     ("1F1B", True),  # activation checkpointing: forward recomputed inside B
     ("GPipe", True),
+    ("ZBVZeroBubble", True),  # ... and inside W, which must see the forward's flags (every tensor on there fails)
+    ("DualPipeV", True),
 ]
 
 
@@ -211,6 +213,7 @@ def test_dualpipev_exact_under_torchtitan_overlap_callback():
     """DualPipeV as TorchTitan runs it on GPU hosts: each pair's backward in a second thread, concurrently
     with its forward; the freezing hook's per-stage switches still give bit-identical gradients."""
     check_exact("DualPipeV", ac=False, overlap=True)
+    check_exact("DualPipeV", ac=True, overlap=True)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["torch-loop", "overlap-callback"])
@@ -261,7 +264,7 @@ def check_exact(schedule: str, ac: bool, overlap: bool = False):
                     f"by {(p.grad - expected).abs().max().item():.3e}"
                 )
     assert n_frozen_somewhere > 0  # the test really froze something
-    # requires_grad is restored after every action
+    # every tensor is on again after each stage's last backward of the batch
     assert all(p.requires_grad for v in views for p in v.params.values())
 
 

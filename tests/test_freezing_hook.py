@@ -147,10 +147,13 @@ def test_every_action_runs_with_its_microbatchs_set_off_and_the_batch_ends_with_
             assert off() == sets[mb], (kind, mb)  # left as it is until the next action
     assert all(sets.values()) and len({frozenset(x) for x in sets.values()}) > 1  # the test switched something
     assert not off() and hook.switch[0].off == 0
-    hook.before_action(0, "F", 0)  # a batch stopped short of its last backward
-    assert off()
-    hook.end_step()
-    assert not off() and hook.switch[0].off == 0
+    for reset in (hook.end_step, hook.all_on):  # a batch stopped short of its last backward (``all_on``: the runtime
+        hook.before_action(0, "F", 0)  # calls it when it takes the hooks off, as after an exception)
+        assert off() and hook._left[0] == 4
+        hook.after_action(0, "B", 0)
+        assert off() == sets[0] and hook._left[0] == 3
+        reset()
+        assert not off() and hook.switch[0].off == 0 and hook._left[0] == 4
 
 
 def test_prepare_draws_the_batch_before_its_first_forward():

@@ -1,10 +1,10 @@
 """The one freezing hook every method goes through.
 
 Before the forward of microbatch ``m`` on stage ``s`` the hook asks the method which parameter
-tensors that microbatch leaves out and sets ``requires_grad=False`` on them for the duration of the
-call. The autograd graph recorded for ``m`` then has no edge to those leaves, so the backward of
-``m`` -- full (B) or split (I then W) -- neither computes nor accumulates their weight gradient,
-while other microbatches (recorded with the tensors trainable) are untouched and every other
+tensors that microbatch leaves out and sets ``requires_grad=False`` on them for the call (and, below,
+for the microbatch's other actions). The autograd graph recorded for ``m`` then has no edge to those
+leaves, so the backward of ``m`` -- full (B) or split (I then W) -- neither computes nor accumulates
+their weight gradient, while other microbatches (recorded with the tensors trainable) are untouched and every other
 gradient is computed by exactly the same operations as without freezing.
 
 Every other action of ``m`` (B, I, W) runs with the same set off, and the switch moves from one set to the next
@@ -193,10 +193,16 @@ class FreezingHook:
         self._applied = {}
         self._ahead, self._ahead_of = {}, None
         self._masks.clear()
+        self.all_on()
+        return out
+
+    def all_on(self) -> None:
+        """Every tensor on and every stage's batch count back at its start: the state between batches (``end_step``;
+        the runtime's ``detach_hooks``, so that a batch an exception broke leaves no flag off once the hooks are
+        off)."""
         for stage, switch in self.switch.items():
             switch.move(0)
             self._left[stage] = self.num_microbatches
-        return out
 
     def freezable_tensors(self) -> dict[int, int]:
         """Number of tensors each local stage can freeze (all trainable tensors but the anchor, unless the method

@@ -133,9 +133,10 @@ class FreezeRuntime:
             self._hooks_on = True
 
     def detach_hooks(self) -> None:
-        """Remove the stage hooks (plain compute; used by the overhead benchmark)."""
+        """Remove the stage hooks (plain compute; used by the overhead benchmark and ``close``), every tensor on."""
         for st in self._stages:
             stage_hooks.uninstall(st)
+        self.hook.all_on()
         self._hooks_on = False
 
     # -- per step --------------------------------------------------------------------------------
