@@ -122,9 +122,7 @@ class FreezingHook:
             mask = self._masks[(stage, microbatch)] = self._mask(self.get_step(), stage, microbatch, self.get_accum())
         else:
             mask = self._masks.get((stage, microbatch), _NO_MASK)
-        switch = self.switch[stage]
-        if switch.off != mask[2]:
-            switch.move(mask[2])
+        self.switch[stage].move(mask[2])
 
     def prepare(self, step: int, accum: int) -> None:
         """Accumulation batch ``accum`` of ``step`` is about to run: with ``draw_ahead``, draw its masks now, before
@@ -183,8 +181,7 @@ class FreezingHook:
         if left > 0:
             self._left[stage] = left
         else:
-            self._left[stage] = self.num_microbatches
-            self.switch[stage].move(0)
+            self._stage_on(stage)
 
     def end_step(self) -> dict[str, list[tuple[float, int]]]:
         """(ratio, tensor count) of the step's backward actions, per accumulation batch; resets the state (every
@@ -200,9 +197,13 @@ class FreezingHook:
         """Every tensor on and every stage's batch count back at its start: the state between batches (``end_step``;
         the runtime's ``detach_hooks``, so that a batch an exception broke leaves no flag off once the hooks are
         off)."""
-        for stage, switch in self.switch.items():
-            switch.move(0)
-            self._left[stage] = self.num_microbatches
+        for stage in self.switch:
+            self._stage_on(stage)
+
+    def _stage_on(self, stage: int) -> None:
+        """Every tensor of ``stage`` on, and its batch count back at its start."""
+        self.switch[stage].move(0)
+        self._left[stage] = self.num_microbatches
 
     def freezable_tensors(self) -> dict[int, int]:
         """Number of tensors each local stage can freeze (all trainable tensors but the anchor, unless the method

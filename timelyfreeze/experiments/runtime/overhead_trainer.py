@@ -169,9 +169,7 @@ class _MaskListener:
 
     def before_action(self, stage: int, kind: str, microbatch: int) -> None:
         t = time.perf_counter()
-        switch, bits = self.switch[stage], self.masks.get((stage, microbatch), 0)
-        if switch.off != bits:
-            switch.move(bits)
+        self.switch[stage].move(self.masks.get((stage, microbatch), 0))
         self.clock[0] += time.perf_counter() - t
 
     def after_action(self, stage: int, kind: str, microbatch: int) -> None:
