@@ -91,6 +91,25 @@ def test_scaled_weights_scale_both_bounds_of_a_group():
         assert sw.w_max[a] == weights.w_max[a] * k and sw.w_min[a] == weights.w_min[a] * k
 
 
+def test_a_stable_steps_factors_are_computed_once_and_match_the_ones_made_from_its_scales():
+    """``observe_step`` hands the step's machine and rank factors to the drift check and keeps the window entry's
+    corrected scales and rank speeds made from them: the same as computing each from the scales, and the same as an
+    entry restored from a checkpoint (without them) gets."""
+    meta, weights, plan, ratios = setup()
+    rp = Replanner(meta, threshold=0.1, patience=2)
+    assert rp.observe_step({"1F": 3.0}) is None  # no plan yet
+    rp.install(as_lists(weights), ratios, plan.batch_time_ms)
+    for scales in ({"0F": 1.1, "0B": 1.3, "1F": 0.9, "1B": 1.2}, {"0B": 1.3, "1B": 1.2}, {"1F": 1.05, "0B": 0.8}):
+        seen = rp.observe_step(scales)
+        assert seen.drift == drift.drift(build_dag(meta), weights, ratios, scales)
+        assert seen.machine_factor == drift.machine_factor(scales)
+        assert seen.rank_factors == drift.rank_factors(scales, rp.ranks)
+        entry = rp.window[-1]
+        factors = drift.rank_factors(scales, rp.ranks)
+        assert entry["relative"] == (drift.corrected_scales(scales, rp.ranks), drift.rank_speeds(factors))
+        assert rp._relative({"drift": entry["drift"], "scales": entry["scales"]}) == entry["relative"]
+
+
 def test_replanner_replans_when_a_group_changes_relative_to_the_machine_over_the_window():
     meta, weights, plan, ratios = setup()
     rp = Replanner(meta, threshold=0.1, patience=3)

@@ -134,10 +134,21 @@ def rank_factors(scales: Mapping[str, float], ranks: Mapping[str, int]) -> dict[
     return {r: float(statistics.median(v)) for r, v in sorted(vals.items())}
 
 
-def corrected_scales(scales: Mapping[str, float], ranks: Mapping[str, int]) -> dict[str, float]:
+def corrected_scales(
+    scales: Mapping[str, float],
+    ranks: Mapping[str, int],
+    factors: Mapping[int, float] | None = None,
+    job: float | None = None,
+) -> dict[str, float]:
     """Every group's scale over its rank's factor (over the job's machine factor where its rank has none,
-    unchanged without either): what changed within a rank."""
-    factors, job = rank_factors(scales, ranks), machine_factor(scales) or 1.0
+    unchanged without either): what changed within a rank. ``factors`` and ``job``: :func:`rank_factors` and
+    :func:`machine_factor` of these ``scales``, where the caller has them (a None ``job`` is computed; it is None
+    also where ``scales`` have no F/I group, and then computed as None again)."""
+    if factors is None:
+        factors = rank_factors(scales, ranks)
+    if job is None:
+        job = machine_factor(scales)
+    job = job or 1.0
     return {g: s / factors.get(ranks.get(g, -1), job) for g, s in scales.items()}
 
 

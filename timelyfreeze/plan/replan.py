@@ -41,6 +41,7 @@ noise floors, the recent scales, the events) is plain data and goes into the che
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from planner.schedule.dag import build_dag
@@ -134,11 +135,20 @@ class Replanner:
     # -- per stable step ------------------------------------------------------------------------
     def observe(self, scales: dict[str, float]) -> float | None:
         """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
+        seen = self.observe_step(scales)
+        return None if seen is None else seen.drift
+
+    def observe_step(self, scales: dict[str, float]) -> StepObservation | None:
+        """:meth:`observe`, with the step's machine factor and rank factors, which the window's entry uses too (each
+        computed once a step; None without a plan or scales)."""
         if self.weights is None or not scales:
             return None
         d = plan_drift.path_drift(self._path, scales)
-        self.window = (self.window + [{"drift": d, "scales": dict(scales)}])[-self.patience :]
-        return d
+        factors = plan_drift.rank_factors(scales, self.ranks)
+        job = plan_drift.machine_factor(scales)
+        relative = (plan_drift.corrected_scales(scales, self.ranks, factors, job), plan_drift.rank_speeds(factors))
+        self.window = (self.window + [{"drift": d, "scales": dict(scales), "relative": relative}])[-self.patience :]
+        return StepObservation(d, job, factors)
 
     def window_drift(self) -> float | None:
         """Median drift of the window (None until it holds ``patience`` steps)."""
@@ -181,8 +191,14 @@ class Replanner:
                 speeds.setdefault(r, []).append(v)
         moved = {g: float(statistics.median(c)) for g, c in corrected.items() if self._held(c, self.limit(g))}
         ranks_moved = {r: float(statistics.median(v)) for r, v in speeds.items() if self._held(v, self.rank_limit(r))}
+        job = plan_drift.machine_factor(scales) or 1.0
         verdict = _Verdict(
-            lambda: self._machine(factors, scales), scales=scales, factors=factors, moved=moved, ranks_moved=ranks_moved
+            lambda: self._machine(factors, job),
+            job,
+            scales=scales,
+            factors=factors,
+            moved=moved,
+            ranks_moved=ranks_moved,
         )
         self._verdict = (self.window, verdict)
         return verdict
@@ -190,9 +206,12 @@ class Replanner:
     def _relative(self, w: dict) -> tuple[dict[str, float], dict[int, float]]:
         """One window step's corrected scales and rank speeds, computed once for the ``patience`` windows that hold
         it (kept in its entry, beside what ``state_dict`` saves of it)."""
-        if "relative" not in w:
+        if "relative" not in w:  # (an entry restored from a checkpoint; ``observe_step`` makes it with the entry)
             factors = plan_drift.rank_factors(w["scales"], self.ranks)
-            w["relative"] = (plan_drift.corrected_scales(w["scales"], self.ranks), plan_drift.rank_speeds(factors))
+            w["relative"] = (
+                plan_drift.corrected_scales(w["scales"], self.ranks, factors),
+                plan_drift.rank_speeds(factors),
+            )
         return w["relative"]
 
     def _held(self, values: list[float], limit: float) -> bool:
@@ -200,24 +219,22 @@ class Replanner:
         from 1 on the same side."""
         return len(values) == len(self.window) and (min(values) - 1.0 > limit or 1.0 - max(values) > limit)
 
-    def _machine(self, factors: dict[int, float], scales: dict[str, float]) -> float:
-        """The plan's batch stretch when every action runs at its rank's factor (the job's median F/I scale for
-        a rank without one; 1 without any): ``m`` of the module docstring."""
-        job = plan_drift.machine_factor(scales) or 1.0
+    def _machine(self, factors: dict[int, float], job: float) -> float:
+        """The plan's batch stretch when every action runs at its rank's factor (``job``, the window's median F/I
+        scale, for a rank without one; 1 without any): ``m`` of the module docstring."""
         if all(f == job for f in factors.values()):
             return job
         per_group = {g: factors.get(r, job) for g, r in self.ranks.items()}
         return 1.0 + plan_drift.path_drift(self._path, per_group)
 
-    def _machine_range(self, verdict: dict[str, Any]) -> tuple[float, float] | None:
+    def _machine_range(self, verdict: _Verdict) -> tuple[float, float] | None:
         """Bounds of :meth:`_machine` (the verdict's ``"machine"``) without its longest path: every duration is
         scaled by one of the ranks' factors (the job's for a rank without one, 1 for a group without a rank) and the
         delays by 1, so every path, the longest too, stretches by a factor between the least and the largest of
         those and 1. None where a negative duration or delay would break that."""
         if not self._path_nonnegative:
             return None
-        factors, scales = verdict["factors"], verdict["scales"]
-        job = plan_drift.machine_factor(scales) or 1.0
+        factors, job = verdict["factors"], verdict.job
         used = [factors.get(r, job) for r in set(self.ranks.values())] + [1.0]
         return min(used), max(used)
 
@@ -399,13 +416,28 @@ def takes_effect(saves: float, frees: float, min_gain: float) -> bool:
     return min_gain == 0.0 or max(saves, frees) >= min_gain
 
 
+@dataclass(frozen=True)
+class StepObservation:
+    """One stable step as :meth:`Replanner.observe_step` saw it."""
+
+    drift: float | None
+    """How much the plan in force would stretch the batch under the step's scales (``planner.timing.drift``)."""
+    machine_factor: float | None
+    """The step's median F/I scale over the job, where it has one (``planner.timing.drift.machine_factor``)."""
+    rank_factors: dict[int, float]
+    """Per pipeline rank, the step's median F/I scale of that rank, where it has one
+    (``planner.timing.drift.rank_factors``)."""
+
+
 class _Verdict(dict):
     """:meth:`Replanner.assess`'s verdict, a plain dict whose ``"machine"`` is computed when first read: a longest
     path, which the stable steps' rescale check mostly does without (``Replanner._machine_range``)."""
 
-    def __init__(self, machine, **fields):
+    def __init__(self, machine, job: float, **fields):
         super().__init__(**fields)
         self._machine = machine
+        self.job = job
+        """The window's median F/I scale over the job (1 without one): the factor of a rank without its own."""
 
     def __missing__(self, key: str):
         if key != "machine":
