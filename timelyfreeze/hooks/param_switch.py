@@ -56,7 +56,6 @@ class ParamSwitch:
     tensors off to the next: :attr:`off` says which are off now, and :meth:`move` sets only the flags that differ."""
 
     def __init__(self, module: torch.nn.Module, params: dict[str, torch.nn.Parameter]):
-        self._params = params
         self._names = tuple(params)
         self._tensors = tuple(params.values())
         self._bit = {n: 1 << i for i, n in enumerate(params)}
@@ -117,11 +116,10 @@ class ParamSwitch:
         return [n for i, n in enumerate(self._names) if bits >> i & 1]
 
     def _set_fsdp(self, names, flag: bool) -> None:
+        """``requires_grad = flag`` on the sharded and unsharded copies of ``names`` (every name FSDP manages: the
+        constructor refuses a stage where it does not)."""
         for n in names:
-            fp = self._fsdp.get(n)
-            if fp is None:
-                self._params[n].requires_grad_(flag)
-                continue
+            fp = self._fsdp[n]
             for t in (
                 fp.sharded_param,
                 getattr(fp, "_unsharded_param", None),
