@@ -182,3 +182,26 @@ def test_prepare_draws_the_batch_before_its_first_forward():
             assert len(calls) == 4 * (b + 1)
         seen.append((masks, sorted(calls)))
     assert seen[0] == seen[1] and any(seen[0][0])
+
+
+def test_a_set_drawn_again_gives_the_same_mask_as_a_fresh_one():
+    """The hook keeps the masks of the sets a method hands over (a plan at ratio 0 or 1 hands the same ones step
+    after step): each equals the one made from the set afresh, past the bound of kept sets too; and TimelyFreeze's
+    draw at ratio 1 is the balanced draw's (every unit) without seeding a generator."""
+    import timelyfreeze.hooks.freezing as freezing
+
+    m = make()
+    m.set_plan({f"0B{mb}": (0.0, 1.0, 0.5, 0.25)[mb] for mb in range(4)})
+    view = m.ctx.stages[0]
+    hook = FreezingHook([view], m, lambda: 0, num_microbatches=4)
+    names = [n for n in view.params if n != view.anchor]
+    numels = [view.params[n].numel() for n in names]
+    for step in range(PH.ramp_end + 1, PH.ramp_end + 1 + 2 * freezing._KNOWN_SETS):
+        for mb in range(4):
+            got = hook._drawn(step, 0, mb, 0)
+            fresh = hook._ordered(0, m.frozen_tensors(step, 0, mb))
+            assert got == (fresh, hook.ratio_of(0, fresh), hook.switch[0].bits(fresh))
+            assert got[0] == hook.draw(step, 0, mb)
+        assert len(hook._ordered_of[0]) <= freezing._KNOWN_SETS and len(hook._mask_of[0]) <= freezing._KNOWN_SETS
+        gen = action_generator(0, m.mask_step(step), 0, 1)
+        assert m.select(step, 0, 1, 1.0) == m._units[0].balanced(1.0, gen) == balanced_subset(names, numels, 1.0, gen)

@@ -55,7 +55,20 @@ Mask = tuple[tuple[str, ...], float, int]
 """One forward's draw: the frozen tensors (registration order), the applied ratio by elements, and the tensors as the
 stage's switch takes them (``ParamSwitch.bits``)."""
 
+_KNOWN_SETS = 64
+"""Sets a stage keeps the draw and mask of (``FreezingHook._ordered_of``, ``_mask_of``; emptied when full: random
+draws rarely repeat)."""
+
 _NO_MASK: Mask = ((), 0.0, 0)
+
+
+def _keep(known: dict, key, value) -> None:
+    """``known[key] = value``, ``known`` emptied first when it holds :data:`_KNOWN_SETS` entries."""
+    if len(known) >= _KNOWN_SETS:
+        known.clear()
+    known[key] = value
+
+
 """The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
 
 
@@ -97,6 +110,11 @@ class FreezingHook:
         (0: each forward draws its own)."""
         self._ahead: dict[tuple[int, int], Mask] = {}
         self._ahead_of: tuple[int, int] | None = None
+        self._ordered_of: dict[int, dict[frozenset[str], tuple[str, ...]]] = {s: {} for s in self.views}
+        """Per stage, :meth:`draw`'s tensors of each set a method handed over lately, and ``_mask_of`` the mask of
+        each of those (up to :data:`_KNOWN_SETS` each): a plan's microbatches at ratio 0 or 1 draw the empty set and
+        the stage's every tensor, step after step."""
+        self._mask_of: dict[int, dict[tuple[str, ...], Mask]] = {s: {} for s in self.views}
         """The (step, accumulation batch) whose masks ``_ahead`` holds."""
         self._lock = threading.Lock()
         self._masks: dict[tuple[int, int], Mask] = {}
@@ -150,13 +168,30 @@ class FreezingHook:
 
     def _drawn(self, step: int, stage: int, microbatch: int, accum: int) -> Mask:
         frozen = self.draw(step, stage, microbatch, accum)
-        return frozen, self.ratio_of(stage, frozen), self.switch[stage].bits(frozen)
+        known = self._mask_of[stage]
+        mask = known.get(frozen)
+        if mask is None:
+            mask = (frozen, self.ratio_of(stage, frozen), self.switch[stage].bits(frozen))
+            _keep(known, frozen, mask)
+        return mask
 
     def draw(self, step: int, stage: int, microbatch: int, accum: int = 0) -> tuple[str, ...]:
         """The tensors the method leaves out of ``microbatch`` on ``stage`` (the anchor kept where the method
         may not freeze it), in registration order: the same on every rank."""
-        anchor = self.views[stage].anchor
         names = self.method.frozen_tensors(step, stage, microbatch, accum=accum)
+        if type(names) is not frozenset:
+            return self._ordered(stage, names)
+        known = self._ordered_of[stage]
+        frozen = known.get(names)
+        if frozen is None:
+            frozen = self._ordered(stage, names)
+            _keep(known, names, frozen)
+        return frozen
+
+    def _ordered(self, stage: int, names) -> tuple[str, ...]:
+        """A method's set of tensors as :meth:`draw` hands it on: without the anchor where the method may not freeze
+        it, in registration order."""
+        anchor = self.views[stage].anchor
         if anchor is not None and anchor in names and not self.method.may_freeze_anchor:
             names = names - {anchor}
         index = self._index[stage]

@@ -31,6 +31,8 @@ class Units:
         """``balanced_subset``'s sort key of the units, made once (:meth:`balanced`)."""
         self._one_each = all(ts == (u,) for u, ts in members.items())
         """Every unit is the tensor of its name (``unit = "tensor"``): the chosen units are the tensors."""
+        self._all = self.tensors(self.names)
+        """Every tensor of the stage's units (:meth:`all_tensors`: one set, made once)."""
 
     def sizes(self, unit: str) -> list[int]:
         """Element counts of ``unit``'s tensors, in its order."""
@@ -48,7 +50,8 @@ class Units:
         return frozenset(t for u in chosen for t in self.members[u])
 
     def all_tensors(self) -> frozenset[str]:
-        return self.tensors(self.names)
+        """The tensors of every unit: the same set each call."""
+        return self._all
 
 
 def warmup_of(cfg: Any, ctx: MethodContext) -> int:

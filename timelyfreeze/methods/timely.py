@@ -96,6 +96,8 @@ class TimelyFreezeMethod(FreezeMethod):
         return action_generator(seed, step, stage, microbatch, accum, into=gen)
 
     def select(self, step: int, stage: int, microbatch: int, ratio: float, accum: int = 0) -> frozenset[str]:
+        if ratio >= 1.0:  # what the balanced draw gives at ratio 1, without seeding a generator it would not read
+            return self._units[stage].all_tensors()
         gen = self.generator(self.cfg.seed, self.mask_step(step), stage, microbatch, accum)
         return self._units[stage].balanced(ratio, gen)
 
