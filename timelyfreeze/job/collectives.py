@@ -62,7 +62,8 @@ class JobGroup:
         self.replicas = len(firsts)
         self._device = _collective_device()
         self._rows: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
-        """Per row length, the (world size x length) float64 buffer of ``all_gather_floats`` and its rows."""
+        """Per row length, the (world size x length) float64 buffer of ``all_gather_floats``, its rows, and this rank's
+        row (with its numpy view on the CPU, where it is written in place)."""
         self._world = dist.group.WORLD
         self._async = AllgatherOptions()
         self._async.asyncOp = True
@@ -86,13 +87,17 @@ class JobGroup:
     def start_gather_floats(self, values: Sequence[float]) -> PendingFloats:
         """:meth:`all_gather_floats` started, not waited for: the caller does its own work while the other ranks
         catch up, then takes :meth:`PendingFloats.result` (before the next gather of the same length, whose
-        buffer it shares)."""
+        buffers it shares)."""
         n = len(values)
         if n not in self._rows:
             buf = torch.empty((self.size, n), dtype=torch.float64, device=self._device)
-            self._rows[n] = (buf, list(buf.unbind(0)))
-        buf, rows = self._rows[n]
-        row = torch.tensor(values, dtype=torch.float64, device=self._device)
+            row = torch.empty(n, dtype=torch.float64, device=self._device)
+            self._rows[n] = (buf, list(buf.unbind(0)), row, row.numpy() if row.device.type == "cpu" else None)
+        buf, rows, row, host = self._rows[n]
+        if host is not None:  # on the CPU: this rank's row written in place (the same float64 values)
+            host[:] = values
+        else:
+            row = torch.tensor(values, dtype=torch.float64, device=self._device)
         work = self._world.allgather([rows], [row], self._async)
         return PendingFloats(work, buf)
 
