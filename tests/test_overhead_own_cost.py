@@ -1,7 +1,8 @@
 """The committed measurements of the runtime's own cost (issue 48 item 5): ``docs/results/runtime/overhead-3`` (after
 the one-pass drift check and the overlapped gather), ``overhead-4`` (after the freezing hook's and the step's second
 pass), ``overhead-5`` (fewer switches, one longest path a step), ``overhead-6`` (the draws in ``begin_batch``),
-``overhead-7`` (each action's whole frame counted) and ``overhead-8`` (the switches set lazily).
+``overhead-7`` (each action's whole frame counted), ``overhead-8`` (the switches set lazily) and ``overhead-9`` (the
+draws of a 0/1 plan kept).
 Every figure each page quotes is what its committed step times give. Fails when a file is missing."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from timelyfreeze.experiments.runtime import report as rr
 from timelyfreeze.experiments.stats import mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6", "overhead-7", "overhead-8")
+RUNS = ("overhead-3", "overhead-4", "overhead-5", "overhead-6", "overhead-7", "overhead-8", "overhead-9")
 SCHEDULES = ("1F1B", "ZBVZeroBubble")
 
 
@@ -170,10 +171,44 @@ def test_overhead_8_quotes_its_split_conditions_overhead_7s_figures_and_own_less
     assert "The wall comparison resolves nothing ({} and {})".format(*wall) in one
 
 
-def test_the_runtime_index_quotes_overhead_8():
-    """``docs/results/runtime/README.md``'s sentence on overhead-8: own per schedule (mean [interval], ms) and own
-    less the switches, from the result lines."""
-    lines = _lines("overhead-8")
+def test_overhead_9_quotes_its_split_conditions_overhead_8s_figures_and_own_less_the_switches():
+    """overhead-9's page: *own*'s split by part and the masked steps' switches and draw (means), the jobs' load and
+    masked steps, overhead-8's means (shares and ms) and parts beside its own, *own less the switches* beside the
+    verdict, the spread of ZBV's jobs and the wall comparison."""
+    lines, before, one = _split_conditions_and_before("overhead-9", "overhead-8")
+
+    def means(rows, key):
+        return [mean_ci(r[key] for r in rows if r["schedule"] == s)[0] for s in SCHEDULES]
+
+    less = []
+    for s in SCHEDULES:
+        m, lo, hi, n = mean_ci(r["own_pct"] - r["switch_pct"] for r in lines if r["schedule"] == s)
+        assert n == 6
+        less.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}] %")
+    assert "own less the switches: 1F1B {}, ZBV {}".format(*less) in one
+    b, a = (sum(r["plain_ms"] for r in x) / len(x) for x in (before, lines))
+    assert f"medians was {a:.0f} ms, against {b:.0f} ms in overhead-8" in one
+    ms8, ms9 = (["{:.2f}".format(m) for m in means(x, "own_ms")] for x in (before, lines))
+    assert "{} and {} ms a step, against {} and {} ms here".format(*ms8, *ms9) in one
+    plain = ["{:.0f}".format(means(x, "plain_ms")[0]) for x in (lines, before)]
+    assert "(masked {} ms on average here, {} ms there)".format(*plain) in one
+    draws, rest = ([f"{means(x, k)[1]:.2f}" for x in (before, lines)] for k in ("own_draws_ms", "own_step_ms"))
+    assert "came down from {} to {} ms a step".format(*draws) in one
+    assert "other calls went from {} to {} ms".format(*rest) in one
+    zbv = [r["own_pct"] for r in lines if r["schedule"] == "ZBVZeroBubble"]
+    assert f"its jobs spread over {min(zbv):.2f}-{max(zbv):.2f} %" in one
+    wall = [
+        "{:.2f} [{:.2f}, {:.2f}] %".format(*mean_ci(r["overhead_pct"] for r in lines if r["schedule"] == s)[:3])
+        for s in SCHEDULES
+    ]
+    assert "The wall comparison resolves nothing ({} and {})".format(*wall) in one
+
+
+@pytest.mark.parametrize("run", ("overhead-8", "overhead-9"))
+def test_the_runtime_index_quotes_overhead_8_and_9(run):
+    """``docs/results/runtime/README.md``'s sentences on overhead-8 and -9: own per schedule (mean [interval], ms) and
+    own less the switches, from the result lines."""
+    lines = _lines(run)
     index = " ".join((ROOT / "docs" / "results" / "runtime" / "README.md").read_text().split())
 
     def ci(values):
