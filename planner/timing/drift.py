@@ -142,8 +142,7 @@ def corrected_scales(
 ) -> dict[str, float]:
     """Every group's scale over its rank's factor (over the job's machine factor where its rank has none,
     unchanged without either): what changed within a rank. ``factors`` and ``job``: :func:`rank_factors` and
-    :func:`machine_factor` of these ``scales``, where the caller has them (a None ``job`` is computed; it is None
-    also where ``scales`` have no F/I group, and then computed as None again)."""
+    :func:`machine_factor` of these ``scales`` where the caller has them (either left None is computed here)."""
     if factors is None:
         factors = rank_factors(scales, ranks)
     if job is None:

@@ -60,6 +60,7 @@ _KNOWN_SETS = 64
 draws rarely repeat)."""
 
 _NO_MASK: Mask = ((), 0.0, 0)
+"""The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
 
 
 def _keep(known: dict, key, value) -> None:
@@ -67,9 +68,6 @@ def _keep(known: dict, key, value) -> None:
     if len(known) >= _KNOWN_SETS:
         known.clear()
     known[key] = value
-
-
-"""The mask of an action whose microbatch had no forward on the hook (nothing frozen)."""
 
 
 class FreezingHook:
@@ -110,12 +108,12 @@ class FreezingHook:
         (0: each forward draws its own)."""
         self._ahead: dict[tuple[int, int], Mask] = {}
         self._ahead_of: tuple[int, int] | None = None
+        """The (step, accumulation batch) whose masks ``_ahead`` holds."""
         self._ordered_of: dict[int, dict[frozenset[str], tuple[str, ...]]] = {s: {} for s in self.views}
         """Per stage, :meth:`draw`'s tensors of each set a method handed over lately, and ``_mask_of`` the mask of
         each of those (up to :data:`_KNOWN_SETS` each): a plan's microbatches at ratio 0 or 1 draw the empty set and
         the stage's every tensor, step after step."""
         self._mask_of: dict[int, dict[tuple[str, ...], Mask]] = {s: {} for s in self.views}
-        """The (step, accumulation batch) whose masks ``_ahead`` holds."""
         self._lock = threading.Lock()
         self._masks: dict[tuple[int, int], Mask] = {}
         """The mask of every (stage, microbatch) whose forward ran and whose backward has not ended."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions
@@ -61,7 +62,7 @@ class JobGroup:
         self.replica = self.places[self.rank][0]
         self.replicas = len(firsts)
         self._device = _collective_device()
-        self._rows: dict[int, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._rows: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, np.ndarray | None]] = {}
         """Per row length, the (world size x length) float64 buffer of ``all_gather_floats``, its rows, and this rank's
         row (with its numpy view on the CPU, where it is written in place)."""
         self._world = dist.group.WORLD
