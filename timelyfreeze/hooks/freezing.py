@@ -34,7 +34,9 @@ where every rank but the first waits for its first input anyway), or else at the
 draw made between two actions runs with the caches the action before it left cold (one diagnostic job, the debug
 model's last 1F1B stage: its 8 draws took about 1.3 ms a step one forward at a time, and the hook's whole time fell
 from 2.0 to 0.75 ms a step when they were drawn together). On a GPU the host runs ahead of the device, so the draws
-stay with their forwards, where they overlap the device's work.
+stay with their forwards, where they overlap the device's work. A set a method hands over again (a plan's microbatches
+at ratio 0 or 1 hand the empty set and every tensor, step after step) takes its ordered tensors and mask from the last
+time (``_ordered_of``, ``_mask_of``; a bounded number per stage).
 
 The hook also records, per backward action and gradient-accumulation batch, the applied freeze ratio
 by elements; a DualPipeV ``OVERLAP_F_B`` pair records the ratio of its backward part (the forward part
