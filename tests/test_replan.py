@@ -97,7 +97,9 @@ def test_a_stable_steps_factors_are_computed_once_and_match_the_ones_made_from_i
     entry restored from a checkpoint (without them) gets."""
     meta, weights, plan, ratios = setup()
     rp = Replanner(meta, threshold=0.1, patience=2)
-    assert rp.observe_step({"1F": 3.0}) is None  # no plan yet
+    early = rp.observe_step({"1F": 3.0})  # no plan yet: the factors, no drift, the window untouched
+    assert early.drift is None and not rp.window
+    assert early.machine_factor == 3.0 and early.rank_factors == drift.rank_factors({"1F": 3.0}, rp.ranks)
     rp.install(as_lists(weights), ratios, plan.batch_time_ms)
     for scales in ({"0F": 1.1, "0B": 1.3, "1F": 0.9, "1B": 1.2}, {"0B": 1.3, "1B": 1.2}, {"1F": 1.05, "0B": 0.8}):
         seen = rp.observe_step(scales)

@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable
 
 from planner.errors import PlannerError
-from planner.timing.drift import machine_factor, max_scales, rank_factors
+from planner.timing.drift import max_scales
 from timelyfreeze.hooks.profiler import ActionRecord
 from timelyfreeze.job.collectives import JobGroup
 from timelyfreeze.job.errors import FreezeStateError
@@ -29,7 +29,7 @@ from timelyfreeze.job.phases import Phases
 from timelyfreeze.job.run_info import RunInfo
 from timelyfreeze.plan import planning
 from timelyfreeze.plan.outcome import DriftReport, PlanChange, PlanFailure, PlanRecord, PlanUpdate
-from timelyfreeze.plan.replan import Replanner, StepObservation, mean_ratio, takes_effect
+from timelyfreeze.plan.replan import Replanner, mean_ratio, takes_effect
 from timelyfreeze.plan.settings import PlanSettings
 
 STATE_FIELDS: dict[str, tuple[type, ...]] = {
@@ -116,15 +116,12 @@ class PlanCoordinator:
         replanner = self.replanner
         if scales is None:
             return DriftReport(replans=len(replanner.events) if replanner is not None else None)
-        job_scales = max_scales(scales)
-        seen = replanner.observe_step(job_scales)  # (None only without a plan or scales: then computed here)
-        if seen is None:
-            seen = StepObservation(None, machine_factor(job_scales), rank_factors(job_scales, replanner.ranks))
-        factors = seen.rank_factors
+        step_seen = replanner.observe_step(max_scales(scales))
+        factors = step_seen.rank_factors
         seen = {
             "watched": True,
-            "drift": seen.drift,
-            "machine_factor": seen.machine_factor,
+            "drift": step_seen.drift,
+            "machine_factor": step_seen.machine_factor,
             "rank_factors": {str(r): f for r, f in factors.items()} if factors else None,
         }
         if replanner.due():

@@ -135,19 +135,18 @@ class Replanner:
     # -- per stable step ------------------------------------------------------------------------
     def observe(self, scales: dict[str, float]) -> float | None:
         """Feed one stable step's job-wide scales; returns its drift (None without a plan or scales)."""
-        seen = self.observe_step(scales)
-        return None if seen is None else seen.drift
+        return self.observe_step(scales).drift
 
-    def observe_step(self, scales: dict[str, float]) -> StepObservation | None:
+    def observe_step(self, scales: dict[str, float]) -> StepObservation:
         """:meth:`observe`, with the step's machine factor and rank factors, which the window's entry uses too (each
-        computed once a step; None without a plan or scales)."""
-        if self.weights is None or not scales:
-            return None
-        d = plan_drift.path_drift(self._path, scales)
+        computed once a step). Without a plan or scales: no drift, and the window is left as it is."""
         factors = plan_drift.rank_factors(scales, self.ranks)
         job = plan_drift.machine_factor(scales)
-        relative = (plan_drift.corrected_scales(scales, self.ranks, factors, job), plan_drift.rank_speeds(factors))
-        self.window = (self.window + [{"drift": d, "scales": dict(scales), "relative": relative}])[-self.patience :]
+        if self.weights is None or not scales:
+            return StepObservation(None, job, factors)
+        d = plan_drift.path_drift(self._path, scales)
+        entry = {"drift": d, "scales": dict(scales), "relative": self._relative_of(scales, factors, job)}
+        self.window = (self.window + [entry])[-self.patience :]
         return StepObservation(d, job, factors)
 
     def window_drift(self) -> float | None:
@@ -207,12 +206,17 @@ class Replanner:
         """One window step's corrected scales and rank speeds, computed once for the ``patience`` windows that hold
         it (kept in its entry, beside what ``state_dict`` saves of it)."""
         if "relative" not in w:  # (an entry restored from a checkpoint; ``observe_step`` makes it with the entry)
-            factors = plan_drift.rank_factors(w["scales"], self.ranks)
-            w["relative"] = (
-                plan_drift.corrected_scales(w["scales"], self.ranks, factors),
-                plan_drift.rank_speeds(factors),
-            )
+            w["relative"] = self._relative_of(w["scales"])
         return w["relative"]
+
+    def _relative_of(
+        self, scales: dict[str, float], factors: dict[int, float] | None = None, job: float | None = None
+    ) -> tuple[dict[str, float], dict[int, float]]:
+        """A step's corrected scales and rank speeds from its ``scales`` (``factors``, ``job``: their rank factors and
+        machine factor, where the caller has them)."""
+        if factors is None:
+            factors = plan_drift.rank_factors(scales, self.ranks)
+        return plan_drift.corrected_scales(scales, self.ranks, factors, job), plan_drift.rank_speeds(factors)
 
     def _held(self, values: list[float], limit: float) -> bool:
         """A change that persists: in every step of the window (``values``, one per step), beyond ``limit``
