@@ -62,9 +62,9 @@ class JobGroup:
         self.replica = self.places[self.rank][0]
         self.replicas = len(firsts)
         self._device = _collective_device()
-        self._rows: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor, np.ndarray | None]] = {}
-        """Per row length, the (world size x length) float64 buffer of ``all_gather_floats``, its rows, and this rank's
-        row (with its numpy view on the CPU, where it is written in place)."""
+        self._rows: dict[int, tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None, np.ndarray | None]] = {}
+        """Per row length, the (world size x length) float64 buffer of ``all_gather_floats``, its rows, and on the CPU
+        this rank's row and its numpy view, through which it is written in place (None elsewhere)."""
         self._world = dist.group.WORLD
         self._async = AllgatherOptions()
         self._async.asyncOp = True
@@ -92,8 +92,8 @@ class JobGroup:
         n = len(values)
         if n not in self._rows:
             buf = torch.empty((self.size, n), dtype=torch.float64, device=self._device)
-            row = torch.empty(n, dtype=torch.float64, device=self._device)
-            self._rows[n] = (buf, list(buf.unbind(0)), row, row.numpy() if row.device.type == "cpu" else None)
+            row = torch.empty(n, dtype=torch.float64) if self._device.type == "cpu" else None
+            self._rows[n] = (buf, list(buf.unbind(0)), row, None if row is None else row.numpy())
         buf, rows, row, host = self._rows[n]
         if host is not None:  # on the CPU: this rank's row written in place (the same float64 values)
             host[:] = values
